@@ -1,0 +1,22 @@
+"""cospec-local: collaborative speculative decoding on llama.cpp.
+
+    from cospec_local import Engine
+    with Engine.open_default() as engine:
+        print(engine.generate("Write a haiku about the sea.", max_tokens=48).text)
+"""
+from ._cospec import version as native_version
+from .chat_template import ChatTemplate, ChatTemplateError
+from .engine import (DEFAULT_DRAFT_MAX, MODES, Arbiter, Engine, Generation, Stats, TokenEvent,
+                     arbiter_from_function)
+from .errors import (ArbiterError, CancelledError, ContextFullError, CospecError, DecodeError, GenerationError,
+                     InvalidArgumentError, ModelLoadError, NoDraftError, VocabMismatchError)
+from .models import NAMED_MODELS, default_pair, resolve_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Engine", "Generation", "Stats", "TokenEvent", "Arbiter", "arbiter_from_function", "MODES", "DEFAULT_DRAFT_MAX",
+    "ChatTemplate", "ChatTemplateError", "CospecError", "InvalidArgumentError", "ModelLoadError",
+    "VocabMismatchError", "ContextFullError", "DecodeError", "ArbiterError", "NoDraftError", "CancelledError",
+    "GenerationError", "NAMED_MODELS", "default_pair", "resolve_model", "native_version", "__version__",
+]

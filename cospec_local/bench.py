@@ -1,0 +1,104 @@
+"""`cospec-local bench`: target-only, sps and fly on the same prompts in one run,
+so speed-ups are ratios measured side by side on the same (noisy) machine."""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable, Sequence
+
+from .engine import Engine
+
+BUILTIN_PROMPTS = [
+    "The capital of France is",
+    "Write a short story about a robot who learns to paint.",
+    "Explain how photosynthesis works in simple terms.",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "List five tips for staying productive when working from home:\n1.",
+    "Q: A train travels 60 miles in 1.5 hours. What is its average speed?\nA:",
+    "Translate to French: 'The weather is nice today and I want to go for a walk.'",
+    "The three laws of thermodynamics are",
+]
+
+
+def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: Sequence[str], max_tokens: int,
+              repeat: int = 1, as_chat: bool = False, progress: Callable[[str], None] | None = None) -> dict:
+    """Generate max_tokens per prompt (EOS ignored, so every mode does the same work)
+    for each K and mode; modes are interleaved per prompt so machine noise hits all alike."""
+    say = progress or (lambda msg: None)
+    tokenized = [engine.render_chat([{"role": "user", "content": p}]) if as_chat else engine.tokenize(p)
+                 for p in prompts]
+    # Warm-up: first calls pay for page faults and thread start-up.
+    for mode in modes:
+        engine.generate(tokenized[0], mode=mode, max_tokens=8, draft_max=ks[0], ignore_eos=True)
+
+    results = []
+    for k in ks:
+        acc = defaultdict(lambda: defaultdict(float))
+        outputs = defaultdict(list)
+        for rep in range(repeat):
+            for i, prompt in enumerate(tokenized):
+                for mode in modes:
+                    r = engine.generate(prompt, mode=mode, max_tokens=max_tokens, draft_max=k, ignore_eos=True)
+                    s = r.stats
+                    a = acc[mode]
+                    a["tokens"] += s.n_generated
+                    a["ms"] += s.t_generate_ms
+                    a["drafted"] += s.n_drafted
+                    a["accepted"] += s.n_accepted + s.n_kept
+                    a["kept"] += s.n_kept
+                    a["blocks"] += s.n_blocks
+                    a["inside_ms"] += s.t_draft_ms + s.t_verify_ms
+                    a["arbiter_ms"] += s.t_arbiter_ms
+                    if rep == 0:
+                        outputs[mode].append(r.tokens)
+                say(f"K={k} prompt {i + 1}/{len(tokenized)} (run {rep + 1}/{repeat})")
+        base = acc.get("target-only")
+        base_tps = 1000.0 * base["tokens"] / base["ms"] if base and base["ms"] else None
+        for mode in modes:
+            a = acc[mode]
+            tps = 1000.0 * a["tokens"] / a["ms"] if a["ms"] else 0.0
+            same = None
+            if "target-only" in outputs and mode != "target-only":
+                same = sum(x == y for x, y in zip(outputs[mode], outputs["target-only"]))
+            results.append({
+                "draft_max": k,
+                "mode": mode,
+                "tokens": int(a["tokens"]),
+                "seconds": a["ms"] / 1000.0,
+                "tokens_per_second": tps,
+                "speedup": tps / base_tps if base_tps else None,
+                "acceptance_rate": a["accepted"] / a["drafted"] if a["drafted"] else None,
+                "mean_accepted_per_block": a["accepted"] / a["blocks"] if a["blocks"] else None,
+                "arbiter_keeps": int(a["kept"]),
+                "overhead_fraction": max(0.0, a["ms"] - a["inside_ms"]) / a["ms"] if a["ms"] else None,
+                "prompts_identical_to_target": same,
+            })
+    return {
+        "target": engine.target_path,
+        "draft": engine.draft_path,
+        "prompts": len(prompts),
+        "max_tokens": max_tokens,
+        "repeat": repeat,
+        "results": results,
+    }
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def markdown_table(report: dict) -> str:
+    lines = [
+        f"target: {report['target']}  ",
+        f"draft: {report['draft']}  ",
+        f"{report['prompts']} prompts x {report['max_tokens']} tokens x {report['repeat']} run(s), greedy, EOS ignored",
+        "",
+        "| K | mode | tok/s | speed-up | acceptance | accepted/block | arbiter keeps | outside llama.cpp | same as target |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["results"]:
+        same = "-" if r["prompts_identical_to_target"] is None else f"{r['prompts_identical_to_target']}/{report['prompts']}"
+        lines.append(
+            f"| {r['draft_max']} | {r['mode']} | {r['tokens_per_second']:.1f} | {_fmt(r['speedup'], '.2f')}x "
+            f"| {_fmt(r['acceptance_rate'], '.1%')} | {_fmt(r['mean_accepted_per_block'], '.2f')} "
+            f"| {r['arbiter_keeps']} | {_fmt(r['overhead_fraction'], '.1%')} | {same} |")
+    return "\n".join(lines)

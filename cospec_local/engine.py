@@ -1,0 +1,461 @@
+"""The Python face of the native engine: open a (target, draft) pair, generate,
+stream, and answer OpenAI-style chat completions.
+
+Generation runs in native code on a worker thread with the GIL released, so
+the calling thread stays responsive: Ctrl-C (KeyboardInterrupt) aborts the
+native loop, and what was generated so far is kept in `Engine.last_result`.
+"""
+from __future__ import annotations
+
+import codecs
+import os
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+from . import _cospec
+from .chat_template import ChatTemplate, from_gguf_metadata
+from .errors import GenerationError, InvalidArgumentError, from_native
+from .models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+
+MODES = ("target-only", "draft-only", "sps", "fly")
+# K chosen by measurement on 2 CPU cores with SmolLM2-135M (bench/RESULTS.md).
+DEFAULT_DRAFT_MAX = 4
+
+_NATIVE_MODE = {
+    "target-only": _cospec.MODE_TARGET_ONLY,
+    "draft-only": _cospec.MODE_DRAFT_ONLY,
+    "sps": _cospec.MODE_SPECULATIVE,
+    "fly": _cospec.MODE_SPECULATIVE,
+}
+PROVENANCE = {
+    _cospec.PROV_MATCH: "match",
+    _cospec.PROV_KEPT: "kept",
+    _cospec.PROV_FALLBACK: "fallback",
+    _cospec.PROV_BONUS: "bonus",
+    _cospec.PROV_TARGET: "target",
+    _cospec.PROV_DRAFT: "draft",
+}
+STOP_REASONS = {
+    _cospec.STOP_EOG: "eog",
+    _cospec.STOP_MAX_TOKENS: "max_tokens",
+    _cospec.STOP_STRING: "stop_string",
+    _cospec.STOP_CONTEXT_FULL: "context_full",
+    _cospec.STOP_ABORTED: "aborted",
+    _cospec.STOP_ERROR: "error",
+}
+# OpenAI's finish_reason for each stop reason.
+FINISH_REASONS = {"eog": "stop", "stop_string": "stop", "max_tokens": "length", "context_full": "length",
+                  "aborted": "abort", "error": "error"}
+
+Arbiter = _cospec.Arbiter
+
+
+def arbiter_from_function(fn: Callable[[dict], Sequence[bool]], name: str = "python") -> Arbiter:
+    """Wrap a Python function as an arbiter.
+
+    `fn(block)` gets a dict with numpy arrays `draft` (K), `target` (K+1),
+    `mismatch` (K, bool), `target_logits` (K+1, n_vocab), `draft_logits`
+    (K, n_vocab), `context` (prompt and verified tokens) and `temperature`,
+    and returns K booleans: True keeps the draft token at a mismatch.
+    """
+    return _cospec.Arbiter.callback(name, fn)
+
+
+@dataclass
+class Stats:
+    """Counters of one generation (see native/include/cospec.h)."""
+
+    n_prompt: int = 0
+    n_prompt_cached: int = 0
+    t_prompt_ms: float = 0.0
+    n_generated: int = 0
+    t_generate_ms: float = 0.0
+    n_blocks: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    n_kept: int = 0
+    n_fallback: int = 0
+    n_bonus: int = 0
+    n_plain: int = 0
+    n_arbiter_calls: int = 0
+    t_arbiter_ms: float = 0.0
+    t_draft_ms: float = 0.0
+    t_verify_ms: float = 0.0
+    t_sample_ms: float = 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return 1000.0 * self.n_generated / self.t_generate_ms if self.t_generate_ms > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Share of drafted tokens that reached the output (matched or kept)."""
+        return (self.n_accepted + self.n_kept) / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def mean_accepted_per_block(self) -> float:
+        return (self.n_accepted + self.n_kept) / self.n_blocks if self.n_blocks else 0.0
+
+    @property
+    def overhead_fraction(self) -> float:
+        """Share of generation time spent outside llama.cpp decode calls."""
+        if self.t_generate_ms <= 0:
+            return 0.0
+        inside = self.t_draft_ms + self.t_verify_ms
+        return max(0.0, self.t_generate_ms - inside) / self.t_generate_ms
+
+    def to_json(self) -> dict:
+        """Keys follow llama-server's `timings` where one exists."""
+        return {
+            "prompt_n": self.n_prompt,
+            "prompt_cached_n": self.n_prompt_cached,
+            "prompt_ms": round(self.t_prompt_ms, 3),
+            "prompt_per_second": 1000.0 * self.n_prompt / self.t_prompt_ms if self.t_prompt_ms > 0 else 0.0,
+            "predicted_n": self.n_generated,
+            "predicted_ms": round(self.t_generate_ms, 3),
+            "predicted_per_second": self.tokens_per_second,
+            "draft_n": self.n_drafted,
+            "draft_n_accepted": self.n_accepted + self.n_kept,
+            "draft_n_matched": self.n_accepted,
+            "blocks": self.n_blocks,
+            "arbiter_keeps": self.n_kept,
+            "target_fallbacks": self.n_fallback,
+            "bonus": self.n_bonus,
+            "plain": self.n_plain,
+            "arbiter_calls": self.n_arbiter_calls,
+            "arbiter_ms": round(self.t_arbiter_ms, 3),
+            "draft_ms": round(self.t_draft_ms, 3),
+            "verify_ms": round(self.t_verify_ms, 3),
+            "sample_ms": round(self.t_sample_ms, 3),
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_per_block": self.mean_accepted_per_block,
+        }
+
+
+@dataclass
+class Generation:
+    """What one generation produced."""
+
+    text: str
+    tokens: list[int]
+    provenance: list[str]
+    stop_reason: str
+    stats: Stats
+    mode: str
+    prompt_tokens: int = 0
+
+    @property
+    def finish_reason(self) -> str:
+        return FINISH_REASONS.get(self.stop_reason, "stop")
+
+    def to_json(self) -> dict:
+        return {"text": self.text, "tokens": self.tokens, "provenance": self.provenance,
+                "stop_reason": self.stop_reason, "mode": self.mode, "stats": self.stats.to_json()}
+
+
+@dataclass
+class TokenEvent:
+    """One streamed token. `text` is the newly safe text (may be empty);
+    `token` is -1 for the final piece of held-back text."""
+
+    token: int
+    provenance: str
+    text: str
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    mode: str
+    native_kwargs: dict = field(default_factory=dict)
+
+
+class Engine:
+    """A draft/target pair in native llama.cpp contexts.
+
+    >>> with Engine("target.gguf", "draft.gguf") as eng:
+    ...     print(eng.generate("Hello", max_tokens=16).text)
+    """
+
+    def __init__(self, target: str | os.PathLike, draft: str | os.PathLike | None = None, *, n_ctx: int = 4096,
+                 n_batch: int = 512, n_threads: int = 0, n_threads_batch: int = 0, n_gpu_layers: int = -1,
+                 n_gpu_layers_draft: int = -1, progress: Callable[[str, float], object] | None = None,
+                 verbose: bool = False):
+        _cospec.set_llama_log(verbose)
+        native_progress = None
+        if progress is not None:
+            def native_progress(which: int, value: float):
+                return progress("target" if which == 0 else "draft", value)
+        # Named models ("smollm2-135m") resolve to files; anything else is a path.
+        self.target_path = os.fspath(resolve_model(target))
+        self.draft_path = os.fspath(resolve_model(draft)) if draft is not None else None
+        try:
+            self._native = _cospec.Engine(self.target_path, self.draft_path, n_ctx=n_ctx, n_batch=n_batch,
+                                          n_threads=n_threads, n_threads_batch=n_threads_batch,
+                                          n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
+                                          progress=native_progress)
+        except _cospec.CospecError as exc:
+            raise from_native(exc) from None
+        self.last_result: Generation | None = None
+        self._chat_template: ChatTemplate | None = None
+        self.model_name = os.path.splitext(os.path.basename(self.target_path))[0]
+
+    @classmethod
+    def open_default(cls, **kwargs) -> "Engine":
+        """The bundled default pair."""
+        return cls(DEFAULT_TARGET, DEFAULT_DRAFT, **kwargs)
+
+    # ------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        self._native.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def n_ctx(self) -> int:
+        return self._native.n_ctx
+
+    @property
+    def has_draft(self) -> bool:
+        return self._native.has_draft
+
+    def abort(self) -> None:
+        """Stop the running generation (thread-safe); it returns what it has."""
+        self._native.abort()
+
+    def reset(self) -> None:
+        """Forget the cached prompt prefix of both models."""
+        self._native.reset()
+
+    # ------------------------------------------------------------ vocabulary
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self._native.tokenize(text.encode("utf-8"), add_special, parse_special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self._native.token_to_piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return self._native.is_eog(token)
+
+    def meta(self, key: str, which: str = "target") -> str | None:
+        return self._native.meta(0 if which == "target" else 1, key)
+
+    def model_desc(self, which: str = "target") -> str | None:
+        return self._native.model_desc(0 if which == "target" else 1)
+
+    # ------------------------------------------------------------ generation
+
+    def _request(self, prompt: str | Sequence[int], mode: str, max_tokens: int, draft_max: int, draft_p_min: float,
+                 temperature: float, top_k: int, top_p: float, seed: int, stop: Sequence[str] | str | None,
+                 ignore_eos: bool, arbiter: Arbiter | None, fly_window: int, fly_entropy: float) -> _Request:
+        if mode not in MODES:
+            raise InvalidArgumentError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if arbiter is not None and mode not in ("sps", "fly"):
+            raise InvalidArgumentError(f"an arbiter needs a speculative mode, not {mode!r}")
+        if arbiter is None and mode == "fly":
+            arbiter = _cospec.Arbiter.fly(fly_window, fly_entropy)
+        if isinstance(stop, str):
+            stop = [stop]
+        kwargs = dict(mode=_NATIVE_MODE[mode], arbiter=arbiter, n_predict=max_tokens, n_draft=draft_max,
+                      draft_p_min=draft_p_min, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                      ignore_eos=ignore_eos, stop=list(stop or ()))
+        label = arbiter.name if arbiter is not None and mode == "sps" else mode
+        return _Request(tokens, label, kwargs)
+
+    def _finish(self, raw: dict, request: _Request) -> Generation:
+        result = Generation(
+            text=raw["text"].decode("utf-8", errors="replace"),
+            tokens=list(raw["tokens"]),
+            provenance=[PROVENANCE.get(p, "?") for p in raw["provenance"]],
+            stop_reason=STOP_REASONS.get(raw["stop_reason"], "error"),
+            stats=Stats(**raw["stats"]),
+            mode=request.mode,
+            prompt_tokens=len(request.prompt),
+        )
+        self.last_result = result
+        if raw["status"] != 0:
+            raise GenerationError(raw["error"], raw["status"], raw["status_name"], result)
+        return result
+
+    def _run(self, request: _Request, on_token=None) -> dict:
+        """Run the native loop on a worker thread; Ctrl-C here aborts it."""
+        box: dict = {}
+
+        def work():
+            try:
+                box["raw"] = self._native.generate(request.prompt, on_token=on_token, **request.native_kwargs)
+            except BaseException as exc:  # handed to the caller's thread below
+                box["exc"] = exc
+
+        worker = threading.Thread(target=work, name="cospec-generate", daemon=True)
+        worker.start()
+        try:
+            while worker.is_alive():
+                worker.join(0.05)
+        except BaseException:
+            self._native.abort()
+            _join_ignoring_interrupts(worker)
+            if "raw" in box:
+                self._finish(box["raw"], request)
+            raise
+        if "exc" in box:
+            exc = box["exc"]
+            raise from_native(exc) if isinstance(exc, _cospec.CospecError) else exc
+        return box["raw"]
+
+    def generate(self, prompt: str | Sequence[int], *, mode: str = "sps", max_tokens: int = 128,
+                 draft_max: int = DEFAULT_DRAFT_MAX, draft_p_min: float = 0.0, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | str | None = None,
+                 ignore_eos: bool = False, arbiter: Arbiter | None = None, fly_window: int = 6,
+                 fly_entropy: float = 0.3) -> Generation:
+        """Generate from a prompt (text, tokenized with the target's tokenizer, or token ids)."""
+        request = self._request(prompt, mode, max_tokens, draft_max, draft_p_min, temperature, top_k, top_p, seed,
+                                stop, ignore_eos, arbiter, fly_window, fly_entropy)
+        return self._finish(self._run(request), request)
+
+    def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[TokenEvent]:
+        """Like generate(), but yields a TokenEvent per token as it is produced.
+        The complete Generation is in `last_result` when the iterator ends."""
+        request = self._request(prompt, **_generate_defaults(kwargs))
+        events: queue.Queue = queue.Queue()
+        stop_flag = threading.Event()
+        done = object()
+
+        def on_token(token: int, provenance: int, text: bytes):
+            events.put((token, provenance, text))
+            return not stop_flag.is_set()
+
+        box: dict = {}
+
+        def work():
+            try:
+                box["raw"] = self._run(request, on_token)
+            except BaseException as exc:
+                box["exc"] = exc
+            finally:
+                events.put(done)
+
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        worker = threading.Thread(target=work, name="cospec-stream", daemon=True)
+        worker.start()
+        try:
+            while True:
+                try:
+                    item = events.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                if item is done:
+                    break
+                token, provenance, text = item
+                final = token < 0
+                yield TokenEvent(token, PROVENANCE.get(provenance, "text"), decoder.decode(text, final=final))
+        except BaseException:
+            # KeyboardInterrupt or the consumer closed the iterator: stop the native loop.
+            stop_flag.set()
+            self._native.abort()
+            _join_ignoring_interrupts(worker)
+            if "raw" in box:
+                self._finish(box["raw"], request)
+            raise
+        worker.join()
+        if "exc" in box:
+            raise box["exc"]
+        self._finish(box["raw"], request)
+
+    # ------------------------------------------------------------ chat
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        if self._chat_template is None:
+            source = self._native.chat_template(0)
+            bos = self._piece(self._native.bos)
+            eos = self._piece(self._native.eos)
+            self._chat_template = from_gguf_metadata(source, bos, eos)
+        return self._chat_template
+
+    def _piece(self, token: int) -> str:
+        return self._native.token_text(token) if token >= 0 else ""
+
+    def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Apply the target's chat template (sandboxed Jinja) and tokenize the result."""
+        text = self.chat_template.render(list(messages), add_generation_prompt=add_generation_prompt)
+        tokens = self.tokenize(text, add_special=True, parse_special=True)
+        bos = self._native.bos
+        if len(tokens) >= 2 and tokens[0] == bos and tokens[1] == bos:
+            tokens = tokens[1:]  # the template wrote BOS itself
+        return tokens
+
+    def create_chat_completion(self, messages: Sequence[dict], *, stream: bool = False, max_tokens: int = 512,
+                               **kwargs):
+        """OpenAI-style chat completion: a dict, or an iterator of chunk dicts with stream=True."""
+        prompt = self.render_chat(messages)
+        completion_id = "chatcmpl-" + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        if stream:
+            return self._chat_chunks(prompt, completion_id, created, max_tokens, kwargs)
+        result = self.generate(prompt, max_tokens=max_tokens, **kwargs)
+        return {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": self.model_name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
+                         "finish_reason": result.finish_reason}],
+            "usage": _usage(len(prompt), result),
+            "timings": result.stats.to_json(),
+            "cospec": {"mode": result.mode, "provenance": result.provenance, "stop_reason": result.stop_reason},
+        }
+
+    def _chat_chunks(self, prompt, completion_id, created, max_tokens, kwargs) -> Iterator[dict]:
+        def chunk(delta: dict, finish_reason=None) -> dict:
+            return {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                    "model": self.model_name,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+
+        yield chunk({"role": "assistant"})
+        for event in self.stream(prompt, max_tokens=max_tokens, **kwargs):
+            if event.text:
+                yield chunk({"content": event.text})
+        result = self.last_result
+        final = chunk({}, result.finish_reason)
+        final["usage"] = _usage(len(prompt), result)
+        final["timings"] = result.stats.to_json()
+        yield final
+
+
+def _join_ignoring_interrupts(thread: threading.Thread) -> None:
+    """Wait for a worker that was asked to abort; a second Ctrl-C must not
+    leave it running with the engine still busy."""
+    while thread.is_alive():
+        try:
+            thread.join(0.05)
+        except KeyboardInterrupt:
+            pass
+
+
+def _usage(n_prompt: int, result: Generation) -> dict:
+    return {"prompt_tokens": n_prompt, "completion_tokens": len(result.tokens),
+            "total_tokens": n_prompt + len(result.tokens)}
+
+
+def _generate_defaults(kwargs: dict) -> dict:
+    """generate()'s keyword defaults merged with the caller's, for stream()."""
+    defaults = dict(mode="sps", max_tokens=128, draft_max=DEFAULT_DRAFT_MAX, draft_p_min=0.0, temperature=0.0,
+                    top_k=0, top_p=1.0, seed=0, stop=None, ignore_eos=False, arbiter=None, fly_window=6,
+                    fly_entropy=0.3)
+    unknown = set(kwargs) - set(defaults)
+    if unknown:
+        raise TypeError(f"unexpected arguments: {', '.join(sorted(unknown))}")
+    defaults.update(kwargs)
+    return defaults

