@@ -60,7 +60,7 @@ def _check_size(value: Any, limit: int) -> Any:
 
 
 def _check_args(args: tuple, kwargs: dict, limit: int) -> None:
-    """Refuse huge integer arguments (``' '.center(10**10)``, ``|indent(10**10)``)."""
+    """Refuse huge integer arguments: ``' '.center(10**10)``, ``|indent(10**10)``, ``'%0*d' % (10**10, 1)``."""
     for arg in (*args, *kwargs.values()):
         if isinstance(arg, int) and abs(arg) > limit:
             raise SecurityError(f"numeric argument {arg} is too large")
@@ -87,19 +87,21 @@ class _Environment(ImmutableSandboxedEnvironment):
         super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         self.max_output_chars = max_output_chars
 
-    def guard_filter(self, func):
+    def guard_filter(self, name, func):
         skip = 2 if hasattr(func, "jinja_pass_arg") else 1  # context/environment, then the filtered value
 
         @functools.wraps(func)  # keeps jinja's pass_context/pass_environment mark
         def guarded(*args, **kwargs):
             _check_deadline()
-            _check_args(args[skip:], kwargs, self.max_output_chars)
+            if name != "format" or "*" in str(args[skip - 1]):  # '%d'|format(big_number) is fine
+                _check_args(args[skip:], kwargs, self.max_output_chars)
             return _check_size(func(*args, **kwargs), self.max_output_chars)
         return guarded
 
     def call(__self, __context, __obj, *args, **kwargs):  # dunder names: templates may pass self=...
         _check_deadline()
-        _check_args(args, kwargs, __self.max_output_chars)
+        if isinstance(getattr(__obj, "__self__", None), str):  # str methods: center, ljust, zfill, ...
+            _check_args(args, kwargs, __self.max_output_chars)
         return _check_size(super().call(__context, __obj, *args, **kwargs), __self.max_output_chars)
 
     def checked(self, value):
@@ -120,7 +122,7 @@ class _Environment(ImmutableSandboxedEnvironment):
             seq, n = (left, right) if isinstance(right, int) else (right, left)
             if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > self.max_output_chars:
                 raise SecurityError("sequence repetition result too large")
-        if operator == "%" and isinstance(left, str):  # '%0*d' % (10**10, 1)
+        if operator == "%" and isinstance(left, str) and "*" in left:  # width taken from the arguments
             _check_args(right if isinstance(right, tuple) else (right,), {}, self.max_output_chars)
         if operator == "**" and isinstance(left, int) and isinstance(right, int):
             if abs(left) > 1 and right * abs(left).bit_length() > MAX_INT_BITS:
@@ -191,7 +193,7 @@ class ChatTemplate:
         self.max_render_seconds = max_render_seconds
         env = _Environment(max_output_chars)
         env.filters["tojson"] = _tojson
-        env.filters = {name: env.guard_filter(f) for name, f in env.filters.items()}
+        env.filters = {name: env.guard_filter(name, f) for name, f in env.filters.items()}
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
         try:

@@ -284,6 +284,8 @@ class Engine:
             prompt_tokens=len(request.prompt),
         )
         self.last_result = result
+        if raw.get("callback_error") is not None:
+            raise raw["callback_error"]
         if raw["status"] != 0:
             raise GenerationError(raw["error"], raw["status"], raw["status_name"], result)
         return result

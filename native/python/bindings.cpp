@@ -90,6 +90,9 @@ int32_t python_arbiter(void * user_data, const cospec_block * block, uint8_t * k
         return 0;
     } catch (py::error_already_set & e) {
         state->error = std::move(e);
+    } catch (py::builtin_exception & e) {
+        e.set_error();
+        state->error = py::error_already_set();
     } catch (const std::exception & e) {
         PyErr_SetString(PyExc_RuntimeError, e.what());
         state->error = py::error_already_set();
@@ -155,6 +158,8 @@ class Arbiter {
         }
         return std::vector<bool>(keep.begin(), keep.end());
     }
+
+    std::optional<py::error_already_set> * pending_error() { return state ? &state->error : nullptr; }
 
     void rethrow_callback_error() {
         if (state && state->error) {
@@ -322,11 +327,15 @@ class Engine {
             message = cospec_last_error();
         }
         std::unique_ptr<cospec_result, decltype(&cospec_result_free)> owned(res, cospec_result_free);
-        if (arbiter) {
-            arbiter->rethrow_callback_error();
-        }
-        if (ss.error) {
-            throw std::move(*ss.error);
+        // A Python exception from a callback travels in the result, so the
+        // caller gets both the exception and the tokens produced before it.
+        py::object callback_error = py::none();
+        std::optional<py::error_already_set> * pending[] = {arbiter ? arbiter->pending_error() : nullptr, &ss.error};
+        for (auto * err : pending) {
+            if (err != nullptr && err->has_value() && callback_error.is_none()) {
+                callback_error = (*err)->value();
+                err->reset();
+            }
         }
         if (res == nullptr) {
             throw native_error {status, message};
@@ -344,6 +353,7 @@ class Engine {
         out["status_name"] = cospec_status_name(status);
         out["error"] = std::string(cospec_result_error(res));
         out["stats"] = stats_to_dict(cospec_result_stats(res));
+        out["callback_error"] = callback_error;
         return out;
     }
 

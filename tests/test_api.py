@@ -1,0 +1,126 @@
+"""The Python API: results, stats, provenance, streaming, stop strings and
+OpenAI-style chat completions, on the real engine."""
+import pytest
+
+from cospec_local import Engine, arbiter_from_function
+
+SPEC_PROVENANCE = {"match", "kept", "fallback", "bonus"}
+
+
+@pytest.mark.parametrize("mode", ["sps", "fly", "target-only", "draft-only"])
+def test_stats_add_up(engine_for, mode):
+    engine = engine_for("mixed")
+    r = engine.generate("Explain how photosynthesis works in simple terms.", mode=mode, max_tokens=48, draft_max=4,
+                        ignore_eos=True, fly_window=2)
+    s = r.stats
+    assert s.n_generated == len(r.tokens) == len(r.provenance) == 48
+    assert s.n_accepted + s.n_kept + s.n_fallback + s.n_bonus + s.n_plain == s.n_generated
+    counts = {p: r.provenance.count(p) for p in set(r.provenance)}
+    assert counts.get("match", 0) == s.n_accepted and counts.get("kept", 0) == s.n_kept
+    assert counts.get("fallback", 0) == s.n_fallback and counts.get("bonus", 0) == s.n_bonus
+    if mode in ("sps", "fly"):
+        assert set(r.provenance) <= SPEC_PROVENANCE and s.n_plain == 0
+        assert s.n_drafted >= s.n_accepted + s.n_kept
+        # one target token (fallback or bonus) ends every block
+        assert s.n_fallback + s.n_bonus == s.n_blocks
+        assert s.n_drafted <= 4 * s.n_blocks
+        j = r.stats.to_json()
+        assert j["draft_n_accepted"] == s.n_accepted + s.n_kept and j["predicted_n"] == 48
+    else:
+        assert s.n_plain == 48 and s.n_blocks == 0 and s.n_drafted == 0
+        assert set(r.provenance) == {"target" if mode == "target-only" else "draft"}
+    if mode == "sps":
+        assert s.n_kept == 0 and s.n_arbiter_calls == 0
+
+
+def test_python_arbiter_sees_the_block(engine):
+    seen = []
+
+    def keep_all(block):
+        k = block["n_draft"]
+        assert block["draft"].shape == (k,) and block["target"].shape == (k + 1,)
+        assert block["target_logits"].shape == (k + 1, engine._native.n_vocab)
+        assert block["draft_logits"].shape[0] == k
+        assert (block["mismatch"] == (block["draft"] != block["target"][:k])).all()
+        seen.append(int(block["mismatch"].sum()))
+        return [True] * k
+
+    r = engine.generate("The capital of France is", mode="sps", arbiter=arbiter_from_function(keep_all, "keep-all"),
+                        max_tokens=30, draft_max=4, ignore_eos=True)
+    assert seen and r.mode == "keep-all"
+    # keeping every mismatch: no fallback, every block ends with a bonus token
+    assert r.stats.n_fallback == 0 and r.stats.n_kept == r.provenance.count("kept") > 0
+    assert r.stats.n_arbiter_calls == len(seen)
+
+
+def test_stream_matches_generate(engine):
+    prompt = "Write a short story about a robot who learns to paint."
+    full = engine.generate(prompt, max_tokens=40, ignore_eos=True)
+    events = list(engine.stream(prompt, max_tokens=40, ignore_eos=True))
+    assert "".join(e.text for e in events) == full.text
+    assert [e.token for e in events if e.token >= 0] == full.tokens
+    assert engine.last_result.tokens == full.tokens
+
+
+def test_stop_string_across_tokens(engine):
+    prompt = "The capital of France is"
+    free = engine.generate(prompt, max_tokens=24, ignore_eos=True).text
+    assert "United States" in free
+    cut = free.index("United St")
+    stopped = engine.generate(prompt, max_tokens=24, ignore_eos=True, stop=["United St"])
+    assert stopped.stop_reason == "stop_string" and stopped.finish_reason == "stop"
+    assert stopped.text == free[:cut]
+    streamed = "".join(e.text for e in engine.stream(prompt, max_tokens=24, ignore_eos=True, stop=["United St"]))
+    assert streamed == stopped.text
+
+
+def test_chat_template_from_gguf(engine):
+    tokens = engine.render_chat([{"role": "user", "content": "Hi"}])
+    text = engine.detokenize(tokens)
+    assert engine._native.token_text(tokens[0]) == "<|im_start|>"
+    assert "user\nHi" in text
+
+
+def test_chat_completion(engine):
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    out = engine.create_chat_completion(messages, max_tokens=32)
+    assert out["object"] == "chat.completion"
+    choice = out["choices"][0]
+    assert choice["message"]["role"] == "assistant" and choice["message"]["content"].strip()
+    # greedy sps through the chat path says exactly what the target alone says
+    alone = engine.create_chat_completion(messages, max_tokens=32, mode="target-only")
+    assert alone["choices"][0]["message"]["content"] == choice["message"]["content"]
+    assert choice["finish_reason"] in ("stop", "length")
+    assert out["usage"]["completion_tokens"] == out["timings"]["predicted_n"]
+
+    chunks = list(engine.create_chat_completion(messages, max_tokens=32, stream=True))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert content == choice["message"]["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
+
+
+def test_engine_context_manager_closes(target_path):
+    with Engine(target_path) as engine:
+        assert engine.generate("Hi", mode="target-only", max_tokens=2, ignore_eos=True).tokens
+    with pytest.raises(Exception, match="closed"):
+        engine.generate("Hi", mode="target-only", max_tokens=2)
+
+
+def test_arbiter_error_keeps_partial_output(engine):
+    calls = []
+
+    def fail_later(block):
+        calls.append(1)
+        if len(calls) > 3:
+            return "not a list of decisions"
+        return [False] * block["n_draft"]
+
+    with pytest.raises(ValueError):
+        engine.generate("Tell me about the sea.", mode="sps", arbiter=arbiter_from_function(fail_later),
+                        max_tokens=64, ignore_eos=True)
+    assert len(calls) == 4
+    partial = engine.last_result
+    assert partial.stop_reason == "error" and 0 < len(partial.tokens) < 64
+    assert engine.generate("Hi", max_tokens=2, ignore_eos=True).tokens

@@ -1,0 +1,115 @@
+"""Bad input gets a clear error, loses nothing, and leaves the process (and
+the engine) working."""
+import threading
+import time
+
+import pytest
+
+from cospec_local import (ContextFullError, Engine, InvalidArgumentError, ModelLoadError, NoDraftError,
+                          VocabMismatchError, arbiter_from_function)
+from gguf_fixtures import corrupt_vocab, truncate_file
+
+
+def test_missing_file(target_path, tmp_path):
+    with pytest.raises(ModelLoadError, match="file not found"):
+        Engine(target_path, tmp_path / "nope.gguf")
+    with pytest.raises(ModelLoadError, match="target model .* file not found"):
+        Engine(tmp_path / "nope.gguf")
+
+
+def test_non_gguf_file(target_path, tmp_path):
+    junk = tmp_path / "notes.gguf"
+    junk.write_text("this is not a model\n" * 100)
+    with pytest.raises(ModelLoadError, match="not a GGUF file"):
+        Engine(target_path, junk)
+
+
+@pytest.mark.parametrize("n_bytes", [10, 4_000, 5_000_000])
+def test_truncated_gguf(target_path, tmp_path, n_bytes):
+    cut = truncate_file(target_path, tmp_path / f"cut-{n_bytes}.gguf", n_bytes)
+    with pytest.raises(ModelLoadError, match="truncated|corrupt"):
+        Engine(cut)
+
+
+def test_directory_instead_of_file(tmp_path):
+    with pytest.raises(ModelLoadError, match="not a regular file"):
+        Engine(tmp_path)
+
+
+def test_incompatible_vocabularies(target_path, draft_paths, tmp_path):
+    bad = corrupt_vocab(draft_paths["disagreeing"], tmp_path / "bad-vocab.gguf")
+    with pytest.raises(VocabMismatchError, match=r"token texts differ, first at id 1000"):
+        Engine(target_path, bad)
+
+
+def test_prompt_longer_than_context(target_path, draft_paths):
+    with Engine(target_path, draft_paths["disagreeing"], n_ctx=64) as engine:
+        long_prompt = "word " * 200
+        for mode in ("sps", "target-only"):
+            with pytest.raises(ContextFullError, match="prompt has .* tokens but the context holds 64"):
+                engine.generate(long_prompt, mode=mode, max_tokens=8)
+        # Still usable afterwards.
+        assert engine.generate("Hello", max_tokens=4, ignore_eos=True).tokens
+
+
+def test_context_filling_up_stops_cleanly(target_path, draft_paths):
+    with Engine(target_path, draft_paths["disagreeing"], n_ctx=64) as engine:
+        for mode in ("sps", "target-only", "fly"):
+            r = engine.generate("Count to one hundred: 1, 2, 3,", mode=mode, max_tokens=500, ignore_eos=True)
+            assert r.stop_reason == "context_full"
+            assert r.finish_reason == "length"
+            assert r.prompt_tokens + len(r.tokens) <= 65
+            assert len(r.tokens) > 40
+
+
+@pytest.mark.parametrize("bad", [dict(draft_max=0), dict(draft_max=-3), dict(max_tokens=0), dict(temperature=-1.0),
+                                 dict(top_p=0.0), dict(top_k=-1), dict(mode="nonsense")])
+def test_invalid_parameters(engine, bad):
+    with pytest.raises(InvalidArgumentError):
+        engine.generate("Hello", **bad)
+    assert engine.generate("Hello", max_tokens=2, ignore_eos=True).tokens
+
+
+def test_out_of_vocabulary_prompt_tokens(engine):
+    with pytest.raises(InvalidArgumentError, match="outside the vocabulary"):
+        engine.generate([1, 2, 10**6])
+
+
+def test_modes_needing_a_draft(target_path):
+    with Engine(target_path) as engine:
+        assert engine.generate("Hi", mode="target-only", max_tokens=2, ignore_eos=True).tokens
+        with pytest.raises(NoDraftError):
+            engine.generate("Hi", mode="sps", max_tokens=2)
+
+
+def test_abort_returns_text_so_far(engine):
+    result = {}
+
+    def run():
+        result["r"] = engine.generate("Tell me a very long story.", mode="sps", max_tokens=5000, ignore_eos=True)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(1.0)
+    engine.abort()
+    worker.join(30)
+    assert not worker.is_alive()
+    r = result["r"]
+    assert r.stop_reason == "aborted"
+    assert 0 < len(r.tokens) < 5000 and r.text
+    assert engine.generate("Hello", max_tokens=3, ignore_eos=True).stop_reason == "max_tokens"
+
+
+def test_arbiter_exception_propagates_and_engine_survives(engine):
+    def broken(block):
+        raise ZeroDivisionError("arbiter bug")
+
+    with pytest.raises(ZeroDivisionError, match="arbiter bug"):
+        engine.generate("The capital of France is", mode="sps", arbiter=arbiter_from_function(broken), max_tokens=16)
+    assert engine.generate("Hello", max_tokens=3, ignore_eos=True).tokens
+
+
+def test_arbiter_returning_wrong_shape(engine):
+    with pytest.raises(ValueError, match="decisions for a block"):
+        engine.generate("The capital of France is", mode="sps",
+                        arbiter=arbiter_from_function(lambda block: [True]), max_tokens=16, draft_max=4)

@@ -1,0 +1,56 @@
+"""Greedy speculative decoding with the `target` arbiter is lossless: token for
+token the same as target-only decoding, whatever the draft and K."""
+import pytest
+
+PROMPTS = [
+    "The capital of France is",
+    "Explain how photosynthesis works in simple terms.",
+    "def fibonacci(n):\n",
+    "List three colours:\n1.",
+]
+N_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def reference(engine_for):
+    cache = {}
+
+    def get(kind, prompt):
+        if (kind, prompt) not in cache:
+            r = engine_for(kind).generate(prompt, mode="target-only", max_tokens=N_TOKENS, ignore_eos=True)
+            assert r.provenance == ["target"] * N_TOKENS
+            cache[kind, prompt] = r.tokens
+        return cache[kind, prompt]
+
+    return get
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("kind", ["disagreeing", "mixed", "self"])
+def test_sps_matches_target_only(engine_for, reference, kind, k):
+    engine = engine_for(kind)
+    totals = {"match": 0, "fallback": 0, "bonus": 0}
+    for prompt in PROMPTS:
+        r = engine.generate(prompt, mode="sps", max_tokens=N_TOKENS, draft_max=k, ignore_eos=True)
+        assert r.tokens == reference(kind, prompt), f"sps diverged from target-only ({kind} draft, K={k}): {prompt!r}"
+        assert r.stop_reason == "max_tokens"
+        for p in r.provenance:
+            totals[p] += 1
+    if kind == "self":
+        # A target drafting for itself always agrees: no fallback ever.
+        assert totals["fallback"] == 0 and totals["match"] > 0
+    elif kind == "disagreeing":
+        assert totals["fallback"] > totals["match"]
+    else:
+        # Partial blocks: matches followed by a rollback, and whole blocks with a bonus.
+        assert totals["match"] > 0 and totals["fallback"] > 0 and totals["bonus"] > 0
+
+
+def test_prompt_cache_does_not_change_output(engine, reference):
+    """The second call reuses the cached prompt prefix; results must not change."""
+    prompt = PROMPTS[1]
+    engine.reset()
+    first = engine.generate(prompt, mode="sps", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True)
+    again = engine.generate(prompt, mode="sps", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True)
+    assert first.stats.n_prompt_cached == 0 and again.stats.n_prompt_cached > 0
+    assert first.tokens == again.tokens == reference("disagreeing", prompt)
