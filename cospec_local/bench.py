@@ -20,7 +20,8 @@ BUILTIN_PROMPTS = [
 
 
 def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: Sequence[str], max_tokens: int,
-              repeat: int = 1, as_chat: bool = False, progress: Callable[[str], None] | None = None) -> dict:
+              repeat: int = 1, as_chat: bool = False, draft_p_min: float = 0.0,
+              progress: Callable[[str], None] | None = None) -> dict:
     """Generate max_tokens per prompt (EOS ignored, so every mode does the same work)
     for each K and mode; modes are interleaved per prompt so machine noise hits all alike."""
     say = progress or (lambda msg: None)
@@ -37,7 +38,8 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: 
         for rep in range(repeat):
             for i, prompt in enumerate(tokenized):
                 for mode in modes:
-                    r = engine.generate(prompt, mode=mode, max_tokens=max_tokens, draft_max=k, ignore_eos=True)
+                    r = engine.generate(prompt, mode=mode, max_tokens=max_tokens, draft_max=k, ignore_eos=True,
+                                        draft_p_min=draft_p_min)
                     s = r.stats
                     a = acc[mode]
                     a["tokens"] += s.n_generated
@@ -78,6 +80,7 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: 
         "prompts": len(prompts),
         "max_tokens": max_tokens,
         "repeat": repeat,
+        "draft_p_min": draft_p_min,
         "results": results,
     }
 
@@ -90,7 +93,8 @@ def markdown_table(report: dict) -> str:
     lines = [
         f"target: {report['target']}  ",
         f"draft: {report['draft']}  ",
-        f"{report['prompts']} prompts x {report['max_tokens']} tokens x {report['repeat']} run(s), greedy, EOS ignored",
+        f"{report['prompts']} prompts x {report['max_tokens']} tokens x {report['repeat']} run(s), greedy, EOS ignored, "
+        f"draft_p_min {report['draft_p_min']}",
         "",
         "| K | mode | tok/s | speed-up | acceptance | accepted/block | arbiter keeps | outside llama.cpp | same as target |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -162,14 +162,16 @@ def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, mode, draft_max
 @click.option("--draft-max", "draft_max_list", default=str(DEFAULT_DRAFT_MAX), show_default=True,
               help="Comma-separated list of K to measure.")
 @click.option("--modes", default="target-only,sps,fly", show_default=True, help="Comma-separated modes.")
+@click.option("--draft-p-min", default=0.0, show_default=True,
+              help="End a block early when the draft's top probability is below this.")
 @click.option("-n", "--n-predict", "max_tokens", default=64, show_default=True, help="Tokens per prompt.")
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Text file, one prompt per line (default: a built-in set).")
 @click.option("--repeat", default=1, show_default=True, help="Runs of each prompt per mode.")
 @click.option("--chat", "as_chat", is_flag=True, help="Wrap each prompt in the chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, draft_max_list, modes, max_tokens, prompts_file,
-          repeat, as_chat, as_json):
+def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, draft_max_list, modes, draft_p_min, max_tokens,
+          prompts_file, repeat, as_chat, as_json):
     """Measure target-only, sps and fly on the same prompts, in one run."""
     from .bench import BUILTIN_PROMPTS, markdown_table, run_bench
 
@@ -188,7 +190,7 @@ def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, draft_max_list
     engine = open_engine(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, quiet=as_json)
     with engine:
         try:
-            report = run_bench(engine, prompts, ks, mode_list, max_tokens, repeat, as_chat,
+            report = run_bench(engine, prompts, ks, mode_list, max_tokens, repeat, as_chat, draft_p_min,
                                progress=None if as_json else lambda msg: click.echo(msg, err=True))
         except CospecError as exc:
             raise click.ClickException(str(exc)) from None

@@ -8,7 +8,7 @@ PROMPTS = [
     "def fibonacci(n):\n",
     "List three colours:\n1.",
 ]
-N_TOKENS = 40
+N_TOKENS = 32
 
 
 @pytest.fixture(scope="module")
