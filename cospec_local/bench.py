@@ -20,7 +20,7 @@ BUILTIN_PROMPTS = [
 
 
 def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: Sequence[str], max_tokens: int,
-              repeat: int = 1, as_chat: bool = False, draft_p_min: float = 0.0,
+              repeat: int = 1, as_chat: bool = False, draft_p_min: float = 0.0, adaptive_draft: bool = False,
               progress: Callable[[str], None] | None = None) -> dict:
     """Generate max_tokens per prompt (EOS ignored, so every mode does the same work)
     for each K and mode; modes are interleaved per prompt so machine noise hits all alike."""
@@ -29,7 +29,8 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: 
                  for p in prompts]
     # Warm-up: first calls pay for page faults and thread start-up.
     for mode in modes:
-        engine.generate(tokenized[0], mode=mode, max_tokens=8, draft_max=ks[0], ignore_eos=True)
+        engine.generate(tokenized[0], mode=mode, max_tokens=8, draft_max=ks[0], ignore_eos=True,
+                        adaptive_draft=adaptive_draft)
 
     results = []
     for k in ks:
@@ -39,7 +40,7 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: 
             for i, prompt in enumerate(tokenized):
                 for mode in modes:
                     r = engine.generate(prompt, mode=mode, max_tokens=max_tokens, draft_max=k, ignore_eos=True,
-                                        draft_p_min=draft_p_min)
+                                        draft_p_min=draft_p_min, adaptive_draft=adaptive_draft)
                     s = r.stats
                     a = acc[mode]
                     a["tokens"] += s.n_generated
@@ -81,6 +82,7 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: 
         "max_tokens": max_tokens,
         "repeat": repeat,
         "draft_p_min": draft_p_min,
+        "adaptive_draft": adaptive_draft,
         "results": results,
     }
 
@@ -94,7 +96,7 @@ def markdown_table(report: dict) -> str:
         f"target: {report['target']}  ",
         f"draft: {report['draft']}  ",
         f"{report['prompts']} prompts x {report['max_tokens']} tokens x {report['repeat']} run(s), greedy, EOS ignored, "
-        f"draft_p_min {report['draft_p_min']}",
+        f"draft_p_min {report['draft_p_min']}, {'adaptive' if report['adaptive_draft'] else 'fixed'} draft length",
         "",
         "| K | mode | tok/s | speed-up | acceptance | accepted/block | arbiter keeps | outside llama.cpp | same as target |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -12,7 +12,8 @@ HELP = """Commands:
   /clear             forget the conversation
   /set               show the settings
   /set NAME VALUE    change one: temp, top-k, top-p, seed, max-tokens, draft-max, draft-p-min,
-                     mode (target-only, draft-only, sps, fly), fly-window, fly-entropy, color (on/off), system
+                     mode (target-only, draft-only, sps, fly), fly-window, fly-entropy,
+                     adaptive-draft (on/off), color (on/off), system
   /bye               leave
 Multi-line input: end a line with \\ to go on, or put the text between triple quotes (\"\"\").
 Ctrl-C stops a reply and keeps the conversation; Ctrl-C at the prompt (or Ctrl-D) leaves."""
@@ -112,6 +113,8 @@ class ChatSession:
                 self.say("this session was started without a draft model")
                 return
             self.settings["mode"] = value
+        elif name == "adaptive-draft":
+            self.settings["adaptive_draft"] = value.lower() in ("on", "1", "true", "yes")
         elif name == "color":
             self.color = value.lower() in ("on", "1", "true", "yes")
         elif name == "system":

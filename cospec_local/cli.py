@@ -44,6 +44,8 @@ def sampling_options(fn):
                      help="Most draft tokens per block (K)."),
         click.option("--draft-p-min", default=0.0, show_default=True,
                      help="End a block early when the draft's top probability is below this (greedy)."),
+        click.option("--adaptive-draft/--fixed-draft", default=True, show_default=True,
+                     help="Choose each block's length in [0, K] from measured acceptance and costs, or always K."),
         click.option("--temp", "temperature", default=0.0, show_default=True, help="Temperature (0: greedy)."),
         click.option("--top-k", default=0, show_default=True, help="Top-k sampling (0: off)."),
         click.option("--top-p", default=1.0, show_default=True, help="Top-p sampling (1: off)."),
@@ -109,8 +111,8 @@ def main():
 @click.option("--chat", "as_chat", is_flag=True, help="Send the prompt as a user message through the chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, provenance, stats.")
 @click.option("--color", is_flag=True, help="Colour draft tokens: green matched, magenta kept by the arbiter.")
-def generate(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, mode, draft_max, draft_p_min, temperature,
-             top_k, top_p, seed, fly_window, fly_entropy, prompt, max_tokens, stop, as_chat, as_json, color):
+def generate(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, mode, draft_max, draft_p_min, adaptive_draft,
+             temperature, top_k, top_p, seed, fly_window, fly_entropy, prompt, max_tokens, stop, as_chat, as_json, color):
     """Generate a continuation of a prompt."""
     needs_draft = mode != "target-only"
     engine = open_engine(target, draft if needs_draft else None, n_ctx, n_threads, n_gpu_layers, verbose,
@@ -118,7 +120,7 @@ def generate(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, mode, draft
     with engine:
         tokens = engine.render_chat([{"role": "user", "content": prompt}]) if as_chat else prompt
         options = dict(mode=mode, max_tokens=max_tokens, draft_max=draft_max, draft_p_min=draft_p_min,
-                       temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=list(stop),
+                       adaptive_draft=adaptive_draft, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=list(stop),
                        fly_window=fly_window, fly_entropy=fly_entropy)
         try:
             if as_json:
@@ -144,14 +146,14 @@ def generate(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, mode, draft
 @click.option("-n", "--n-predict", "max_tokens", default=512, show_default=True, help="Most tokens per reply.")
 @click.option("--system", default=None, help="System message.")
 @click.option("--color", is_flag=True, help="Colour draft tokens: green matched, magenta kept by the arbiter.")
-def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, mode, draft_max, draft_p_min, temperature, top_k,
-         top_p, seed, fly_window, fly_entropy, max_tokens, system, color):
+def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, mode, draft_max, draft_p_min, adaptive_draft,
+         temperature, top_k, top_p, seed, fly_window, fly_entropy, max_tokens, system, color):
     """Talk with the model pair. /? for help."""
     from .chat_session import ChatSession
 
     engine = open_engine(target, draft if mode != "target-only" else None, n_ctx, n_threads, n_gpu_layers, verbose)
     settings = dict(mode=mode, max_tokens=max_tokens, draft_max=draft_max, draft_p_min=draft_p_min,
-                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, fly_window=fly_window,
+                    adaptive_draft=adaptive_draft, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, fly_window=fly_window,
                     fly_entropy=fly_entropy)
     with engine:
         ChatSession(engine, settings, system=system, color=color).run()
@@ -164,13 +166,15 @@ def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, mode, draft_max
 @click.option("--modes", default="target-only,sps,fly", show_default=True, help="Comma-separated modes.")
 @click.option("--draft-p-min", default=0.0, show_default=True,
               help="End a block early when the draft's top probability is below this.")
+@click.option("--adaptive-draft", is_flag=True, help="Let each block's length adapt in [0, K] (default: always K).")
 @click.option("-n", "--n-predict", "max_tokens", default=64, show_default=True, help="Tokens per prompt.")
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Text file, one prompt per line (default: a built-in set).")
 @click.option("--repeat", default=1, show_default=True, help="Runs of each prompt per mode.")
 @click.option("--chat", "as_chat", is_flag=True, help="Wrap each prompt in the chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, draft_max_list, modes, draft_p_min, max_tokens,
+def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, draft_max_list, modes, draft_p_min, adaptive_draft,
+          max_tokens,
           prompts_file, repeat, as_chat, as_json):
     """Measure target-only, sps and fly on the same prompts, in one run."""
     from .bench import BUILTIN_PROMPTS, markdown_table, run_bench
@@ -190,7 +194,7 @@ def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, draft_max_list
     engine = open_engine(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, quiet=as_json)
     with engine:
         try:
-            report = run_bench(engine, prompts, ks, mode_list, max_tokens, repeat, as_chat, draft_p_min,
+            report = run_bench(engine, prompts, ks, mode_list, max_tokens, repeat, as_chat, draft_p_min, adaptive_draft,
                                progress=None if as_json else lambda msg: click.echo(msg, err=True))
         except CospecError as exc:
             raise click.ClickException(str(exc)) from None

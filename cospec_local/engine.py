@@ -22,8 +22,9 @@ from .errors import GenerationError, InvalidArgumentError, from_native
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 
 MODES = ("target-only", "draft-only", "sps", "fly")
-# K chosen by measurement on 2 CPU cores with SmolLM2-135M (bench/RESULTS.md).
-DEFAULT_DRAFT_MAX = 4
+# Most draft tokens per block; adaptive drafting picks each block's length up
+# to this from measurements (bench/RESULTS.md).
+DEFAULT_DRAFT_MAX = 8
 
 _NATIVE_MODE = {
     "target-only": _cospec.MODE_TARGET_ONLY,
@@ -256,7 +257,7 @@ class Engine:
     # ------------------------------------------------------------ generation
 
     def _request(self, prompt: str | Sequence[int], mode: str, max_tokens: int, draft_max: int, draft_p_min: float,
-                 temperature: float, top_k: int, top_p: float, seed: int, stop: Sequence[str] | str | None,
+                 adaptive_draft: bool, temperature: float, top_k: int, top_p: float, seed: int, stop: Sequence[str] | str | None,
                  ignore_eos: bool, arbiter: Arbiter | None, fly_window: int, fly_entropy: float) -> _Request:
         if mode not in MODES:
             raise InvalidArgumentError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -268,7 +269,7 @@ class Engine:
         if isinstance(stop, str):
             stop = [stop]
         kwargs = dict(mode=_NATIVE_MODE[mode], arbiter=arbiter, n_predict=max_tokens, n_draft=draft_max,
-                      draft_p_min=draft_p_min, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                      draft_p_min=draft_p_min, adaptive_draft=adaptive_draft, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                       ignore_eos=ignore_eos, stop=list(stop or ()))
         label = arbiter.name if arbiter is not None and mode == "sps" else mode
         return _Request(tokens, label, kwargs)
@@ -317,13 +318,18 @@ class Engine:
         return box["raw"]
 
     def generate(self, prompt: str | Sequence[int], *, mode: str = "sps", max_tokens: int = 128,
-                 draft_max: int = DEFAULT_DRAFT_MAX, draft_p_min: float = 0.0, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | str | None = None,
+                 draft_max: int = DEFAULT_DRAFT_MAX, draft_p_min: float = 0.0, adaptive_draft: bool = True,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | str | None = None,
                  ignore_eos: bool = False, arbiter: Arbiter | None = None, fly_window: int = 6,
                  fly_entropy: float = 0.3) -> Generation:
-        """Generate from a prompt (text, tokenized with the target's tokenizer, or token ids)."""
-        request = self._request(prompt, mode, max_tokens, draft_max, draft_p_min, temperature, top_k, top_p, seed,
-                                stop, ignore_eos, arbiter, fly_window, fly_entropy)
+        """Generate from a prompt (text, tokenized with the target's tokenizer, or token ids).
+
+        draft_max is K, the most draft tokens per block; with adaptive_draft each
+        block's length is chosen in [0, K] from the measured acceptance rate and
+        costs of this pair (0 = a plain target step when drafting cannot pay).
+        """
+        request = self._request(prompt, mode, max_tokens, draft_max, draft_p_min, adaptive_draft, temperature, top_k,
+                                top_p, seed, stop, ignore_eos, arbiter, fly_window, fly_entropy)
         return self._finish(self._run(request), request)
 
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[TokenEvent]:
@@ -453,7 +459,8 @@ def _usage(n_prompt: int, result: Generation) -> dict:
 
 def _generate_defaults(kwargs: dict) -> dict:
     """generate()'s keyword defaults merged with the caller's, for stream()."""
-    defaults = dict(mode="sps", max_tokens=128, draft_max=DEFAULT_DRAFT_MAX, draft_p_min=0.0, temperature=0.0,
+    defaults = dict(mode="sps", max_tokens=128, draft_max=DEFAULT_DRAFT_MAX, draft_p_min=0.0, adaptive_draft=True,
+                    temperature=0.0,
                     top_k=0, top_p=1.0, seed=0, stop=None, ignore_eos=False, arbiter=None, fly_window=6,
                     fly_entropy=0.3)
     unknown = set(kwargs) - set(defaults)

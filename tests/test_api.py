@@ -11,7 +11,7 @@ SPEC_PROVENANCE = {"match", "kept", "fallback", "bonus"}
 def test_stats_add_up(engine_for, mode):
     engine = engine_for("mixed")
     r = engine.generate("Explain how photosynthesis works in simple terms.", mode=mode, max_tokens=48, draft_max=4,
-                        ignore_eos=True, fly_window=2)
+                        ignore_eos=True, fly_window=2, adaptive_draft=False)
     s = r.stats
     assert s.n_generated == len(r.tokens) == len(r.provenance) == 48
     assert s.n_accepted + s.n_kept + s.n_fallback + s.n_bonus + s.n_plain == s.n_generated
@@ -46,7 +46,7 @@ def test_python_arbiter_sees_the_block(engine):
         return [True] * k
 
     r = engine.generate("The capital of France is", mode="sps", arbiter=arbiter_from_function(keep_all, "keep-all"),
-                        max_tokens=30, draft_max=4, ignore_eos=True)
+                        max_tokens=30, draft_max=4, ignore_eos=True, adaptive_draft=False)
     assert seen and r.mode == "keep-all"
     # keeping every mismatch: no fallback, every block ends with a bonus token
     assert r.stats.n_fallback == 0 and r.stats.n_kept == r.provenance.count("kept") > 0
@@ -119,8 +119,24 @@ def test_arbiter_error_keeps_partial_output(engine):
 
     with pytest.raises(ValueError):
         engine.generate("Tell me about the sea.", mode="sps", arbiter=arbiter_from_function(fail_later),
-                        max_tokens=64, ignore_eos=True)
+                        max_tokens=64, ignore_eos=True, adaptive_draft=False)
     assert len(calls) == 4
     partial = engine.last_result
     assert partial.stop_reason == "error" and 0 < len(partial.tokens) < 64
     assert engine.generate("Hi", max_tokens=2, ignore_eos=True).tokens
+
+
+def test_one_copy_of_ggml_per_process():
+    """The extension links the llama.cpp that llama-cpp-python installed: using both
+    in one process must not load a second ggml."""
+    import subprocess
+    import sys
+
+    code = ("import cospec_local._cospec, llama_cpp\n"
+            "libs = {l.split()[-1] for l in open('/proc/self/maps') if '/libggml' in l}\n"
+            "print('\\n'.join(sorted(libs)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    libs = out.stdout.split()
+    for name in ("libggml-base.so", "libggml-cpu.so", "libggml.so"):
+        assert len([p for p in libs if p.split("/")[-1].startswith(name)]) == 1, libs

@@ -105,11 +105,13 @@ def test_arbiter_exception_propagates_and_engine_survives(engine):
         raise ZeroDivisionError("arbiter bug")
 
     with pytest.raises(ZeroDivisionError, match="arbiter bug"):
-        engine.generate("The capital of France is", mode="sps", arbiter=arbiter_from_function(broken), max_tokens=16)
+        engine.generate("The capital of France is", mode="sps", arbiter=arbiter_from_function(broken), max_tokens=16,
+                        adaptive_draft=False)
     assert engine.generate("Hello", max_tokens=3, ignore_eos=True).tokens
 
 
 def test_arbiter_returning_wrong_shape(engine):
     with pytest.raises(ValueError, match="decisions for a block"):
         engine.generate("The capital of France is", mode="sps",
-                        arbiter=arbiter_from_function(lambda block: [True]), max_tokens=16, draft_max=4)
+                        arbiter=arbiter_from_function(lambda block: [True]), max_tokens=16, draft_max=4,
+                        adaptive_draft=False)

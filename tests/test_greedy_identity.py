@@ -31,7 +31,8 @@ def test_sps_matches_target_only(engine_for, reference, kind, k):
     engine = engine_for(kind)
     totals = {"match": 0, "fallback": 0, "bonus": 0}
     for prompt in PROMPTS:
-        r = engine.generate(prompt, mode="sps", max_tokens=N_TOKENS, draft_max=k, ignore_eos=True)
+        r = engine.generate(prompt, mode="sps", max_tokens=N_TOKENS, draft_max=k, ignore_eos=True,
+                            adaptive_draft=False)
         assert r.tokens == reference(kind, prompt), f"sps diverged from target-only ({kind} draft, K={k}): {prompt!r}"
         assert r.stop_reason == "max_tokens"
         for p in r.provenance:
@@ -50,7 +51,26 @@ def test_prompt_cache_does_not_change_output(engine, reference):
     """The second call reuses the cached prompt prefix; results must not change."""
     prompt = PROMPTS[1]
     engine.reset()
-    first = engine.generate(prompt, mode="sps", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True)
-    again = engine.generate(prompt, mode="sps", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True)
+    first = engine.generate(prompt, mode="sps", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True, adaptive_draft=False)
+    again = engine.generate(prompt, mode="sps", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True, adaptive_draft=False)
     assert first.stats.n_prompt_cached == 0 and again.stats.n_prompt_cached > 0
     assert first.tokens == again.tokens == reference("disagreeing", prompt)
+
+
+@pytest.mark.parametrize("kind", ["disagreeing", "mixed"])
+def test_adaptive_draft_length_is_lossless_and_backs_off(engine_for, reference, kind):
+    """Adaptive drafting picks each block's length in [0, K]; output stays the target's,
+    and a draft that rarely agrees gets short blocks (often none)."""
+    engine = engine_for(kind)
+    fixed_drafted = adaptive_drafted = 0
+    for prompt in PROMPTS:
+        fixed = engine.generate(prompt, mode="sps", max_tokens=N_TOKENS, draft_max=8, ignore_eos=True,
+                                adaptive_draft=False)
+        adaptive = engine.generate(prompt, mode="sps", max_tokens=N_TOKENS, draft_max=8, ignore_eos=True,
+                                   adaptive_draft=True)
+        assert adaptive.tokens == fixed.tokens == reference(kind, prompt)
+        assert adaptive.stats.n_drafted <= 8 * adaptive.stats.n_blocks
+        fixed_drafted += fixed.stats.n_drafted
+        adaptive_drafted += adaptive.stats.n_drafted
+    if kind == "disagreeing":
+        assert adaptive_drafted < fixed_drafted / 3

@@ -212,6 +212,7 @@ struct cospec_generate_params {
     int32_t n_predict;         // most tokens to generate (must be > 0)
     int32_t n_draft;           // K: most draft tokens per block (>= 1)
     float   draft_p_min;       // stop a block early when the draft's top probability falls below this (greedy; 0 = off)
+    bool    adaptive_draft;    // choose each block's length in [0, n_draft] from measured acceptance and costs
     float   temperature;       // 0 = greedy
     int32_t top_k;             // 0 = off
     float   top_p;             // 1 = off

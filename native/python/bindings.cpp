@@ -293,7 +293,7 @@ class Engine {
     }
 
     py::dict generate(const std::vector<int32_t> & prompt, int32_t mode, std::shared_ptr<Arbiter> arbiter, int32_t n_predict,
-                      int32_t n_draft, float draft_p_min, float temperature, int32_t top_k, float top_p, uint64_t seed,
+                      int32_t n_draft, float draft_p_min, bool adaptive_draft, float temperature, int32_t top_k, float top_p, uint64_t seed,
                       bool ignore_eos, const std::vector<std::string> & stop, py::object on_token) {
         cospec_generate_params p = cospec_generate_default_params();
         p.mode = mode;
@@ -301,6 +301,7 @@ class Engine {
         p.n_predict = n_predict;
         p.n_draft = n_draft;
         p.draft_p_min = draft_p_min;
+        p.adaptive_draft = adaptive_draft;
         p.temperature = temperature;
         p.top_k = top_k;
         p.top_p = top_p;
@@ -454,7 +455,7 @@ PYBIND11_MODULE(_cospec, m) {
         .def("token_text", [](const Engine & e, int32_t t) { return std::string(cospec_token_text(e.get(), t)); })
         .def("is_eog", [](const Engine & e, int32_t t) { return cospec_token_is_eog(e.get(), t); })
         .def("generate", &Engine::generate, py::arg("prompt"), py::arg("mode"), py::arg("arbiter") = nullptr,
-             py::arg("n_predict") = 128, py::arg("n_draft") = 4, py::arg("draft_p_min") = 0.0f, py::arg("temperature") = 0.0f,
+             py::arg("n_predict") = 128, py::arg("n_draft") = 4, py::arg("draft_p_min") = 0.0f, py::arg("adaptive_draft") = false, py::arg("temperature") = 0.0f,
              py::arg("top_k") = 0, py::arg("top_p") = 1.0f, py::arg("seed") = 0, py::arg("ignore_eos") = false,
              py::arg("stop") = std::vector<std::string>(), py::arg("on_token") = py::none());
 }

@@ -1,6 +1,7 @@
 // The engine's internal state, shared by engine.cpp and generate.cpp.
 #pragma once
 
+#include "draft_tuner.h"
 #include "internal.h"
 #include "llama.h"
 
@@ -42,4 +43,6 @@ struct cospec_engine {
     int32_t n_ctx = 0;
     int32_t n_batch = 0;
     std::mutex busy; // one generation at a time per engine
+    // Acceptance and cost estimates of this draft/target pair, kept across calls.
+    cospec::draft_tuner tuner;
 };

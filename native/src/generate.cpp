@@ -122,6 +122,7 @@ class generation {
 
     // Per-block buffers, kept across steps to avoid reallocations.
     std::vector<llama_token> drafted;
+    int32_t n_draft_decodes = 0; // llama_decode calls of the current block's drafting
     std::vector<float> draft_logits;
     std::vector<std::vector<float>> draft_probs;
     std::vector<float> target_logits_copy;
@@ -317,6 +318,7 @@ class generation {
     // Propose up to k tokens with the draft after seq.
     int32_t draft_block(int32_t k) {
         drafted.clear();
+        n_draft_decodes = 0;
         const size_t n_past = seq.size() - 1;
         if (k <= 0) {
             return COSPEC_OK;
@@ -324,6 +326,7 @@ class generation {
         if (const int32_t status = sync(e.draft, n_past + 1, true, st.t_draft_ms, nullptr); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
+        n_draft_decodes = 1;
         const int32_t nv = e.draft.n_vocab;
         draft_logits.resize((size_t) k * nv);
         if (!greedy && draft_probs.size() < (size_t) k) {
@@ -356,6 +359,7 @@ class generation {
                 return status;
             }
             e.draft.cached.push_back(d);
+            n_draft_decodes += 1;
         }
         return COSPEC_OK;
     }
@@ -410,10 +414,17 @@ class generation {
         k = std::min(k, p.n_predict - st.n_generated - 1);
         k = std::min(k, e.n_ctx - (int32_t) n_past - 1);
         k = std::min(k, e.n_batch - 1);
+        if (p.adaptive_draft) {
+            k = std::min(k, e.tuner.choose(p.n_draft));
+        }
+        const double t_draft_before = st.t_draft_ms;
         if (const int32_t status = draft_block(std::max(k, 0)); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
         const int32_t kd = (int32_t) drafted.size();
+        if (n_draft_decodes > 0) {
+            e.tuner.observe_draft_step((st.t_draft_ms - t_draft_before) / n_draft_decodes);
+        }
 
         // Verify [last, d_1..d_kd] in one target batch with logits everywhere.
         if (const int32_t status = sync(e.target, n_past, false, st.t_verify_ms, nullptr); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
@@ -430,9 +441,11 @@ class generation {
             t.batch.logits[i + 1] = true;
         }
         t.batch.n_tokens = kd + 1;
+        const double t_verify_before = st.t_verify_ms;
         if (const int32_t status = decode(t, st.t_verify_ms, (llama_pos) n_past); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
+        e.tuner.observe_verify(kd + 1, st.t_verify_ms - t_verify_before);
         t.cached.push_back(seq.back());
         t.cached.insert(t.cached.end(), drafted.begin(), drafted.end());
         st.n_blocks += 1;
@@ -497,17 +510,20 @@ class generation {
 
         // Walk the block: matches and kept mismatches go on, a rejected
         // mismatch emits the target's token and ends the block.
-        for (int32_t j = 0; j < kd && stop == COSPEC_STOP_NONE; ++j) {
+        int32_t j = 0;
+        for (; j < kd && stop == COSPEC_STOP_NONE; ++j) {
             if (!mismatch[j]) {
                 emit(drafted[j], COSPEC_PROV_MATCH);
             } else if (keep[j]) {
                 emit(drafted[j], COSPEC_PROV_KEPT);
             } else {
                 emit(target_tokens[j], COSPEC_PROV_FALLBACK);
-                return COSPEC_OK;
+                break;
             }
         }
-        if (stop == COSPEC_STOP_NONE) {
+        const bool rejected = j < kd;
+        e.tuner.observe_block(kd, j, rejected);
+        if (!rejected && stop == COSPEC_STOP_NONE) {
             emit(target_tokens[kd], COSPEC_PROV_BONUS);
         }
         return COSPEC_OK;
@@ -568,6 +584,7 @@ cospec_generate_params cospec_generate_default_params(void) {
     p.n_predict = 128;
     p.n_draft = 4;
     p.draft_p_min = 0.0f;
+    p.adaptive_draft = false;
     p.temperature = 0.0f;
     p.top_k = 0;
     p.top_p = 1.0f;

@@ -1,0 +1,89 @@
+#include "draft_tuner.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace cospec {
+
+namespace {
+constexpr double DECAY = 0.9;    // per block: the estimates follow the last ~10 blocks
+constexpr double SMOOTH = 0.2;   // weight of a new timing sample
+constexpr int64_t EXPLORE = 16;  // every this many blocks, try the other side
+
+double ema(double old, double x) {
+    return old <= 0.0 ? x : (1.0 - SMOOTH) * old + SMOOTH * x;
+}
+} // namespace
+
+void draft_tuner::observe_block(int32_t kd, int32_t accepted, bool rejected) {
+    n_blocks += 1;
+    if (kd <= 0) {
+        return;
+    }
+    acc_sum = DECAY * acc_sum + accepted;
+    rej_sum = DECAY * rej_sum + (rejected ? 1.0 : 0.0);
+}
+
+void draft_tuner::observe_draft_step(double ms) {
+    t_draft = ema(t_draft, ms);
+}
+
+void draft_tuner::observe_verify(int32_t n_tokens, double ms) {
+    if (n_tokens >= 1 && n_tokens <= MAX_BATCH) {
+        t_verify[n_tokens] = ema(t_verify[n_tokens], ms);
+    }
+}
+
+// Measured cost of verifying n tokens, interpolated between measured batch
+// sizes (linear in n, which is how a compute-bound CPU behaves).
+double draft_tuner::verify_cost(int32_t n) const {
+    if (t_verify[n] > 0.0) {
+        return t_verify[n];
+    }
+    int32_t lo = n - 1, hi = n + 1;
+    while (lo >= 1 && t_verify[lo] <= 0.0) --lo;
+    while (hi <= MAX_BATCH && t_verify[hi] <= 0.0) ++hi;
+    const bool has_lo = lo >= 1, has_hi = hi <= MAX_BATCH;
+    if (has_lo && has_hi) {
+        return t_verify[lo] + (t_verify[hi] - t_verify[lo]) * (n - lo) / (hi - lo);
+    }
+    const int32_t known = has_lo ? lo : hi;
+    // One side only: assume each extra token costs a third of a single step.
+    const double per_token = (t_verify[1] > 0.0 ? t_verify[1] : t_verify[known] / (1.0 + (known - 1) / 3.0)) / 3.0;
+    return t_verify[known] + per_token * (n - known);
+}
+
+int32_t draft_tuner::choose(int32_t k_max) {
+    k_max = std::clamp(k_max, 0, MAX_BATCH - 1);
+    if (k_max == 0) {
+        return 0;
+    }
+    // Measure the three quantities first: a plain step, then a full block.
+    if (t_verify[1] <= 0.0) {
+        return last_k = 0;
+    }
+    if (t_draft <= 0.0) {
+        return last_k = k_max;
+    }
+    const double a = std::min(acceptance(), 0.99);
+    int32_t best = 0;
+    double best_rate = 1.0 / verify_cost(1);
+    double tokens = 1.0, a_pow = 1.0;
+    for (int32_t k = 1; k <= k_max; ++k) {
+        a_pow *= a;
+        tokens += a_pow; // 1 + a + ... + a^k
+        const double rate = tokens / (k * t_draft + verify_cost(k + 1));
+        if (rate > best_rate) {
+            best_rate = rate;
+            best = k;
+        }
+    }
+    // Keep the estimates alive: the acceptance rate is only seen while
+    // drafting, the cost of a plain step only while not drafting.
+    if (n_blocks % EXPLORE == 0) {
+        best = best == 0 ? 1 : 0;
+    }
+    return last_k = best;
+}
+
+} // namespace cospec

@@ -1,0 +1,38 @@
+// Adaptive draft length: choose K for the next block from online estimates of
+// the draft's acceptance rate and of the measured costs, maximising expected
+// tokens per unit time (Leviathan et al.'s model with a measured verify cost):
+//   E[tokens](K) = (1 - a^(K+1)) / (1 - a),  time(K) = K * t_draft + t_verify(K + 1).
+// On a CPU verifying K+1 tokens costs almost K+1 steps, so with a weak draft the
+// best K is often 0 (plain target decoding); a strong draft gets long blocks.
+#pragma once
+
+#include <cstdint>
+
+namespace cospec {
+
+class draft_tuner {
+  public:
+    static constexpr int32_t MAX_BATCH = 64;
+
+    // Draft length for the next block, in [0, k_max].
+    int32_t choose(int32_t k_max);
+    // A block drafted kd tokens, `accepted` of them reached the output, and
+    // `rejected` tells whether a draft token was refused.
+    void observe_block(int32_t kd, int32_t accepted, bool rejected);
+    void observe_draft_step(double ms);
+    void observe_verify(int32_t n_tokens, double ms);
+
+    double acceptance() const { return acc_sum / (acc_sum + rej_sum); }
+
+  private:
+    double verify_cost(int32_t n) const;
+
+    double acc_sum = 1.0; // decayed counts of accepted draft tokens and of rejections
+    double rej_sum = 1.0; // (prior: a = 0.5)
+    double t_draft = -1.0;
+    double t_verify[MAX_BATCH + 1] = {};
+    int64_t n_blocks = 0;
+    int32_t last_k = 0;
+};
+
+} // namespace cospec
