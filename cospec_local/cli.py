@@ -204,22 +204,78 @@ def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, draft_max_list
         click.echo(markdown_table(report))
 
 
+@main.command("eval")
+@model_options
+@click.option("--task", required=True, help="Task family (arith, pyfunc, listops) or a benchmark jsonl file.")
+@click.option("--split", default="test", show_default=True, type=click.Choice(["train", "dev", "test"]))
+@click.option("--limit", default=None, type=int, help="Number of problems (default: 200 for a family, all of a file).")
+@click.option("--modes", default="target-only,draft-only,sps,fly", show_default=True, help="Comma-separated modes.")
+@click.option("-n", "--n-predict", "max_tokens", default=256, show_default=True, help="Most tokens per answer.")
+@click.option("--draft-max", "draft_max", default=DEFAULT_DRAFT_MAX, show_default=True, help="Most draft tokens per block.")
+@click.option("--adaptive-draft/--fixed-draft", default=True, show_default=True)
+@click.option("--chat", "as_chat", is_flag=True, help="Send each problem through the chat template.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Folder for records.jsonl (resumable), results.json, results.md and a PNG plot.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def eval_command(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, task, split, limit, modes, max_tokens,
+                 draft_max, adaptive_draft, as_chat, out_dir, as_json):
+    """Accuracy and speed of each mode on a task, with oracle union and recovered non-nested successes."""
+    from pathlib import Path
+
+    from .evaluate import evaluate, markdown
+    from .tasks import load_task, score
+
+    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+    for m in mode_list:
+        if m not in MODES:
+            raise click.BadParameter(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
+    try:
+        problems = load_task(task, split, limit)
+    except (KeyError, FileNotFoundError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    title = f"{Path(task).name} ({split})" if task.endswith((".jsonl", ".gz")) else f"{task} ({split})"
+    engine = open_engine(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, quiet=as_json)
+
+    def progress(items):
+        with click.progressbar(items, label="evaluating", file=sys.stderr) as bar:
+            yield from bar
+
+    with engine:
+        try:
+            summary = evaluate(engine, problems, mode_list, score, Path(out_dir) if out_dir else None, max_tokens,
+                               draft_max, adaptive_draft, as_chat, title, progress=None if as_json else progress)
+        except (CospecError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from None
+        except KeyboardInterrupt:
+            click.echo("\n[interrupted: rerun the same command to resume]" if out_dir else "\n[interrupted]", err=True)
+            sys.exit(130)
+    click.echo(json.dumps(summary, indent=1) if as_json else markdown(summary, title))
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True)
 def models(as_json):
-    """List the named models."""
+    """List the named models: name, path, size, architecture, vocabulary, quantization."""
+    from .models import describe_gguf
+
     rows = []
     for m in NAMED_MODELS.values():
+        row = {"name": m.name, "description": m.description}
         try:
-            path = str(m.locate())
-        except (FileNotFoundError, ValueError) as exc:
-            path = f"(unavailable: {exc})"
-        rows.append({"name": m.name, "path": path, "description": m.description})
+            path = m.locate()
+            row.update(path=str(path), **describe_gguf(path))
+        except (FileNotFoundError, ValueError, ImportError) as exc:
+            row["path"] = f"(unavailable: {exc})"
+        rows.append(row)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     for r in rows:
-        click.echo(f"{r['name']:<22} {r['description']}\n{'':<22} {r['path']}")
+        click.echo(f"{r['name']:<20} {r['description']}")
+        if "architecture" in r:
+            click.echo(f"{'':<20} {r['architecture']}, {r['layers']} layers, vocabulary {r['vocabulary']} "
+                       f"({r['tokenizer']}), {r['quantization']}, {r['size_mb']} MB")
+        click.echo(f"{'':<20} {r['path']}")
 
 
 if __name__ == "__main__":

@@ -242,8 +242,12 @@ class Engine:
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return self._native.tokenize(text.encode("utf-8"), add_special, parse_special)
 
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return b"".join(self._native.token_to_piece(t) for t in tokens).decode("utf-8", errors="replace")
+    def detokenize(self, tokens: Sequence[int], render_special: bool = False) -> str:
+        try:
+            raw = self._native.detokenize([int(t) for t in tokens], render_special)
+        except _cospec.CospecError as exc:
+            raise from_native(exc) from None
+        return raw.decode("utf-8", errors="replace")
 
     def is_eog(self, token: int) -> bool:
         return self._native.is_eog(token)

@@ -66,5 +66,27 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
     return Path(key)
 
 
+def describe_gguf(path: Path) -> dict:
+    """Size, architecture, vocabulary and quantization of a GGUF file, from its header."""
+    import gguf  # imported here: listing names must not need it
+
+    reader = gguf.GGUFReader(path, "r")
+
+    def field(key):
+        f = reader.get_field(key)
+        return f.contents() if f is not None else None
+
+    arch = field("general.architecture")
+    tokens = reader.get_field("tokenizer.ggml.tokens")
+    file_type = field("general.file_type")
+    try:
+        quant = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else None
+    except ValueError:
+        quant = str(file_type)
+    return {"size_mb": round(path.stat().st_size / 2**20, 1), "architecture": arch,
+            "layers": field(f"{arch}.block_count"), "vocabulary": len(tokens.data) if tokens else None,
+            "tokenizer": field("tokenizer.ggml.model"), "quantization": quant}
+
+
 def default_pair() -> tuple[Path, Path]:
     return resolve_model(DEFAULT_TARGET), resolve_model(DEFAULT_DRAFT)

@@ -140,3 +140,8 @@ def test_one_copy_of_ggml_per_process():
     libs = out.stdout.split()
     for name in ("libggml-base.so", "libggml-cpu.so", "libggml.so"):
         assert len([p for p in libs if p.split("/")[-1].startswith(name)]) == 1, libs
+
+
+@pytest.mark.parametrize("text", ["Hello world", "  two leading spaces", "naïve café, 3.14\nnew line", "日本語"])
+def test_tokenize_round_trip(engine, text):
+    assert engine.detokenize(engine.tokenize(text, add_special=False)) == text

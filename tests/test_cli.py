@@ -103,3 +103,14 @@ def test_chat_ctrl_c_stops_reply_then_exits(target_path, draft_paths):
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0 or child.signalstatus is None
+
+
+def test_models_lists_named_models(tmp_path):
+    env = dict(os.environ, COSPEC_LOCAL_CACHE=str(tmp_path))
+    out = run_cli("models", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    rows = {r["name"]: r for r in json.loads(out.stdout)}
+    target, draft = rows["smollm2-135m"], rows["smollm2-135m-draft"]
+    assert target["architecture"] == "llama" and target["vocabulary"] == 49152 and target["quantization"] == "Q4_1"
+    assert draft["layers"] == 4 and draft["vocabulary"] == 49152
+    assert Path(draft["path"]).parent == tmp_path

@@ -117,6 +117,12 @@ int32_t cospec_tokenize(const cospec_engine * engine, const char * text, int32_t
 // number needed when buf_size is too small.
 int32_t cospec_token_to_piece(const cospec_engine * engine, cospec_token token, char * buf, int32_t buf_size);
 
+// Text of a token sequence (llama.cpp's detokenizer: the leading space a
+// tokenizer adds is removed). Returns the number of bytes, or the negative of
+// the number needed when buf_size is too small.
+int32_t cospec_detokenize(const cospec_engine * engine, const cospec_token * tokens, int32_t n_tokens, char * buf,
+                          int32_t buf_size, bool render_special);
+
 // The vocabulary's text of a token, special tokens included ("<|im_end|>").
 const char * cospec_token_text(const cospec_engine * engine, cospec_token token);
 bool         cospec_token_is_eog(const cospec_engine * engine, cospec_token token);

@@ -281,6 +281,20 @@ class Engine {
         return tokens;
     }
 
+    py::bytes detokenize(const std::vector<int32_t> & tokens, bool render_special) const {
+        std::string out(tokens.size() * 8 + 16, '\0');
+        int32_t n = cospec_detokenize(get(), tokens.data(), (int32_t) tokens.size(), out.data(), (int32_t) out.size(), render_special);
+        if (n < 0 && std::string(cospec_last_error()).empty()) {
+            out.assign((size_t) -n, '\0');
+            n = cospec_detokenize(get(), tokens.data(), (int32_t) tokens.size(), out.data(), (int32_t) out.size(), render_special);
+        }
+        if (n < 0) {
+            raise_status(COSPEC_ERR_INVALID_ARGUMENT);
+        }
+        out.resize((size_t) n);
+        return py::bytes(out);
+    }
+
     py::bytes token_to_piece(int32_t token) const {
         char buf[256];
         int32_t n = cospec_token_to_piece(get(), token, buf, sizeof(buf));
@@ -452,6 +466,7 @@ PYBIND11_MODULE(_cospec, m) {
         }, py::arg("which"), py::arg("key"))
         .def("tokenize", &Engine::tokenize, py::arg("text"), py::arg("add_special") = true, py::arg("parse_special") = true)
         .def("token_to_piece", &Engine::token_to_piece, py::arg("token"))
+        .def("detokenize", &Engine::detokenize, py::arg("tokens"), py::arg("render_special") = false)
         .def("token_text", [](const Engine & e, int32_t t) { return std::string(cospec_token_text(e.get(), t)); })
         .def("is_eog", [](const Engine & e, int32_t t) { return cospec_token_is_eog(e.get(), t); })
         .def("generate", &Engine::generate, py::arg("prompt"), py::arg("mode"), py::arg("arbiter") = nullptr,

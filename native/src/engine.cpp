@@ -444,6 +444,20 @@ int32_t cospec_token_to_piece(const cospec_engine * engine, cospec_token token, 
     return llama_token_to_piece(engine->target.vocab, token, buf, buf_size, 0, false);
 }
 
+int32_t cospec_detokenize(const cospec_engine * engine, const cospec_token * tokens, int32_t n_tokens, char * buf,
+                          int32_t buf_size, bool render_special) {
+    clear_error();
+    if (engine == nullptr || n_tokens < 0 || (tokens == nullptr && n_tokens > 0) || buf_size < 0) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "cospec_detokenize: invalid arguments");
+    }
+    for (int32_t i = 0; i < n_tokens; ++i) {
+        if (tokens[i] < 0 || tokens[i] >= engine->target.n_vocab) {
+            return fail(COSPEC_ERR_INVALID_ARGUMENT, "token " + std::to_string(tokens[i]) + " is outside the vocabulary");
+        }
+    }
+    return llama_detokenize(engine->target.vocab, tokens, n_tokens, buf, buf_size, !render_special, render_special);
+}
+
 const char * cospec_token_text(const cospec_engine * engine, cospec_token token) {
     if (engine == nullptr || token < 0 || token >= engine->target.n_vocab) {
         return "";

@@ -1,0 +1,59 @@
+"""Verifiable tasks for evaluating draft/target pairs: every problem has an exact, checkable answer.
+
+    from cospec_local.tasks import load_task, score
+    problems = load_task("arith", "dev", limit=50)            # generated family
+    problems = load_task("data/gsm8k_test.jsonl", limit=100)  # benchmark file, format from its fields
+    ok = score(problems[0], completion)
+
+Generated families (TASKS): "arith" and "pyfunc" for training/evaluation, "listops" kept apart as
+the unseen domain. Benchmarks (BENCHMARKS): gsm8k, math500, mbpp, humaneval, from local jsonl files.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .arithmetic import Arithmetic
+from .base import SPLITS, Problem, TaskFamily, final_answer, parse_number, split_of, stable_int
+from .benchmarks import BENCHMARKS, Benchmark, detect, last_boxed, math_equal, normalize_math, read_jsonl
+from .listops import ListOps
+from .pyfunc import PyFunc
+
+TASKS: dict[str, TaskFamily] = {t.name: t for t in (Arithmetic(), PyFunc(), ListOps())}
+TRAIN_FAMILIES = ("arith", "pyfunc")
+TRANSFER_FAMILIES = ("listops",)  # never used for training: measures transfer to an unseen domain
+DEFAULT_N = 200  # problems drawn from a generated family when no limit is given
+
+
+def get_task(name: str) -> TaskFamily | Benchmark:
+    if name in TASKS:
+        return TASKS[name]
+    if name in BENCHMARKS:
+        return BENCHMARKS[name]
+    raise KeyError(f"unknown task {name!r}; known: {sorted(TASKS) + sorted(BENCHMARKS)}")
+
+
+def load_task(name_or_file: str | Path, split: str = "test", limit: int | None = None,
+              difficulty: dict | None = None) -> list[Problem]:
+    """Problems of a generated family (by name), or of a benchmark file (a .jsonl/.jsonl.gz path,
+    dispatched by the fields of its first row; `split` and `difficulty` do not apply to files)."""
+    if str(name_or_file) in TASKS:
+        return TASKS[str(name_or_file)].generate(split, DEFAULT_N if limit is None else limit, difficulty)
+    path = Path(name_or_file)
+    if not path.is_file():
+        raise FileNotFoundError(f"{name_or_file!r} is neither a task ({sorted(TASKS)}) nor a file; "
+                                f"benchmarks ({sorted(BENCHMARKS)}) are read from local jsonl files")
+    first = read_jsonl(path, 1)
+    if not first:
+        return []
+    return detect(first[0]).load(path, limit)
+
+
+def score(problem: Problem, completion: str) -> bool:
+    """Score a completion with the scorer of the problem's family (generated or benchmark)."""
+    return get_task(problem.family).score(problem, completion)
+
+
+__all__ = ["Problem", "TaskFamily", "Benchmark", "TASKS", "BENCHMARKS", "SPLITS", "TRAIN_FAMILIES",
+           "TRANSFER_FAMILIES", "DEFAULT_N", "get_task", "load_task", "score", "final_answer", "parse_number",
+           "split_of", "stable_int", "last_boxed", "normalize_math", "math_equal", "read_jsonl", "detect",
+           "Arithmetic", "PyFunc", "ListOps"]
