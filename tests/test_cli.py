@@ -12,7 +12,7 @@ import pytest
 CLI = [sys.executable, "-m", "cospec_local.cli"]
 
 
-def run_cli(*args, timeout=240, **kw):
+def run_cli(*args, timeout=900, **kw):
     return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout, **kw)
 
 

@@ -38,7 +38,7 @@ def test_eval_cli_writes_results_and_resumes(target_path, draft_paths, tmp_path)
     cmd = [sys.executable, "-m", "cospec_local.cli", "eval", "-m", str(target_path), "-md",
            str(draft_paths["disagreeing"]), "--task", "listops", "--limit", "3", "-n", "32", "--chat",
            "--modes", ",".join(MODES), "--out", str(out), "--json"]
-    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr
     summary = json.loads(first.stdout)
     check_consistent(summary, 3)
@@ -50,7 +50,7 @@ def test_eval_cli_writes_results_and_resumes(target_path, draft_paths, tmp_path)
     lines = (out / "records.jsonl").read_text().splitlines()
     assert len(lines) == 3 * len(MODES)
     (out / "records.jsonl").write_text("\n".join(lines[:-2]) + "\n")
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr
     lines_after = (out / "records.jsonl").read_text().splitlines()
     assert len(lines_after) == len(lines) and lines_after[:-2] == lines[:-2]
@@ -58,5 +58,5 @@ def test_eval_cli_writes_results_and_resumes(target_path, draft_paths, tmp_path)
     assert resumed["modes"]["target-only"]["accuracy"] == summary["modes"]["target-only"]["accuracy"]
 
     # Other settings in the same folder are refused rather than mixed in.
-    other = subprocess.run([*cmd[:-1], "--json", "--limit", "4"], capture_output=True, text=True, timeout=600)
+    other = subprocess.run([*cmd[:-1], "--json", "--limit", "4"], capture_output=True, text=True, timeout=900)
     assert other.returncode != 0 and "other settings" in other.stderr
