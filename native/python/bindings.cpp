@@ -47,8 +47,9 @@ py::dict stats_to_dict(const cospec_stats & s) {
     return d;
 }
 
-// A Python exception raised inside a callback is kept here and re-raised
-// once native code has returned.
+// A Python callable called from native code (arbiter, load progress, token
+// stream). An exception it raises is kept here and re-raised once native code
+// has returned.
 struct callback_state {
     py::object fn;
     std::optional<py::error_already_set> error;
@@ -184,13 +185,8 @@ class Arbiter {
     std::unique_ptr<callback_state> state;
 };
 
-struct progress_state {
-    py::object fn;
-    std::optional<py::error_already_set> error;
-};
-
 bool python_progress(int32_t which, float progress, void * user_data) {
-    auto * state = static_cast<progress_state *>(user_data);
+    auto * state = static_cast<callback_state *>(user_data);
     py::gil_scoped_acquire gil;
     try {
         py::object go_on = state->fn(which, progress);
@@ -201,13 +197,8 @@ bool python_progress(int32_t which, float progress, void * user_data) {
     }
 }
 
-struct stream_state {
-    py::object fn;
-    std::optional<py::error_already_set> error;
-};
-
 bool python_token(cospec_token token, int32_t provenance, const char * text, int32_t len, void * user_data) {
-    auto * state = static_cast<stream_state *>(user_data);
+    auto * state = static_cast<callback_state *>(user_data);
     py::gil_scoped_acquire gil;
     try {
         py::object go_on = state->fn(token, provenance, py::bytes(text, (size_t) len));
@@ -231,7 +222,7 @@ class Engine {
         p.n_threads_batch = n_threads_batch;
         p.n_gpu_layers_target = n_gpu_layers;
         p.n_gpu_layers_draft = n_gpu_layers_draft;
-        progress_state ps {progress, std::nullopt};
+        callback_state ps {progress, std::nullopt};
         if (!progress.is_none()) {
             p.progress_callback = python_progress;
             p.progress_user_data = &ps;
@@ -327,7 +318,7 @@ class Engine {
         }
         p.stop = stop_ptrs.data();
         p.n_stop = (int32_t) stop_ptrs.size();
-        stream_state ss {on_token, std::nullopt};
+        callback_state ss {on_token, std::nullopt};
         if (!on_token.is_none()) {
             p.token_callback = python_token;
             p.token_user_data = &ss;
