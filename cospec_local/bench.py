@@ -7,6 +7,14 @@ from typing import Callable, Sequence
 
 from .engine import Engine
 
+
+def speedup_bound(a: float, k: int, c: float, v: float) -> float:
+    """Expected speed-up of K-token blocks over target-only (Leviathan et al.) with a
+    measured verify cost: (1 - a^(K+1)) / ((1 - a)(K c + v(K))), where a is the
+    per-token acceptance, c = t_draft / t_target and v(K) = t_verify(K+1) / t_target."""
+    tokens = k + 1 if a >= 1.0 else (1 - a ** (k + 1)) / (1 - a)
+    return tokens / (k * c + v)
+
 BUILTIN_PROMPTS = [
     "The capital of France is",
     "Write a short story about a robot who learns to paint.",
@@ -31,6 +39,12 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: 
     for mode in modes:
         engine.generate(tokenized[0], mode=mode, max_tokens=8, draft_max=ks[0], ignore_eos=True,
                         adaptive_draft=adaptive_draft)
+    # The draft's cost per token relative to the target's, for the speed bound.
+    plain_ms = {}
+    if "target-only" in modes:
+        for mode in ("draft-only", "target-only"):
+            runs = [engine.generate(p, mode=mode, max_tokens=max_tokens, ignore_eos=True).stats for p in tokenized]
+            plain_ms[mode] = sum(r.t_generate_ms for r in runs) / sum(r.n_generated for r in runs)
 
     results = []
     for k in ks:
@@ -49,6 +63,8 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: 
                     a["accepted"] += s.n_accepted + s.n_kept
                     a["kept"] += s.n_kept
                     a["blocks"] += s.n_blocks
+                    a["fallbacks"] += s.n_fallback
+                    a["verify_ms"] += s.t_verify_ms
                     a["inside_ms"] += s.t_draft_ms + s.t_verify_ms
                     a["arbiter_ms"] += s.t_arbiter_ms
                     if rep == 0:
@@ -62,6 +78,13 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: 
             same = None
             if "target-only" in outputs and mode != "target-only":
                 same = sum(x == y for x, y in zip(outputs[mode], outputs["target-only"]))
+            bound = None
+            if plain_ms and a["blocks"]:
+                # a: per-token acceptance under the geometric model (accepted vs ends by rejection)
+                per_token = a["accepted"] / (a["accepted"] + a["fallbacks"]) if a["accepted"] + a["fallbacks"] else 0.0
+                c = plain_ms["draft-only"] / plain_ms["target-only"]
+                v = a["verify_ms"] / a["blocks"] / plain_ms["target-only"]
+                bound = speedup_bound(per_token, k, c, v)
             results.append({
                 "draft_max": k,
                 "mode": mode,
@@ -72,6 +95,7 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: 
                 "acceptance_rate": a["accepted"] / a["drafted"] if a["drafted"] else None,
                 "mean_accepted_per_block": a["accepted"] / a["blocks"] if a["blocks"] else None,
                 "arbiter_keeps": int(a["kept"]),
+                "speedup_bound": bound,
                 "overhead_fraction": max(0.0, a["ms"] - a["inside_ms"]) / a["ms"] if a["ms"] else None,
                 "prompts_identical_to_target": same,
             })
@@ -83,28 +107,32 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: 
         "repeat": repeat,
         "draft_p_min": draft_p_min,
         "adaptive_draft": adaptive_draft,
+        "c": plain_ms["draft-only"] / plain_ms["target-only"] if plain_ms else None,
         "results": results,
     }
 
 
-def _fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+def _fmt(value, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else format(value, spec) + suffix
 
 
 def markdown_table(report: dict) -> str:
     lines = [
         f"target: {report['target']}  ",
         f"draft: {report['draft']}  ",
+        f"c (draft/target time per token): {_fmt(report.get('c'), '.3f')}; bound = (1-a^(K+1))/((1-a)(Kc+v(K))) "
+        f"with the measured per-token acceptance a and verify cost v(K)  ",
         f"{report['prompts']} prompts x {report['max_tokens']} tokens x {report['repeat']} run(s), greedy, EOS ignored, "
         f"draft_p_min {report['draft_p_min']}, {'adaptive' if report['adaptive_draft'] else 'fixed'} draft length",
         "",
-        "| K | mode | tok/s | speed-up | acceptance | accepted/block | arbiter keeps | outside llama.cpp | same as target |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| K | mode | tok/s | speed-up | bound | acceptance | accepted/block | arbiter keeps | outside llama.cpp | same as target |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
         same = "-" if r["prompts_identical_to_target"] is None else f"{r['prompts_identical_to_target']}/{report['prompts']}"
         lines.append(
-            f"| {r['draft_max']} | {r['mode']} | {r['tokens_per_second']:.1f} | {_fmt(r['speedup'], '.2f')}x "
+            f"| {r['draft_max']} | {r['mode']} | {r['tokens_per_second']:.1f} | {_fmt(r['speedup'], '.2f', 'x')} "
+            f"| {_fmt(r['speedup_bound'], '.2f', 'x')} "
             f"| {_fmt(r['acceptance_rate'], '.1%')} | {_fmt(r['mean_accepted_per_block'], '.2f')} "
             f"| {r['arbiter_keeps']} | {_fmt(r['overhead_fraction'], '.1%')} | {same} |")
     return "\n".join(lines)

@@ -48,11 +48,13 @@ def test_bench_json(target_path, draft_paths, tmp_path):
     for r in rows:
         assert r["tokens"] == 2 * 16
         if r["mode"] == "target-only":
-            assert r["speedup"] == pytest.approx(1.0)
+            assert r["speedup"] == pytest.approx(1.0) and r["speedup_bound"] is None
         else:
             assert r["speedup"] > 0 and 0 <= r["acceptance_rate"] <= 1
+            assert 0 < r["speedup_bound"] < r["draft_max"] + 1
         if r["mode"] == "sps":
             assert r["prompts_identical_to_target"] == 2
+    assert 0 < report["c"] < 1  # the 2-block draft is cheaper per token than the target
 
 
 def spawn_chat(target_path, draft_path):
