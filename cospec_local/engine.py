@@ -8,6 +8,7 @@ native loop, and what was generated so far is kept in `Engine.last_result`.
 from __future__ import annotations
 
 import codecs
+import inspect
 import os
 import queue
 import threading
@@ -352,9 +353,10 @@ class Engine:
 
         def work():
             try:
-                box["raw"] = self._run(request, on_token)
+                # Already off the caller's thread: call the native loop directly.
+                box["raw"] = self._native.generate(request.prompt, on_token=on_token, **request.native_kwargs)
             except BaseException as exc:
-                box["exc"] = exc
+                box["exc"] = from_native(exc) if isinstance(exc, _cospec.CospecError) else exc
             finally:
                 events.put(done)
 
@@ -462,11 +464,10 @@ def _usage(n_prompt: int, result: Generation) -> dict:
 
 
 def _generate_defaults(kwargs: dict) -> dict:
-    """generate()'s keyword defaults merged with the caller's, for stream()."""
-    defaults = dict(mode="sps", max_tokens=128, draft_max=DEFAULT_DRAFT_MAX, draft_p_min=0.0, adaptive_draft=True,
-                    temperature=0.0,
-                    top_k=0, top_p=1.0, seed=0, stop=None, ignore_eos=False, arbiter=None, fly_window=6,
-                    fly_entropy=0.3)
+    """generate()'s keyword defaults merged with the caller's, for stream(): read
+    from generate()'s signature so the two cannot drift apart."""
+    params = inspect.signature(Engine.generate).parameters
+    defaults = {name: p.default for name, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
     unknown = set(kwargs) - set(defaults)
     if unknown:
         raise TypeError(f"unexpected arguments: {', '.join(sorted(unknown))}")
