@@ -123,10 +123,10 @@ def _gguf_name(hf_name: str, tied: bool) -> str | None:
 
 
 def convert(model: str | os.PathLike | Any, tokenizer_model: str | os.PathLike | None, out_path: str | os.PathLike,
-            out_type: str = "f32", name: str | None = None) -> Path:
+            out_type: str = "f32", name: str | None = None, chat_template: str | None = None) -> Path:
     """Write `model` (a Hugging Face folder or a LlamaForCausalLM instance) with the vocabulary
     of `tokenizer_model` (a SentencePiece .model; None: the folder's tokenizer.model) as a GGUF
-    of type `out_type` ("f32", "f16" or "q8_0")."""
+    of type `out_type` ("f32", "f16" or "q8_0"), with `chat_template` (Jinja) if given."""
     if out_type not in OUT_TYPES:
         raise ValueError(f"out_type must be one of {', '.join(OUT_TYPES)}, not {out_type!r}")
     file_type, matrix_type = OUT_TYPES[out_type]
@@ -178,6 +178,8 @@ def convert(model: str | os.PathLike | Any, tokenizer_model: str | os.PathLike |
     writer.add_file_type(file_type)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     add_vocab_to_gguf(writer, tokenizer_model, n_vocab)
+    if chat_template:
+        writer.add_chat_template(chat_template)
 
     written: set[str] = set()
     for hf_name, data in tensors:

@@ -227,6 +227,11 @@ class Engine:
         return self._native.n_ctx
 
     @property
+    def n_vocab(self) -> int:
+        """The target's vocabulary size (rows of its logits)."""
+        return self._native.n_vocab
+
+    @property
     def has_draft(self) -> bool:
         return self._native.has_draft
 
@@ -258,6 +263,16 @@ class Engine:
 
     def model_desc(self, which: str = "target") -> str | None:
         return self._native.model_desc(0 if which == "target" else 1)
+
+    def score(self, tokens: Sequence[int], which: str = "target"):
+        """Teacher-forced logits: a float32 array (len(tokens), n_vocab) whose row i is the model's
+        distribution of the token after tokens[:i + 1] (which: "target" or "draft")."""
+        if which not in ("target", "draft"):
+            raise InvalidArgumentError(f"which must be 'target' or 'draft', not {which!r}")
+        try:
+            return self._native.score(0 if which == "target" else 1, [int(t) for t in tokens])
+        except _cospec.CospecError as exc:
+            raise from_native(exc) from None
 
     # ------------------------------------------------------------ generation
 

@@ -62,7 +62,10 @@ class TaskFamily:
             raise ValueError(f"{self.name}: unknown difficulty keys {sorted(unknown)}")
         return {**self.default_difficulty, **(difficulty or {})}
 
-    def generate(self, split: str, n: int, difficulty: dict | None = None) -> list[Problem]:
+    def generate(self, split: str, n: int, difficulty: dict | None = None, *, distinct: bool = True) -> list[Problem]:
+        """n problems of `split`, deterministic for (family, split, difficulty). distinct=False lets
+        questions repeat (with new example values where the family has them): for training pools
+        larger than a small family's question space."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
         diff = self.difficulty(difficulty)
@@ -77,7 +80,7 @@ class TaskFamily:
                 raise ValueError(f"{self.name}: only {len(out)} distinct {split} problems found for {tag}")
             p = self.make(rng, diff)
             key = self.split_key(p)
-            if key in seen or split_of(key) != split:
+            if (distinct and key in seen) or split_of(key) != split:
                 continue
             seen.add(key)
             pid = f"{self.name}-{split}-{len(out):05d}-{stable_int(tag, key) % 16**8:08x}"

@@ -106,6 +106,19 @@ const char * cospec_engine_model_desc(const cospec_engine * engine, int32_t whic
 // Writes at most buf_size bytes; returns the full length, or -1 if absent.
 int32_t cospec_engine_meta(const cospec_engine * engine, int32_t which, const char * key, char * buf, size_t buf_size);
 
+// Vocabulary size of the target (which = 0) or the draft (1); 0 if absent.
+int32_t cospec_engine_n_vocab_of(const cospec_engine * engine, int32_t which);
+
+// Teacher-forced scoring: the logits of the target (which = 0) or the draft
+// (1) at every position of `tokens`, row i being the model's distribution of
+// the token that follows tokens[0..i]. Writes n_tokens rows of
+// cospec_engine_n_vocab_of(engine, which) floats; logits_size is the number
+// of floats `logits` has room for. That model's KV cache then holds `tokens`
+// (a later generation reuses the common prefix). Fails with
+// COSPEC_ERR_CONTEXT_FULL if the tokens do not fit the context window.
+int32_t cospec_score(cospec_engine * engine, int32_t which, const cospec_token * tokens, int32_t n_tokens,
+                     float * logits, size_t logits_size);
+
 // ---------------------------------------------------------------- vocabulary
 
 // Tokenize with the target's tokenizer. Returns the number of tokens written,

@@ -258,6 +258,28 @@ class Engine {
         return handle;
     }
 
+    // Teacher-forced logits of every position, shape (n_tokens, n_vocab of that model).
+    py::array_t<float> score(int32_t which, const std::vector<int32_t> & tokens) {
+        cospec_engine * e = get();
+        const int32_t n_vocab = cospec_engine_n_vocab_of(e, which);
+        if (n_vocab == 0) {
+            throw native_error {which == 1 ? COSPEC_ERR_NO_DRAFT : COSPEC_ERR_INVALID_ARGUMENT,
+                                "no such model (which = " + std::to_string(which) + ")"};
+        }
+        py::array_t<float> out({(py::ssize_t) tokens.size(), (py::ssize_t) n_vocab});
+        float * data = out.mutable_data();
+        const size_t size = tokens.size() * (size_t) n_vocab;
+        int32_t status;
+        {
+            py::gil_scoped_release release;
+            status = cospec_score(e, which, tokens.data(), (int32_t) tokens.size(), data, size);
+        }
+        if (status != COSPEC_OK) {
+            throw native_error {status, cospec_last_error()};
+        }
+        return out;
+    }
+
     std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const {
         std::vector<int32_t> tokens(text.size() + 8);
         int32_t n = cospec_tokenize(get(), text.data(), (int32_t) text.size(), tokens.data(), (int32_t) tokens.size(), add_special, parse_special);
@@ -455,6 +477,7 @@ PYBIND11_MODULE(_cospec, m) {
             buf.resize((size_t) n);
             return buf;
         }, py::arg("which"), py::arg("key"))
+        .def("score", &Engine::score, py::arg("which"), py::arg("tokens"))
         .def("tokenize", &Engine::tokenize, py::arg("text"), py::arg("add_special") = true, py::arg("parse_special") = true)
         .def("token_to_piece", &Engine::token_to_piece, py::arg("token"))
         .def("detokenize", &Engine::detokenize, py::arg("tokens"), py::arg("render_special") = false)

@@ -1,0 +1,373 @@
+"""Distil a small draft for a llama-architecture GGUF target (SmolLM2-135M-Instruct by default)
+and write it as a GGUF with the target's tokenizer.
+
+    python -m converters.distill_draft --out OUT [--layers 2] [--train-prompts 2000] [--threads 2]
+
+Recipe (stages, each writing into OUT; a later invocation with --stages resumes):
+1. generate: the target (dequantized into torch, bf16) answers `--train-prompts` chat prompts
+   (converters.distill_prompts "train" split, rendered with the target's own chat template),
+   greedily, batched, up to `--max-new` tokens. A logits processor records the target's top-k
+   logits at every answer position, so the data are the target's own greedy continuations
+   with soft labels, at no extra cost.
+2. train: the draft starts as the target's (tied) embedding, its first `--layers` blocks and its
+   final norm. The embedding/output head stays frozen (it is 85% of the draft's weights and is
+   shared with the target byte for byte); the blocks and the norm learn from
+   0.5 x cross-entropy on the target's greedy token + 0.5 x cross-entropy on the target's top-k
+   distribution, on answer positions only. Early stopping on the per-token agreement with
+   the target on 5% of the prompts held back from training.
+3. gguf: the target GGUF's metadata (tokenizer included, so the engine's vocabulary check
+   passes) with block_count = layers; token_embd copied raw from the target; blocks in Q8_0.
+4. measure (llama.cpp, through the engine): on "heldout" prompts (templates and topics never
+   used for distillation) the target's greedy continuation is generated, then the draft's
+   teacher-forced per-token agreement with it is scored; tokens/s of draft-only vs
+   target-only, and sps acceptance on the same prompts, in the same run.
+
+Everything is logged to OUT/distill_log.json with wall times.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+TOP_K = 16
+
+
+def log_update(out: Path, **entries) -> dict:
+    path = out / "distill_log.json"
+    log = json.loads(path.read_text()) if path.is_file() else {}
+    log.update(entries)
+    path.write_text(json.dumps(log, indent=1))
+    return log
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def render_prompts(target_gguf: Path, prompts: list[str]) -> list[list[int]]:
+    """Chat-templated token ids of each prompt, by the engine (the target's own template and tokenizer)."""
+    from cospec_local import Engine
+
+    with Engine(target_gguf, n_ctx=512, n_threads=1) as engine:
+        return [engine.render_chat([{"role": "user", "content": p}]) for p in prompts]
+
+
+def generate_data(target_gguf: Path, prompts: list[str], max_new: int, batch: int, out: Path) -> dict:
+    """Greedy answers of the target (torch, bf16) with its top-k logits at every answer position."""
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    from .gguf_to_torch import load_llama_gguf
+
+    model = load_llama_gguf(target_gguf).to(torch.bfloat16)
+    eos, pad = model.config.eos_token_id, 0
+    rendered = render_prompts(target_gguf, prompts)
+    order = sorted(range(len(prompts)), key=lambda i: len(rendered[i]))  # little padding per batch
+
+    class RecordTopK(LogitsProcessor):
+        def __init__(self):
+            self.steps = []
+
+        def __call__(self, input_ids, scores):
+            v, i = scores.float().topk(TOP_K, dim=-1)
+            self.steps.append((v.to(torch.float16), i.to(torch.int32)))
+            return scores
+
+    seqs, prompt_lens, top_v, top_i = [], [], [], []
+    t0 = time.time()
+    n_new = 0
+    for b in range(0, len(order), batch):
+        idx = order[b:b + batch]
+        width = max(len(rendered[i]) for i in idx)
+        x = torch.full((len(idx), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(x)
+        for r, i in enumerate(idx):
+            x[r, width - len(rendered[i]):] = torch.tensor(rendered[i])
+            mask[r, width - len(rendered[i]):] = 1
+        rec = RecordTopK()
+        with torch.no_grad():
+            gen = model.generate(input_ids=x, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
+                                 eos_token_id=eos, pad_token_id=pad, logits_processor=LogitsProcessorList([rec]))
+        new = gen[:, width:]
+        v = torch.stack([s[0] for s in rec.steps], 1)  # (batch, steps, k)
+        ix = torch.stack([s[1] for s in rec.steps], 1)
+        for r, i in enumerate(idx):
+            answer = new[r].tolist()
+            n = answer.index(eos) + 1 if eos in answer else len(answer)  # keep EOS: the draft must predict it
+            seqs.append(rendered[i] + answer[:n])
+            prompt_lens.append(len(rendered[i]))
+            top_v.append(v[r, :n].numpy())
+            top_i.append(ix[r, :n].numpy())
+            n_new += n
+        print(f"[generate] {min(b + batch, len(order))}/{len(order)} prompts, {n_new} answer tokens, "
+              f"{n_new / (time.time() - t0):.0f} tok/s", flush=True)
+    lens = np.array([len(s) for s in seqs])
+    np.savez_compressed(out / "distill_data.npz", tokens=np.concatenate(seqs).astype(np.int32), lens=lens,
+                        prompt_lens=np.array(prompt_lens), top_v=np.concatenate(top_v), top_i=np.concatenate(top_i))
+    return {"prompts": len(prompts), "answer_tokens": int(n_new), "wall_s": time.time() - t0,
+            "tokens_per_s": n_new / (time.time() - t0), "max_new": max_new, "top_k": TOP_K}
+
+
+def load_data(out: Path):
+    d = np.load(out / "distill_data.npz")
+    starts = np.concatenate([[0], np.cumsum(d["lens"])[:-1]])
+    ans_starts = np.concatenate([[0], np.cumsum(d["lens"] - d["prompt_lens"])[:-1]])
+    items = []
+    for s, n, p, a in zip(starts, d["lens"], d["prompt_lens"], ans_starts):
+        items.append({"tokens": d["tokens"][s:s + n], "prompt_len": int(p),
+                      "top_v": d["top_v"][a:a + n - p], "top_i": d["top_i"][a:a + n - p]})
+    return items
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def make_batch(items, torch):
+    """Right-padded inputs; targets only at answer positions: row j of an item's labels is the
+    target's choice for the token at prompt_len + j, predicted from position prompt_len + j - 1."""
+    width = max(len(it["tokens"]) for it in items) - 1
+    x = torch.zeros((len(items), width), dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    pos, hard, soft_v, soft_i = [], [], [], []
+    for r, it in enumerate(items):
+        t = torch.from_numpy(it["tokens"].astype(np.int64))
+        x[r, :len(t) - 1] = t[:-1]
+        mask[r, :len(t) - 1] = 1
+        p = it["prompt_len"]
+        n = len(t) - p
+        pos.append(torch.stack([torch.full((n,), r), torch.arange(p - 1, p - 1 + n)], 1))
+        hard.append(t[p:])
+        soft_v.append(torch.from_numpy(it["top_v"].astype(np.float32)))
+        soft_i.append(torch.from_numpy(it["top_i"].astype(np.int64)))
+    return x, mask, torch.cat(pos), torch.cat(hard), torch.cat(soft_v), torch.cat(soft_i)
+
+
+def answer_logits(model, x, mask, pos, torch):
+    hidden = model.model(input_ids=x, attention_mask=mask).last_hidden_state
+    h = hidden[pos[:, 0], pos[:, 1]]
+    return model.lm_head(h).float()
+
+
+def agreement(model, items, torch, batch: int = 16) -> float:
+    model.eval()
+    hit = total = 0
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for b in range(0, len(items), batch):
+            x, mask, pos, hard, _, _ = make_batch(items[b:b + batch], torch)
+            pred = answer_logits(model, x, mask, pos, torch).argmax(-1)
+            hit += int((pred == hard).sum())
+            total += len(hard)
+    model.train()
+    return hit / total
+
+
+def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: float, batch: int, seed: int) -> dict:
+    import torch
+
+    from .gguf_to_torch import load_llama_gguf
+
+    items = load_data(out)
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(items))
+    n_dev = max(8, len(items) // 20)
+    dev = [items[i] for i in perm[:n_dev]]
+    train = [items[i] for i in perm[n_dev:]]
+    model = load_llama_gguf(target_gguf, n_layers=layers)
+    model.model.embed_tokens.weight.requires_grad_(False)  # tied with lm_head: frozen, shared with the target
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    steps = int(epochs * len(train) / batch)
+    warmup = max(1, steps // 20)
+    start = agreement(model, dev, torch)
+    print(f"[train] {len(train)} sequences, {n_dev} dev; {steps} steps; initial dev agreement {start:.1%}", flush=True)
+    curve, best, best_state = [{"step": 0, "dev_agreement": start}], start, None
+    t0 = time.time()
+    eval_every = max(1, steps // 12)
+    order = []
+    for step in range(steps):
+        if not order:
+            order = list(rng.permutation(len(train)))
+        chunk = [train[order.pop()] for _ in range(min(batch, len(order)))]
+        lr_now = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * step / steps)))
+        for g in opt.param_groups:
+            g["lr"] = lr_now
+        x, mask, pos, hard, soft_v, soft_i = make_batch(chunk, torch)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = answer_logits(model, x, mask, pos, torch)
+        logp = torch.log_softmax(logits, -1)
+        hard_loss = -logp.gather(1, hard[:, None]).mean()
+        soft_loss = -(torch.softmax(soft_v, -1) * logp.gather(1, soft_i)).sum(-1).mean()
+        loss = 0.5 * hard_loss + 0.5 * soft_loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if (step + 1) % eval_every == 0 or step + 1 == steps:
+            acc = agreement(model, dev, torch)
+            curve.append({"step": step + 1, "wall_s": round(time.time() - t0, 1), "loss": loss.item(), "dev_agreement": acc})
+            print(f"[train] step {step + 1}/{steps} {time.time() - t0:.0f} s loss {loss.item():.3f} "
+                  f"dev agreement {acc:.1%}", flush=True)
+            if acc > best:
+                best, best_state = acc, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    torch.save({k: v for k, v in model.state_dict().items() if "embed_tokens" not in k and "lm_head" not in k},
+               out / "draft_blocks.pt")
+    return {"layers": layers, "sequences": len(train), "dev_sequences": n_dev, "steps": steps, "batch": batch, "lr": lr,
+            "epochs": epochs, "initial_dev_agreement": start, "best_dev_agreement": best, "curve": curve,
+            "wall_s": time.time() - t0}
+
+
+# ----------------------------------------------------------------------------- GGUF
+
+
+def write_draft_gguf(target_gguf: Path, out: Path, layers: int, dst: Path) -> Path:
+    """The target's metadata and embedding, the trained blocks (Q8_0) and final norm (F32)."""
+    import gguf
+    import torch
+
+    from cospec_local.gguf_edit import architecture, open_gguf
+    from .llama_to_gguf import _LAYER_TENSORS, permute_qk
+
+    state = torch.load(out / "draft_blocks.pt")
+    reader = open_gguf(target_gguf)
+    arch = architecture(reader)
+    n_head = int(reader.get_field(f"{arch}.attention.head_count").contents())
+    n_head_kv = int(reader.get_field(f"{arch}.attention.head_count_kv").contents())
+    tmp = dst.with_name(dst.name + ".tmp")
+    writer = gguf.GGUFWriter(tmp, arch, endianess=reader.endianess)
+    writer.data_alignment = reader.alignment
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        value = field.contents()
+        if field.name == f"{arch}.block_count":
+            value = layers
+        elif field.name == gguf.Keys.General.NAME:
+            value = f"{value} distilled draft ({layers} blocks)"
+        elif field.name == "general.file_type":
+            value = int(gguf.LlamaFileType.MOSTLY_Q8_0)
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, value, field.types[0], sub_type=sub_type)
+    for t in reader.tensors:
+        if t.name == "token_embd.weight":
+            writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type, tensor_endianess=reader.endianess)
+    for hf_name, w in state.items():
+        w = w.float().numpy()
+        if hf_name == "model.norm.weight":
+            writer.add_tensor("output_norm.weight", w)
+            continue
+        _, _, layer, rest = hf_name.split(".", 3)
+        name = f"blk.{int(layer)}.{_LAYER_TENSORS[rest]}"
+        if name.endswith("attn_q.weight"):
+            w = permute_qk(w, n_head)
+        elif name.endswith("attn_k.weight"):
+            w = permute_qk(w, n_head_kv)
+        if w.ndim == 1:
+            writer.add_tensor(name, w)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0),
+                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dst
+
+
+# ----------------------------------------------------------------------------- measurement
+
+
+def measure(target_gguf: Path, draft_gguf: Path, prompts: list[str], max_new: int, threads: int) -> dict:
+    """llama.cpp: teacher-forced agreement of the draft with the target's greedy continuation on
+    unseen prompts; draft-only vs target-only tokens/s and sps acceptance, interleaved per prompt."""
+    from cospec_local import Engine
+
+    hit = total = 0
+    tps = {"target-only": [0, 0.0], "draft-only": [0, 0.0], "sps": [0, 0.0]}
+    drafted = accepted = 0
+    t0 = time.time()
+    with Engine(target_gguf, draft_gguf, n_ctx=1024, n_threads=threads) as engine:
+        for p in prompts:
+            prompt = engine.render_chat([{"role": "user", "content": p}])
+            ref = engine.generate(prompt, mode="target-only", max_tokens=max_new)
+            answer = list(ref.tokens)
+            logits = engine.score(prompt + answer, "draft")
+            pred = logits[len(prompt) - 1:len(prompt) - 1 + len(answer)].argmax(-1)
+            hit += int((pred == np.array(answer)).sum())
+            total += len(answer)
+            for mode in tps:
+                r = engine.generate(prompt, mode=mode, max_tokens=max_new, ignore_eos=True, adaptive_draft=False,
+                                    draft_max=3)
+                tps[mode][0] += r.stats.n_generated
+                tps[mode][1] += r.stats.t_generate_ms
+                if mode == "sps":
+                    drafted += r.stats.n_drafted
+                    accepted += r.stats.n_accepted
+    speed = {m: 1000.0 * n / ms for m, (n, ms) in tps.items()}
+    return {"heldout_prompts": len(prompts), "answer_tokens": total, "agreement": hit / total,
+            "tokens_per_s": speed, "draft_speedup": speed["draft-only"] / speed["target-only"],
+            "sps_speedup_k3": speed["sps"] / speed["target-only"], "sps_acceptance_k3": accepted / drafted,
+            "threads": threads, "wall_s": time.time() - t0}
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> None:
+    from cospec_local.models import find_smollm2_gguf
+
+    from .distill_prompts import build_prompts
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--target", type=Path, default=None, help="target GGUF (default: SmolLM2-135M-Instruct)")
+    ap.add_argument("--stages", default="generate,train,gguf,measure")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--train-prompts", type=int, default=2000)
+    ap.add_argument("--heldout-prompts", type=int, default=60)
+    ap.add_argument("--max-new", type=int, default=160)
+    ap.add_argument("--gen-batch", type=int, default=128)
+    ap.add_argument("--epochs", type=float, default=2.0)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+    target = args.target or find_smollm2_gguf()
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    log_update(args.out, args=vars(args) | {"out": str(args.out), "target": str(target)})
+    draft_path = args.out / "smollm2-135m-draft-q8_0.gguf"
+    if "generate" in stages:
+        log_update(args.out, generate=generate_data(target, build_prompts("train", args.train_prompts, args.seed),
+                                                    args.max_new, args.gen_batch, args.out))
+    if "train" in stages:
+        log_update(args.out, train=train_draft(target, args.layers, args.out, args.epochs, args.lr, args.batch, args.seed))
+    if "gguf" in stages:
+        write_draft_gguf(target, args.out, args.layers, draft_path)
+        log_update(args.out, gguf={"path": draft_path.name, "bytes": draft_path.stat().st_size})
+        print(f"[gguf] {draft_path} ({draft_path.stat().st_size / 2**20:.1f} MiB)")
+    if "measure" in stages:
+        result = measure(target, draft_path, build_prompts("heldout", args.heldout_prompts, args.seed), args.max_new,
+                         args.threads)
+        log_update(args.out, measure=result)
+        print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+// Teacher-forced scoring: every position's logits for a given token sequence,
+// for converter parity checks and draft agreement measurements.
+#include "engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+using cospec::fail;
+
+int32_t cospec_engine_n_vocab_of(const cospec_engine * engine, int32_t which) {
+    if (engine == nullptr || which < 0 || which > 1 || (which == 1 && !engine->has_draft)) {
+        return 0;
+    }
+    return which == 0 ? engine->target.n_vocab : engine->draft.n_vocab;
+}
+
+int32_t cospec_score(cospec_engine * engine, int32_t which, const cospec_token * tokens, int32_t n_tokens,
+                     float * logits, size_t logits_size) {
+    cospec::clear_error();
+    const int32_t n_vocab = cospec_engine_n_vocab_of(engine, which);
+    if (n_vocab == 0) {
+        return fail(which == 1 && engine != nullptr ? COSPEC_ERR_NO_DRAFT : COSPEC_ERR_INVALID_ARGUMENT,
+                    "cospec_score: no such model (which = " + std::to_string(which) + ")");
+    }
+    if (tokens == nullptr || n_tokens <= 0 || logits == nullptr) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "cospec_score: tokens and logits are required");
+    }
+    if (logits_size / (size_t) n_vocab < (size_t) n_tokens) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "cospec_score: logits has room for " + std::to_string(logits_size) +
+                                                     " floats, " + std::to_string((size_t) n_tokens * n_vocab) + " needed");
+    }
+    if (n_tokens > engine->n_ctx) {
+        return fail(COSPEC_ERR_CONTEXT_FULL, "cospec_score: " + std::to_string(n_tokens) +
+                                                 " tokens do not fit the context window of " + std::to_string(engine->n_ctx));
+    }
+    for (int32_t i = 0; i < n_tokens; ++i) {
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+            return fail(COSPEC_ERR_INVALID_ARGUMENT, "cospec_score: token " + std::to_string(tokens[i]) + " at position " +
+                                                         std::to_string(i) + " is outside the vocabulary");
+        }
+    }
+    std::unique_lock<std::mutex> lock(engine->busy, std::try_to_lock);
+    if (!lock.owns_lock()) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "another generation is already running on this engine");
+    }
+    engine->abort_flag.store(false);
+    model_slot & s = which == 0 ? engine->target : engine->draft;
+    // Start from an empty cache: every position's logits must be computed now.
+    llama_memory_clear(llama_get_memory(s.ctx), true);
+    s.cached.clear();
+    for (int32_t done = 0; done < n_tokens;) {
+        const int32_t chunk = std::min(engine->n_batch, n_tokens - done);
+        llama_batch & b = s.batch;
+        b.n_tokens = chunk;
+        for (int32_t i = 0; i < chunk; ++i) {
+            b.token[i] = tokens[done + i];
+            b.pos[i] = done + i;
+            b.n_seq_id[i] = 1;
+            b.seq_id[i][0] = 0;
+            b.logits[i] = true;
+        }
+        const int32_t ret = llama_decode(s.ctx, b);
+        if (ret != 0) {
+            llama_memory_clear(llama_get_memory(s.ctx), true);
+            s.cached.clear();
+            if (ret == 2 || engine->abort_flag.load()) {
+                return fail(COSPEC_ERR_CANCELLED, "cospec_score: aborted");
+            }
+            return fail(ret == 1 ? COSPEC_ERR_CONTEXT_FULL : COSPEC_ERR_DECODE,
+                        "cospec_score: llama_decode failed with code " + std::to_string(ret));
+        }
+        for (int32_t i = 0; i < chunk; ++i) {
+            const float * row = llama_get_logits_ith(s.ctx, i);
+            if (row == nullptr) {
+                return fail(COSPEC_ERR_INTERNAL, "cospec_score: llama.cpp returned no logits");
+            }
+            std::memcpy(logits + (size_t) (done + i) * n_vocab, row, sizeof(float) * (size_t) n_vocab);
+        }
+        s.cached.insert(s.cached.end(), tokens + done, tokens + done + chunk);
+        done += chunk;
+    }
+    return COSPEC_OK;
+}
