@@ -113,7 +113,8 @@ def generate_data(target_gguf: Path, prompts: list[str], max_new: int, batch: in
 
 
 def load_data(out: Path):
-    d = np.load(out / "distill_data.npz")
+    with np.load(out / "distill_data.npz") as npz:
+        d = {k: npz[k] for k in npz.files}  # each npz[k] decompresses anew: read every array once
     starts = np.concatenate([[0], np.cumsum(d["lens"])[:-1]])
     ans_starts = np.concatenate([[0], np.cumsum(d["lens"] - d["prompt_lens"])[:-1]])
     items = []

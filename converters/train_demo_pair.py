@@ -20,8 +20,9 @@ Conventions (the same in training, in the dev evaluation here and when the model
   The loss covers the answer tokens, EOS, and that newline (a model given the bare prompt
   therefore writes the newline itself); the prompt's own tokens carry no loss.
 
-Recipe. The data are the "train" split of the families in each model's mix (arith by default,
-pyfunc optional); the dev accuracy is greedy decoding in torch (fp32) on the first
+Recipe. The data are the "train" split of the families in each model's mix (arith and pyfunc,
+in different proportions for the two models; a pyfunc question may repeat with new example values,
+its question space being a few thousand per split); the dev accuracy is greedy decoding in torch (fp32) on the first
 `--dev-problems` dev problems of the default difficulty, scored by the family scorer.
 AdamW (betas 0.9/0.95, weight decay 0.1 on matrices), linear warm-up then cosine decay to 10%,
 bf16 autocast on CPU (fp32 master weights), batch 32, sequences grouped by length. The number
@@ -39,7 +40,8 @@ Why target and draft differ, as real pairs do (no label is corrupted, no error i
   (`--stop-acc-draft`, or `--draft-gap`: the target's best dev accuracy minus a gap; the
   target is trained first);
 - seed: different initialisation and data order (target: seed, draft: seed + 1);
-- data mix: each model has its own `--*-mix` (the same by default).
+- data mix: each model has its own `--*-mix`; by default the draft sees twice the share of
+  pyfunc (0.3 against 0.15), as a code-heavier small model would.
 
 Threads: everything runs on `--threads` threads (1 for the published pair), so wall times are
 those of one core of this machine.
@@ -64,6 +66,11 @@ from .tokenizer import BOS_ID, EOS_ID, load_tokenizer, train_tokenizer
 PAD_ID = 0  # <unk>; padded positions are masked and carry no loss
 IGNORE = -100
 NEWLINE = "\n"
+# The demo models answer one task prompt at a time: chat renders the latest user message and the
+# newline the models were trained to see after a prompt (BOS comes from the tokenizer).
+CHAT_TEMPLATE = ("{%- set ns = namespace(prompt='') -%}"
+                 "{%- for m in messages if m['role'] == 'user' -%}{%- set ns.prompt = m['content'] -%}{%- endfor -%}"
+                 "{{ ns.prompt }}{{ '\\n' }}")
 STOPS = {"arith": ["\n\n"], "listops": ["\n\n"],
          "pyfunc": ["\ndef ", "\nclass ", "\nif __name__", "\nprint("]}
 
@@ -136,7 +143,10 @@ def problems_for(items: list[MixItem], split: str, n_total: int) -> dict[str, li
     from cospec_local.tasks import TASKS
 
     total = sum(i.weight for i in items)
-    return {i.label: TASKS[i.family].generate(split, max(1, round(n_total * i.weight / total)), i.difficulty or None)
+    # Training pools may repeat a question (pyfunc has a few thousand per split and level); the
+    # split of every question is still checked, so no dev/test question enters training.
+    return {i.label: TASKS[i.family].generate(split, max(1, round(n_total * i.weight / total)), i.difficulty or None,
+                                              distinct=split != "train")
             for i in items}
 
 
@@ -467,7 +477,7 @@ def write_ggufs(out: Path, names: list[str], runs: dict, check_problems, sp, thr
         order = ["f32", "q8_0", "f16"] if gguf_type == "auto" else [gguf_type]
         for t in order:
             path = out / f"demo-{name}-{t}.gguf"
-            convert(hf_dir, out / "tokenizer.model", path, t, name=f"cospec-demo-{name}")
+            convert(hf_dir, out / "tokenizer.model", path, t, name=f"cospec-demo-{name}", chat_template=CHAT_TEMPLATE)
             check = engine_check(path, check_problems, sp, threads)
             info[t] = {"path": path.name, "bytes": path.stat().st_size, **check}
             print(f"[{name}] {path.name}: {path.stat().st_size / 2**20:.2f} MiB, llama.cpp accuracy "
@@ -503,8 +513,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps-draft", type=int)
     ap.add_argument("--target-arch", default="", help="overrides, e.g. 'dim=256,layers=4,heads=8,kv_heads=4,ffn=768'")
     ap.add_argument("--draft-arch", default="", help="overrides, e.g. 'dim=128,layers=2,heads=4,kv_heads=2,ffn=256'")
-    ap.add_argument("--target-mix", default="arith=1", help="training mix, e.g. 'arith=0.9,pyfunc=0.1'")
-    ap.add_argument("--draft-mix", default="arith=1")
+    ap.add_argument("--target-mix", default="arith=0.85,pyfunc=0.15", help="training mix, e.g. 'arith=0.9,pyfunc=0.1'")
+    ap.add_argument("--draft-mix", default="arith=0.7,pyfunc=0.3")
     ap.add_argument("--lr-target", type=float, default=1e-3)
     ap.add_argument("--lr-draft", type=float, default=2e-3)
     ap.add_argument("--batch-size", type=int, default=32)

@@ -27,6 +27,15 @@ BUILTIN_PROMPTS = [
 ]
 
 
+def task_prompts(families: Sequence[str], n: int, split: str = "test") -> list[str]:
+    """n prompts drawn in turn from the given task families (for models trained on those tasks),
+    each followed by the newline that ends a prompt in their training data."""
+    from .tasks import load_task
+
+    per_family = [load_task(f, split, limit=n) for f in families]
+    return [per_family[i % len(families)][i // len(families)].prompt + "\n" for i in range(n)]
+
+
 def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: Sequence[str], max_tokens: int,
               repeat: int = 1, as_chat: bool = False, draft_p_min: float = 0.0, adaptive_draft: bool = False,
               progress: Callable[[str], None] | None = None) -> dict:

@@ -149,7 +149,14 @@ def generate(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, mode, draft
 def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, mode, draft_max, draft_p_min, adaptive_draft,
          temperature, top_k, top_p, seed, fly_window, fly_entropy, max_tokens, system, color):
     """Talk with the model pair. /? for help."""
+    import signal
+
     from .chat_session import ChatSession
+
+    if sys.stdin.isatty():
+        # Ctrl-C stops a reply. A process started as a background job of a non-interactive
+        # shell inherits SIGINT ignored; on a terminal, take the key back.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     engine = open_engine(target, draft if mode != "target-only" else None, n_ctx, n_threads, n_gpu_layers, verbose)
     settings = dict(mode=mode, max_tokens=max_tokens, draft_max=draft_max, draft_p_min=draft_p_min,
@@ -169,15 +176,20 @@ def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, mode, draft_max
 @click.option("--adaptive-draft", is_flag=True, help="Let each block's length adapt in [0, K] (default: always K).")
 @click.option("-n", "--n-predict", "max_tokens", default=64, show_default=True, help="Tokens per prompt.")
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Text file, one prompt per line (default: a built-in set).")
+              help="Text file, one prompt per line (default: a built-in set, or task prompts for the demo pair).")
+@click.option("--task", "task_families", default=None,
+              help="Comma-separated task families whose test prompts to use instead (default for the demo pair: "
+                   "arith,pyfunc).")
+@click.option("--n-prompts", default=8, show_default=True, help="Number of task prompts with --task.")
 @click.option("--repeat", default=1, show_default=True, help="Runs of each prompt per mode.")
 @click.option("--chat", "as_chat", is_flag=True, help="Wrap each prompt in the chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, draft_max_list, modes, draft_p_min, adaptive_draft,
           max_tokens,
-          prompts_file, repeat, as_chat, as_json):
+          prompts_file, task_families, n_prompts, repeat, as_chat, as_json):
     """Measure target-only, sps and fly on the same prompts, in one run."""
-    from .bench import BUILTIN_PROMPTS, markdown_table, run_bench
+    from .bench import BUILTIN_PROMPTS, markdown_table, run_bench, task_prompts
+    from .models import prompt_style
 
     try:
         ks = [int(k) for k in draft_max_list.split(",") if k.strip()]
@@ -187,10 +199,19 @@ def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, draft_max_list
     for m in mode_list:
         if m not in MODES:
             raise click.BadParameter(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
+    if prompts_file and task_families:
+        raise click.BadParameter("give either --prompts or --task")
+    if not prompts_file and not task_families and prompt_style(target) == "task":
+        task_families = "arith,pyfunc"
     prompts = BUILTIN_PROMPTS
     if prompts_file:
         with open(prompts_file, encoding="utf-8") as f:
             prompts = [line.rstrip("\n") for line in f if line.strip()]
+    elif task_families:
+        try:
+            prompts = task_prompts([f.strip() for f in task_families.split(",") if f.strip()], n_prompts)
+        except (KeyError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from None
     engine = open_engine(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, quiet=as_json)
     with engine:
         try:

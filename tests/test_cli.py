@@ -112,7 +112,13 @@ def test_models_lists_named_models(tmp_path):
     out = run_cli("models", "--json", env=env)
     assert out.returncode == 0, out.stderr
     rows = {r["name"]: r for r in json.loads(out.stdout)}
-    target, draft = rows["smollm2-135m"], rows["smollm2-135m-draft"]
+    target, truncated = rows["smollm2-135m"], rows["smollm2-135m-first4"]
     assert target["architecture"] == "llama" and target["vocabulary"] == 49152 and target["quantization"] == "Q4_1"
-    assert draft["layers"] == 4 and draft["vocabulary"] == 49152
-    assert Path(draft["path"]).parent == tmp_path
+    assert truncated["layers"] == 4 and truncated["vocabulary"] == 49152
+    assert Path(truncated["path"]).parent == tmp_path  # derived on first use, into the cache
+    distilled = rows["smollm2-135m-draft"]
+    assert distilled["layers"] == 2 and distilled["vocabulary"] == 49152 and distilled["quantization"] == "Q8_0"
+    demo_target, demo_draft = rows["demo-target"], rows["demo-draft"]
+    assert demo_target["architecture"] == demo_draft["architecture"] == "llama"
+    assert demo_target["vocabulary"] == demo_draft["vocabulary"] == 512
+    assert demo_target["layers"] > demo_draft["layers"]
