@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
@@ -231,7 +230,7 @@ def write_draft_gguf(target_gguf: Path, out: Path, layers: int, dst: Path) -> Pa
     import gguf
     import torch
 
-    from cospec_local.gguf_edit import architecture, open_gguf
+    from cospec_local.gguf_edit import architecture, open_gguf, rewrite_gguf
     from .llama_to_gguf import _LAYER_TENSORS, permute_qk
 
     state = torch.load(out / "draft_blocks.pt")
@@ -239,49 +238,36 @@ def write_draft_gguf(target_gguf: Path, out: Path, layers: int, dst: Path) -> Pa
     arch = architecture(reader)
     n_head = int(reader.get_field(f"{arch}.attention.head_count").contents())
     n_head_kv = int(reader.get_field(f"{arch}.attention.head_count_kv").contents())
-    tmp = dst.with_name(dst.name + ".tmp")
-    writer = gguf.GGUFWriter(tmp, arch, endianess=reader.endianess)
-    writer.data_alignment = reader.alignment
-    for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue
-        value = field.contents()
-        if field.name == f"{arch}.block_count":
-            value = layers
-        elif field.name == gguf.Keys.General.NAME:
-            value = f"{value} distilled draft ({layers} blocks)"
-        elif field.name == "general.file_type":
-            value = int(gguf.LlamaFileType.MOSTLY_Q8_0)
-        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, value, field.types[0], sub_type=sub_type)
-    for t in reader.tensors:
-        if t.name == "token_embd.weight":
-            writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type, tensor_endianess=reader.endianess)
-    for hf_name, w in state.items():
-        w = w.float().numpy()
-        if hf_name == "model.norm.weight":
-            writer.add_tensor("output_norm.weight", w)
-            continue
-        _, _, layer, rest = hf_name.split(".", 3)
-        name = f"blk.{int(layer)}.{_LAYER_TENSORS[rest]}"
-        if name.endswith("attn_q.weight"):
-            w = permute_qk(w, n_head)
-        elif name.endswith("attn_k.weight"):
-            w = permute_qk(w, n_head_kv)
-        if w.ndim == 1:
-            writer.add_tensor(name, w)
-        else:
-            writer.add_tensor(name, gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0),
-                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return dst
+
+    def kv_edit(key, value):
+        if key == f"{arch}.block_count":
+            return layers
+        if key == gguf.Keys.General.NAME:
+            return f"{value} distilled draft ({layers} blocks)"
+        if key == gguf.Keys.General.FILE_TYPE:
+            return int(gguf.LlamaFileType.MOSTLY_Q8_0)
+        return value
+
+    def trained_tensors():
+        for hf_name, w in state.items():
+            w = w.float().numpy()
+            if hf_name == "model.norm.weight":
+                yield "output_norm.weight", w, None
+                continue
+            _, _, layer, rest = hf_name.split(".", 3)
+            name = f"blk.{int(layer)}.{_LAYER_TENSORS[rest]}"
+            if name.endswith("attn_q.weight"):
+                w = permute_qk(w, n_head)
+            elif name.endswith("attn_k.weight"):
+                w = permute_qk(w, n_head_kv)
+            if w.ndim == 1:
+                yield name, w, None
+            else:
+                q8 = gguf.GGMLQuantizationType.Q8_0
+                yield name, gguf.quants.quantize(w, q8), q8
+
+    return rewrite_gguf(reader, dst, kv_edit, keep_tensor=lambda name: name == "token_embd.weight",
+                        add_tensors=trained_tensors())
 
 
 # ----------------------------------------------------------------------------- measurement

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import gguf
 
@@ -54,11 +54,14 @@ def rewrite_gguf(
     kv_edit: KvEdit = lambda key, value: value,
     keep_tensor: Callable[[str], bool] = lambda name: True,
     add_kv: dict[str, tuple[Any, gguf.GGUFValueType]] | None = None,
+    add_tensors: Iterable[tuple[str, Any, gguf.GGMLQuantizationType | None]] = (),
 ) -> Path:
     """Copy `reader` to `dst`, editing metadata values and filtering tensors.
 
     `add_kv` maps key -> (value, type) for keys written after the copied ones
-    (drop the key in `kv_edit` when replacing an existing one).
+    (drop the key in `kv_edit` when replacing an existing one). `add_tensors`
+    are (name, data, raw type or None for a plain float array) written after the
+    kept tensors, e.g. new weights for a model that keeps the source's metadata.
 
     Tensors keep their raw (quantized) bytes and ggml type. Follows gguf-py's
     own gguf_new_metadata.py: the reader hands out tensor data in numpy order
@@ -86,6 +89,8 @@ def rewrite_gguf(
     for t in reader.tensors:
         if keep_tensor(t.name):
             writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type, tensor_endianess=reader.endianess)
+    for name, data, raw_dtype in add_tensors:
+        writer.add_tensor(name, data, raw_dtype=raw_dtype)
 
     try:
         writer.write_header_to_file()

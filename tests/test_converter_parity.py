@@ -27,6 +27,7 @@ from converters.demo_models import build_model, llama_config, save_model
 from converters.llama_to_gguf import convert, main as convert_main, permute_qk
 from converters.tokenizer import BOS_ID, EOS_ID, UNK_ID, gguf_vocab, load_tokenizer, read_pieces, train_tokenizer
 from cospec_local import Engine, arbiter_from_function
+from quantization import q8_0_roundtrip
 
 torch.set_num_threads(1)
 
@@ -78,18 +79,6 @@ def art(tmp_path_factory):
 def torch_logits(model, tokens) -> np.ndarray:
     with torch.no_grad():
         return model(torch.tensor([list(tokens)], dtype=torch.long)).logits[0].float().numpy()
-
-
-def q8_0_roundtrip(model):
-    """A copy of `model` whose matrices are what a Q8_0 file stores (quantised, dequantised)."""
-    q = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in q.parameters():
-            if p.ndim == 2:
-                w = p.detach().numpy()
-                raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
-                p.copy_(torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0).reshape(w.shape)))
-    return q
 
 
 def engine_blocks(target_path, draft_path, prompts, sp):

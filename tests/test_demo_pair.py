@@ -24,6 +24,7 @@ torch = pytest.importorskip("torch")
 from converters.llama_to_gguf import convert  # noqa: E402  (needs the train extra, as torch does)
 from converters.tokenizer import load_tokenizer  # noqa: E402
 from converters.train_demo_pair import Arch, per_token_flops  # noqa: E402
+from quantization import q8_0_roundtrip  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -76,23 +77,13 @@ def _torch_model(role: str):
     return LlamaForCausalLM.from_pretrained(demo_checkpoint(role), dtype=torch.float32).eval()
 
 
-def _q8_0_roundtrip(model):
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 2:
-                w = p.detach().numpy()
-                raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
-                p.copy_(torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0).reshape(w.shape)))
-    return model
-
-
 @pytest.mark.parametrize("role", ["target", "draft"])
 def test_llama_cpp_logits_match_torch_on_task_prompts(role):
     """Logits of every position in llama.cpp (Engine.score) against the torch checkpoint after
     the same Q8_0 rounding of its matrices, on real test prompts and the model's own answers."""
     sp = load_tokenizer(DEMO_DIR / "tokenizer.model")
     prompts = [p.prompt + "\n" for p in load_task("arith", "test", limit=3) + load_task("pyfunc", "test", limit=3)]
-    model = _q8_0_roundtrip(_torch_model(role))
+    model = q8_0_roundtrip(_torch_model(role))
     worst, agree, total = 0.0, 0, 0
     with Engine(demo_model(role), n_ctx=512, n_threads=1) as engine:
         for text in prompts:

@@ -410,6 +410,11 @@ static const model_slot * slot_of(const cospec_engine * engine, int32_t which) {
     return which == 0 ? &engine->target : &engine->draft;
 }
 
+int32_t cospec_engine_n_vocab_of(const cospec_engine * engine, int32_t which) {
+    const model_slot * s = slot_of(engine, which);
+    return s ? s->n_vocab : 0;
+}
+
 const char * cospec_engine_chat_template(const cospec_engine * engine, int32_t which) {
     const model_slot * s = slot_of(engine, which);
     return s && s->has_chat_template ? s->chat_template.c_str() : nullptr;

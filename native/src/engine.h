@@ -46,3 +46,18 @@ struct cospec_engine {
     // Acceptance and cost estimates of this draft/target pair, kept across calls.
     cospec::draft_tuner tuner;
 };
+
+namespace cospec {
+// Put tokens[0..n) at positions pos0.. of sequence 0 into s.batch.
+inline void fill_batch(model_slot & s, const llama_token * tokens, int32_t n, llama_pos pos0, bool all_logits) {
+    llama_batch & b = s.batch;
+    b.n_tokens = n;
+    for (int32_t i = 0; i < n; ++i) {
+        b.token[i] = tokens[i];
+        b.pos[i] = pos0 + i;
+        b.n_seq_id[i] = 1;
+        b.seq_id[i][0] = 0;
+        b.logits[i] = all_logits;
+    }
+}
+} // namespace cospec

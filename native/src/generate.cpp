@@ -23,6 +23,7 @@ struct cospec_result {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
+using cospec::fill_batch;
 
 double ms_since(clock_type::time_point t0) {
     return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
@@ -133,18 +134,6 @@ class generation {
     std::vector<uint8_t> keep;
 
     // ------------------------------------------------------------ llama.cpp calls
-
-    static void fill_batch(model_slot & s, const llama_token * tokens, int32_t n, llama_pos pos0, bool all_logits) {
-        llama_batch & b = s.batch;
-        b.n_tokens = n;
-        for (int32_t i = 0; i < n; ++i) {
-            b.token[i] = tokens[i];
-            b.pos[i] = pos0 + i;
-            b.n_seq_id[i] = 1;
-            b.seq_id[i][0] = 0;
-            b.logits[i] = all_logits;
-        }
-    }
 
     // Decode s.batch. A failed or aborted decode may have left part of the
     // batch in the cache: drop everything from pos0 on so `cached` stays true.

@@ -8,13 +8,6 @@
 
 using cospec::fail;
 
-int32_t cospec_engine_n_vocab_of(const cospec_engine * engine, int32_t which) {
-    if (engine == nullptr || which < 0 || which > 1 || (which == 1 && !engine->has_draft)) {
-        return 0;
-    }
-    return which == 0 ? engine->target.n_vocab : engine->draft.n_vocab;
-}
-
 int32_t cospec_score(cospec_engine * engine, int32_t which, const cospec_token * tokens, int32_t n_tokens,
                      float * logits, size_t logits_size) {
     cospec::clear_error();
@@ -51,16 +44,8 @@ int32_t cospec_score(cospec_engine * engine, int32_t which, const cospec_token *
     s.cached.clear();
     for (int32_t done = 0; done < n_tokens;) {
         const int32_t chunk = std::min(engine->n_batch, n_tokens - done);
-        llama_batch & b = s.batch;
-        b.n_tokens = chunk;
-        for (int32_t i = 0; i < chunk; ++i) {
-            b.token[i] = tokens[done + i];
-            b.pos[i] = done + i;
-            b.n_seq_id[i] = 1;
-            b.seq_id[i][0] = 0;
-            b.logits[i] = true;
-        }
-        const int32_t ret = llama_decode(s.ctx, b);
+        cospec::fill_batch(s, tokens + done, chunk, done, true);
+        const int32_t ret = llama_decode(s.ctx, s.batch);
         if (ret != 0) {
             llama_memory_clear(llama_get_memory(s.ctx), true);
             s.cached.clear();
