@@ -8,7 +8,9 @@ so an interrupted run resumes where it stopped.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +29,20 @@ FAMILY_STOPS = {
     "humaneval": ["\ndef ", "\nclass ", "\nif __name__", "\nprint("],
     "mbpp": ["[DONE]"],
 }
+
+
+def model_identity(path: str) -> dict:
+    """File name, size and a hash of 16 evenly spaced 64 KiB samples. A resumed run compares it, so
+    a model retrained into the same path never mixes with the old one's records; sampling keeps
+    this instant for a 20 GB target, and the name (not the path) keeps result folders portable."""
+    size = os.path.getsize(path)
+    h = hashlib.sha256(str(size).encode())
+    chunk = 1 << 16
+    with open(path, "rb") as f:
+        for i in range(16):
+            f.seek(max(0, (size - chunk) * i // 15))
+            h.update(f.read(chunk))
+    return {"file": os.path.basename(path), "bytes": size, "sample_sha256": h.hexdigest()[:16]}
 
 
 @dataclass
@@ -158,7 +174,8 @@ def evaluate(engine: Engine, problems: Sequence[Problem], modes: Sequence[str], 
     log = None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        config = {"title": title, "target": engine.target_path, "draft": engine.draft_path, "modes": list(modes),
+        config = {"title": title, "target": model_identity(engine.target_path),
+                  "draft": model_identity(engine.draft_path) if engine.draft_path else None, "modes": list(modes),
                   "max_tokens": max_tokens, "draft_max": draft_max, "adaptive_draft": adaptive_draft,
                   "chat": as_chat, "problems": [p.id for p in problems]}
         config_path = out_dir / "config.json"

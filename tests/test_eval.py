@@ -1,6 +1,7 @@
 """`cospec-local eval` end to end through the real engine: its numbers are
 consistent and an interrupted run resumes."""
 import json
+import shutil
 import subprocess
 import sys
 
@@ -35,8 +36,9 @@ def test_eval_summary_is_consistent(engine):
 
 def test_eval_cli_writes_results_and_resumes(target_path, draft_paths, tmp_path):
     out = tmp_path / "run"
+    draft = shutil.copyfile(draft_paths["disagreeing"], tmp_path / "draft.gguf")
     cmd = [sys.executable, "-m", "cospec_local.cli", "eval", "-m", str(target_path), "-md",
-           str(draft_paths["disagreeing"]), "--task", "listops", "--limit", "3", "-n", "32", "--chat",
+           str(draft), "--task", "listops", "--limit", "3", "-n", "32", "--chat",
            "--modes", ",".join(MODES), "--out", str(out), "--json"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr
@@ -60,3 +62,8 @@ def test_eval_cli_writes_results_and_resumes(target_path, draft_paths, tmp_path)
     # Other settings in the same folder are refused rather than mixed in.
     other = subprocess.run([*cmd[:-1], "--json", "--limit", "4"], capture_output=True, text=True, timeout=900)
     assert other.returncode != 0 and "other settings" in other.stderr
+
+    # So is another model written to the same path: its records would mix with the old model's.
+    shutil.copyfile(draft_paths["mixed"], draft)
+    replaced = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert replaced.returncode != 0 and "other settings" in replaced.stderr
