@@ -66,6 +66,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cospec_local.evaluate import FAMILY_STOPS  # where each family's answer ends, as in eval
+
 from .tokenizer import BOS_ID, EOS_ID, load_tokenizer, train_tokenizer
 
 PAD_ID = 0  # <unk>; padded positions are masked and carry no loss
@@ -76,8 +78,6 @@ NEWLINE = "\n"
 CHAT_TEMPLATE = ("{%- set ns = namespace(prompt='') -%}"
                  "{%- for m in messages if m['role'] == 'user' -%}{%- set ns.prompt = m['content'] -%}{%- endfor -%}"
                  "{{ ns.prompt }}{{ '\\n' }}")
-STOPS = {"arith": ["\n\n"], "listops": ["\n\n"],
-         "pyfunc": ["\ndef ", "\nclass ", "\nif __name__", "\nprint("]}
 
 
 @dataclass
@@ -284,7 +284,7 @@ def greedy_answers(model, sp, problems, torch, batch_size: int = 128, max_new: i
                 if EOS_ID in ids:
                     ids = ids[:ids.index(EOS_ID)]
                 text = sp.decode(ids)
-                for s in STOPS.get(p.family, []):
+                for s in FAMILY_STOPS.get(p.family, []):
                     if s in text:
                         text = text[:text.index(s)]
                 texts.append(text)
@@ -460,7 +460,7 @@ def engine_check(gguf_path: Path, dev, sp, threads: int) -> dict:
             text = p.prompt + NEWLINE
             if eng.tokenize(text) != [BOS_ID] + sp.encode(text):
                 tok_mismatch += 1
-            r = eng.generate(text, mode="target-only", max_tokens=256, stop=STOPS.get(p.family))
+            r = eng.generate(text, mode="target-only", max_tokens=256, stop=FAMILY_STOPS.get(p.family))
             ok.append(bool(score(p, r.text)))
             n_tok += r.stats.n_generated
             ms += r.stats.t_generate_ms

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from cospec_local import Engine
+from cospec_local.evaluate import FAMILY_STOPS
 from cospec_local.models import (DEFAULT_DRAFT, DEFAULT_TARGET, DEMO_DIR, demo_checkpoint, demo_model, prompt_style,
                                  resolve_model)
 from cospec_local.tasks import load_task, score
@@ -108,7 +109,7 @@ def test_pair_solves_tasks_and_sps_is_lossless():
     with Engine(DEFAULT_TARGET, DEFAULT_DRAFT, n_ctx=1024, n_threads=1) as engine:
         solved, draft_solved = 0, 0
         for p in problems:
-            stop = ["\n\n"] if p.family == "arith" else ["\ndef "]
+            stop = FAMILY_STOPS[p.family]
             target = engine.generate(p.prompt, mode="target-only", max_tokens=200, stop=stop)
             sps = engine.generate(p.prompt, mode="sps", max_tokens=200, stop=stop)
             draft = engine.generate(p.prompt, mode="draft-only", max_tokens=200, stop=stop)
