@@ -66,7 +66,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cospec_local.evaluate import FAMILY_STOPS  # where each family's answer ends, as in eval
+from cospec_local.tasks import FAMILY_STOPS  # where each family's answer ends, as in eval
 
 from .tokenizer import BOS_ID, EOS_ID, load_tokenizer, train_tokenizer
 

@@ -6,8 +6,9 @@
 """
 from ._cospec import version as native_version
 from .chat_template import ChatTemplate, ChatTemplateError
-from .engine import (DEFAULT_DRAFT_MAX, MODES, Arbiter, Engine, Generation, Stats, TokenEvent,
-                     arbiter_from_function)
+from .arbiters import NAMED_ARBITERS, Arbiter, arbiter_from_function
+from .engine import Decision, Engine, Generation, Stats, TokenEvent
+from .params import MODES, GenerationParams
 from .errors import (ArbiterError, CancelledError, ContextFullError, CospecError, DecodeError, GenerationError,
                      InvalidArgumentError, ModelLoadError, NoDraftError, VocabMismatchError)
 from .models import NAMED_MODELS, default_pair, resolve_model
@@ -15,7 +16,8 @@ from .models import NAMED_MODELS, default_pair, resolve_model
 __version__ = "0.1.0"
 
 __all__ = [
-    "Engine", "Generation", "Stats", "TokenEvent", "Arbiter", "arbiter_from_function", "MODES", "DEFAULT_DRAFT_MAX",
+    "Engine", "Generation", "GenerationParams", "Decision", "Stats", "TokenEvent", "Arbiter", "arbiter_from_function",
+    "NAMED_ARBITERS", "MODES",
     "ChatTemplate", "ChatTemplateError", "CospecError", "InvalidArgumentError", "ModelLoadError",
     "VocabMismatchError", "ContextFullError", "DecodeError", "ArbiterError", "NoDraftError", "CancelledError",
     "GenerationError", "NAMED_MODELS", "default_pair", "resolve_model", "native_version", "__version__",

@@ -1,11 +1,14 @@
-"""`cospec-local bench`: target-only, sps and fly on the same prompts in one run,
-so speed-ups are ratios measured side by side on the same (noisy) machine."""
+"""`cospec-local bench`: runs (target-only, sps, fly, learned arbiters; see runs.py)
+on the same prompts in one process, so speed-ups are ratios measured side by side
+on the same (noisy) machine."""
 from __future__ import annotations
 
 from collections import defaultdict
 from typing import Callable, Sequence
 
 from .engine import Engine
+from .params import GenerationParams
+from .runs import Run
 
 
 def speedup_bound(a: float, k: int, c: float, v: float) -> float:
@@ -36,24 +39,28 @@ def task_prompts(families: Sequence[str], n: int, split: str = "test") -> list[s
     return [per_family[i % len(families)][i // len(families)].prompt + "\n" for i in range(n)]
 
 
-def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: Sequence[str], max_tokens: int,
-              repeat: int = 1, as_chat: bool = False, draft_p_min: float = 0.0, adaptive_draft: bool = False,
-              progress: Callable[[str], None] | None = None) -> dict:
-    """Generate max_tokens per prompt (EOS ignored, so every mode does the same work)
-    for each K and mode; modes are interleaved per prompt so machine noise hits all alike."""
+def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], runs: Sequence[Run], params: GenerationParams,
+              repeat: int = 1, as_chat: bool = False, progress: Callable[[str], None] | None = None) -> dict:
+    """Generate params.max_tokens per prompt (EOS ignored, so every run does the same work)
+    for each K and run; runs are interleaved per prompt so machine noise hits all alike."""
     say = progress or (lambda msg: None)
+    params = params.updated(ignore_eos=True)
+    labels = [r.label for r in runs]
     tokenized = [engine.render_chat([{"role": "user", "content": p}]) if as_chat else engine.tokenize(p)
                  for p in prompts]
+
+    def generate(prompt, run: Run, **overrides):
+        return engine.generate(prompt, params, mode=run.mode, arbiter=run.arbiter or "target", **overrides)
+
     # Warm-up: first calls pay for page faults and thread start-up.
-    for mode in modes:
-        engine.generate(tokenized[0], mode=mode, max_tokens=8, draft_max=ks[0], ignore_eos=True,
-                        adaptive_draft=adaptive_draft)
+    for run in runs:
+        generate(tokenized[0], run, max_tokens=8, draft_max=ks[0])
     # The draft's cost per token relative to the target's, for the speed bound.
     plain_ms = {}
-    if "target-only" in modes:
+    if "target-only" in labels:
         for mode in ("draft-only", "target-only"):
-            runs = [engine.generate(p, mode=mode, max_tokens=max_tokens, ignore_eos=True).stats for p in tokenized]
-            plain_ms[mode] = sum(r.t_generate_ms for r in runs) / sum(r.n_generated for r in runs)
+            stats = [engine.generate(p, params, mode=mode).stats for p in tokenized]
+            plain_ms[mode] = sum(r.t_generate_ms for r in stats) / sum(r.n_generated for r in stats)
 
     results = []
     for k in ks:
@@ -61,11 +68,10 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: 
         outputs = defaultdict(list)
         for rep in range(repeat):
             for i, prompt in enumerate(tokenized):
-                for mode in modes:
-                    r = engine.generate(prompt, mode=mode, max_tokens=max_tokens, draft_max=k, ignore_eos=True,
-                                        draft_p_min=draft_p_min, adaptive_draft=adaptive_draft)
+                for run in runs:
+                    r = generate(prompt, run, draft_max=k)
                     s = r.stats
-                    a = acc[mode]
+                    a = acc[run.label]
                     a["tokens"] += s.n_generated
                     a["ms"] += s.t_generate_ms
                     a["drafted"] += s.n_drafted
@@ -76,17 +82,18 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: 
                     a["verify_ms"] += s.t_verify_ms
                     a["inside_ms"] += s.t_draft_ms + s.t_verify_ms
                     a["arbiter_ms"] += s.t_arbiter_ms
+                    a["arbiter_calls"] += s.n_arbiter_calls
                     if rep == 0:
-                        outputs[mode].append(r.tokens)
+                        outputs[run.label].append(r.tokens)
                 say(f"K={k} prompt {i + 1}/{len(tokenized)} (run {rep + 1}/{repeat})")
         base = acc.get("target-only")
         base_tps = 1000.0 * base["tokens"] / base["ms"] if base and base["ms"] else None
-        for mode in modes:
-            a = acc[mode]
+        for label in labels:
+            a = acc[label]
             tps = 1000.0 * a["tokens"] / a["ms"] if a["ms"] else 0.0
             same = None
-            if "target-only" in outputs and mode != "target-only":
-                same = sum(x == y for x, y in zip(outputs[mode], outputs["target-only"]))
+            if "target-only" in outputs and label != "target-only":
+                same = sum(x == y for x, y in zip(outputs[label], outputs["target-only"]))
             bound = None
             if plain_ms and a["blocks"]:
                 # a: per-token acceptance under the geometric model (accepted vs ends by rejection)
@@ -96,7 +103,7 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: 
                 bound = speedup_bound(per_token, k, c, v)
             results.append({
                 "draft_max": k,
-                "mode": mode,
+                "run": label,
                 "tokens": int(a["tokens"]),
                 "seconds": a["ms"] / 1000.0,
                 "tokens_per_second": tps,
@@ -104,6 +111,9 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: 
                 "acceptance_rate": a["accepted"] / a["drafted"] if a["drafted"] else None,
                 "mean_accepted_per_block": a["accepted"] / a["blocks"] if a["blocks"] else None,
                 "arbiter_keeps": int(a["kept"]),
+                # The arbiter's share of generation time, and of a block (a verify pass) on average.
+                "arbiter_share": a["arbiter_ms"] / a["ms"] if a["ms"] else None,
+                "arbiter_ms_per_call": a["arbiter_ms"] / a["arbiter_calls"] if a["arbiter_calls"] else None,
                 "speedup_bound": bound,
                 "overhead_fraction": max(0.0, a["ms"] - a["inside_ms"]) / a["ms"] if a["ms"] else None,
                 "prompts_identical_to_target": same,
@@ -112,10 +122,10 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], modes: 
         "target": engine.target_path,
         "draft": engine.draft_path,
         "prompts": len(prompts),
-        "max_tokens": max_tokens,
+        "max_tokens": params.max_tokens,
         "repeat": repeat,
-        "draft_p_min": draft_p_min,
-        "adaptive_draft": adaptive_draft,
+        "draft_p_min": params.draft_p_min,
+        "adaptive_draft": params.adaptive_draft,
         "c": plain_ms["draft-only"] / plain_ms["target-only"] if plain_ms else None,
         "results": results,
     }
@@ -134,14 +144,16 @@ def markdown_table(report: dict) -> str:
         f"{report['prompts']} prompts x {report['max_tokens']} tokens x {report['repeat']} run(s), greedy, EOS ignored, "
         f"draft_p_min {report['draft_p_min']}, {'adaptive' if report['adaptive_draft'] else 'fixed'} draft length",
         "",
-        "| K | mode | tok/s | speed-up | bound | acceptance | accepted/block | arbiter keeps | outside llama.cpp | same as target |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| K | run | tok/s | speed-up | bound | acceptance | accepted/block | arbiter keeps | arbiter time "
+        "| outside llama.cpp | same as target |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
         same = "-" if r["prompts_identical_to_target"] is None else f"{r['prompts_identical_to_target']}/{report['prompts']}"
         lines.append(
-            f"| {r['draft_max']} | {r['mode']} | {r['tokens_per_second']:.1f} | {_fmt(r['speedup'], '.2f', 'x')} "
+            f"| {r['draft_max']} | {r['run']} | {r['tokens_per_second']:.1f} | {_fmt(r['speedup'], '.2f', 'x')} "
             f"| {_fmt(r['speedup_bound'], '.2f', 'x')} "
             f"| {_fmt(r['acceptance_rate'], '.1%')} | {_fmt(r['mean_accepted_per_block'], '.2f')} "
-            f"| {r['arbiter_keeps']} | {_fmt(r['overhead_fraction'], '.1%')} | {same} |")
+            f"| {r['arbiter_keeps']} | {_fmt(r['arbiter_share'], '.1%')} | {_fmt(r['overhead_fraction'], '.1%')} "
+            f"| {same} |")
     return "\n".join(lines)

@@ -4,21 +4,28 @@ from __future__ import annotations
 import sys
 from typing import Callable, TextIO
 
-from .engine import MODES, Engine
+from .display import colored, stats_line
+from .engine import Engine
 from .errors import ContextFullError, CospecError
+from .params import MODES, GenerationParams
 
 HELP = """Commands:
   /? or /help        this help
   /clear             forget the conversation
   /set               show the settings
   /set NAME VALUE    change one: temp, top-k, top-p, seed, max-tokens, draft-max, draft-p-min,
-                     mode (target-only, draft-only, sps, fly), fly-window, fly-entropy,
-                     adaptive-draft (on/off), color (on/off), system
+                     mode (speculative, target-only, draft-only), arbiter (target, fly, a learned
+                     arbiter's name or folder), arbiter-threshold, fly-window, fly-entropy,
+                     adaptive-draft (on/off), sample-arbiter (on/off), color (on/off), system
   /bye               leave
 Multi-line input: end a line with \\ to go on, or put the text between triple quotes (\"\"\").
 Ctrl-C stops a reply and keeps the conversation; Ctrl-C at the prompt (or Ctrl-D) leaves."""
 
-# /set name -> (settings key, parser)
+def _on_off(value: str) -> bool:
+    return value.lower() in ("on", "1", "true", "yes")
+
+
+# /set name -> (GenerationParams field, parser)
 SETTINGS = {
     "temp": ("temperature", float),
     "top-k": ("top_k", int),
@@ -29,14 +36,18 @@ SETTINGS = {
     "draft-p-min": ("draft_p_min", float),
     "fly-window": ("fly_window", int),
     "fly-entropy": ("fly_entropy", float),
+    "arbiter-threshold": ("arbiter_threshold", float),
+    "adaptive-draft": ("adaptive_draft", _on_off),
+    "sample-arbiter": ("sample_arbiter", _on_off),
+    "arbiter": ("arbiter", str),
 }
 
 
 class ChatSession:
-    def __init__(self, engine: Engine, settings: dict, system: str | None = None, color: bool = False,
+    def __init__(self, engine: Engine, settings: GenerationParams, system: str | None = None, color: bool = False,
                  read_line: Callable[[str], str] = input, out: TextIO = sys.stdout):
         self.engine = engine
-        self.settings = dict(settings)
+        self.settings = settings
         self.system = system
         self.color = color
         self.read_line = read_line
@@ -99,33 +110,35 @@ class ChatSession:
 
     def set(self, args: str) -> None:
         if not args:
-            for key, value in sorted(self.settings.items()):
+            for key, value in sorted(vars(self.settings).items()):
                 self.say(f"  {key} = {value}")
             self.say(f"  color = {'on' if self.color else 'off'}\n  system = {self.system!r}")
             return
         name, _, value = args.partition(" ")
         value = value.strip()
-        if name == "mode":
+        if name == "color":
+            self.color = _on_off(value)
+        elif name == "system":
+            self.system = value or None
+        elif name == "mode":
             if value not in MODES:
                 self.say(f"mode must be one of {', '.join(MODES)}")
                 return
             if value != "target-only" and not self.engine.has_draft:
                 self.say("this session was started without a draft model")
                 return
-            self.settings["mode"] = value
-        elif name == "adaptive-draft":
-            self.settings["adaptive_draft"] = value.lower() in ("on", "1", "true", "yes")
-        elif name == "color":
-            self.color = value.lower() in ("on", "1", "true", "yes")
-        elif name == "system":
-            self.system = value or None
+            self.settings = self.settings.updated(mode=value)
         elif name in SETTINGS:
             key, parse = SETTINGS[name]
             try:
-                self.settings[key] = parse(value)
-            except ValueError:
-                self.say(f"{name} needs a {parse.__name__}, got {value!r}")
+                changed = self.settings.updated(**{key: parse(value)})
+                changed.validate()
+                if key in ("arbiter", "arbiter_threshold") and changed.mode == "speculative":
+                    self.engine.arbiter(changed.arbiter, threshold=changed.arbiter_threshold, head=changed.arbiter_head)
+            except (ValueError, CospecError, FileNotFoundError) as exc:
+                self.say(f"{name}: {exc}")
                 return
+            self.settings = changed
         else:
             self.say(f"unknown setting {name!r}; /? for help")
             return
@@ -136,8 +149,6 @@ class ChatSession:
         return head + self.messages
 
     def reply(self, text: str) -> None:
-        from .cli import colored, stats_line
-
         self.messages.append({"role": "user", "content": text})
         pieces: list[str] = []
         try:
@@ -147,7 +158,7 @@ class ChatSession:
                 self.messages.pop()
                 self.say(f"error: {exc}")
                 return
-            for event in self.engine.stream(prompt, **self.settings):
+            for event in self.engine.stream(prompt, self.settings):
                 pieces.append(event.text)
                 self.say(colored(event.text, event.provenance, self.color), end="")
             self.say()

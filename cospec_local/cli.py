@@ -1,4 +1,4 @@
-"""The `cospec-local` command line: generate, chat, bench, models.
+"""The `cospec-local` command line: generate, chat, bench, eval, models.
 
 Flags follow llama.cpp's where one exists (-m, -md, -p, -n, -c, -t, --temp, --seed).
 """
@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import MISSING, fields
 
 import click
 
-from .engine import DEFAULT_DRAFT_MAX, MODES, Engine, Generation
+from .display import colored, stats_line
+from .engine import Engine
 from .errors import CospecError
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, NAMED_MODELS, resolve_model
-
-# ANSI colours for --color: which tokens came from the draft.
-COLORS = {"match": "\x1b[32m", "kept": "\x1b[35;1m"}
-RESET = "\x1b[0m"
+from .params import GenerationParams
 
 
 def model_options(fn):
@@ -36,27 +35,45 @@ def model_options(fn):
     return fn
 
 
-def sampling_options(fn):
-    options = [
-        click.option("--mode", type=click.Choice(MODES), default="sps", show_default=True,
-                     help="target-only, draft-only, sps (lossless speculative), fly (loose verification)."),
-        click.option("--draft-max", "draft_max", default=DEFAULT_DRAFT_MAX, show_default=True,
-                     help="Most draft tokens per block (K)."),
-        click.option("--draft-p-min", default=0.0, show_default=True,
-                     help="End a block early when the draft's top probability is below this (greedy)."),
-        click.option("--adaptive-draft/--fixed-draft", default=True, show_default=True,
-                     help="Choose each block's length in [0, K] from measured acceptance and costs, or always K."),
-        click.option("--temp", "temperature", default=0.0, show_default=True, help="Temperature (0: greedy)."),
-        click.option("--top-k", default=0, show_default=True, help="Top-k sampling (0: off)."),
-        click.option("--top-p", default=1.0, show_default=True, help="Top-p sampling (1: off)."),
-        click.option("-s", "--seed", default=0, show_default=True, help="Sampling seed."),
-        click.option("--fly-window", default=6, show_default=True, help="FLy: deferred window W."),
-        click.option("--fly-entropy", default=0.3, show_default=True,
-                     help="FLy: minimum target entropy (nats) at a kept mismatch."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+def generation_options(exclude: tuple[str, ...] = (), **defaults):
+    """Click options for GenerationParams' fields: flags, help and defaults come from the
+    dataclass (a command may change a default, e.g. chat's longer replies); the command
+    receives one `params` object."""
+    chosen = [f for f in fields(GenerationParams) if f.name not in exclude]
+
+    def decorate(fn):
+        def wrapper(**kwargs):
+            values = {f.name: kwargs.pop(f.name) for f in chosen}
+            if "stop" in values:
+                values["stop"] = tuple(values["stop"])
+            params = GenerationParams(**values)
+            try:
+                params.validate()
+            except ValueError as exc:
+                raise click.BadParameter(str(exc)) from None
+            return fn(params=params, **kwargs)
+
+        wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
+        wrapper.__click_params__ = list(getattr(fn, "__click_params__", []))
+        for f in reversed(chosen):
+            default = defaults.get(f.name, f.default if f.default is not MISSING else None)
+            meta = f.metadata
+            extra: dict = {}
+            if meta.get("choices"):
+                extra["type"] = click.Choice(meta["choices"])
+            elif f.name == "stop":
+                extra["multiple"] = True
+            elif f.name == "arbiter_threshold":
+                extra["type"] = float
+            elif f.name == "seed":
+                extra["type"] = click.IntRange(0, 2**64 - 1)
+            elif isinstance(default, bool) and "/" not in meta["flags"][0]:
+                extra["is_flag"] = True
+            wrapper = click.option(*meta["flags"], f.name, default=default, show_default=default is not None,
+                                   help=meta["help"], **extra)(wrapper)
+        return wrapper
+
+    return decorate
 
 
 def open_engine(target: str, draft: str | None, n_ctx: int, n_threads: int, n_gpu_layers: int, verbose: bool,
@@ -80,21 +97,6 @@ def open_engine(target: str, draft: str | None, n_ctx: int, n_threads: int, n_gp
         raise click.ClickException(str(exc)) from None
 
 
-def stats_line(result: Generation) -> str:
-    s = result.stats
-    line = f"[{s.n_generated} tokens, {s.tokens_per_second:.1f} tok/s, mode {result.mode}"
-    if s.n_blocks:
-        line += (f" | drafted {s.n_drafted}, accepted {s.n_accepted + s.n_kept} ({100 * s.acceptance_rate:.0f}%),"
-                 f" arbiter keeps {s.n_kept}, {s.mean_accepted_per_block:.2f} per block")
-    return line + f", stop: {result.stop_reason}]"
-
-
-def colored(text: str, provenance: str, color: bool) -> str:
-    if not color or provenance not in COLORS or not text:
-        return text
-    return COLORS[provenance] + text + RESET
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="cospec-local")
 def main():
@@ -104,50 +106,42 @@ def main():
 
 @main.command()
 @model_options
-@sampling_options
+@generation_options()
 @click.option("-p", "--prompt", required=True, help="Prompt text.")
-@click.option("-n", "--n-predict", "max_tokens", default=128, show_default=True, help="Most tokens to generate.")
-@click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--chat", "as_chat", is_flag=True, help="Send the prompt as a user message through the chat template.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, provenance, stats.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, provenance, decisions, stats.")
 @click.option("--color", is_flag=True, help="Colour draft tokens: green matched, magenta kept by the arbiter.")
-def generate(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, mode, draft_max, draft_p_min, adaptive_draft,
-             temperature, top_k, top_p, seed, fly_window, fly_entropy, prompt, max_tokens, stop, as_chat, as_json, color):
+def generate(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, prompt, as_chat, as_json, color):
     """Generate a continuation of a prompt."""
-    needs_draft = mode != "target-only"
+    needs_draft = params.mode != "target-only"
     engine = open_engine(target, draft if needs_draft else None, n_ctx, n_threads, n_gpu_layers, verbose,
                          quiet=as_json)
     with engine:
         tokens = engine.render_chat([{"role": "user", "content": prompt}]) if as_chat else prompt
-        options = dict(mode=mode, max_tokens=max_tokens, draft_max=draft_max, draft_p_min=draft_p_min,
-                       adaptive_draft=adaptive_draft, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=list(stop),
-                       fly_window=fly_window, fly_entropy=fly_entropy)
         try:
             if as_json:
-                result = engine.generate(tokens, **options)
+                result = engine.generate(tokens, params)
                 click.echo(json.dumps(result.to_json(), ensure_ascii=False))
                 return
             if not as_chat:
                 click.echo(prompt, nl=False)
-            for event in engine.stream(tokens, **options):
+            for event in engine.stream(tokens, params):
                 click.echo(colored(event.text, event.provenance, color), nl=False)
             click.echo()
             click.echo(stats_line(engine.last_result), err=True)
         except KeyboardInterrupt:
             click.echo("\n[interrupted]", err=True)
             sys.exit(130)
-        except CospecError as exc:
+        except (CospecError, FileNotFoundError) as exc:
             raise click.ClickException(str(exc)) from None
 
 
 @main.command()
 @model_options
-@sampling_options
-@click.option("-n", "--n-predict", "max_tokens", default=512, show_default=True, help="Most tokens per reply.")
+@generation_options(exclude=("stop",), max_tokens=512)
 @click.option("--system", default=None, help="System message.")
 @click.option("--color", is_flag=True, help="Colour draft tokens: green matched, magenta kept by the arbiter.")
-def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, mode, draft_max, draft_p_min, adaptive_draft,
-         temperature, top_k, top_p, seed, fly_window, fly_entropy, max_tokens, system, color):
+def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, system, color):
     """Talk with the model pair. /? for help."""
     import signal
 
@@ -158,23 +152,37 @@ def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, mode, draft_max
         # shell inherits SIGINT ignored; on a terminal, take the key back.
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    engine = open_engine(target, draft if mode != "target-only" else None, n_ctx, n_threads, n_gpu_layers, verbose)
-    settings = dict(mode=mode, max_tokens=max_tokens, draft_max=draft_max, draft_p_min=draft_p_min,
-                    adaptive_draft=adaptive_draft, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, fly_window=fly_window,
-                    fly_entropy=fly_entropy)
+    engine = open_engine(target, draft if params.mode != "target-only" else None, n_ctx, n_threads, n_gpu_layers,
+                         verbose)
     with engine:
-        ChatSession(engine, settings, system=system, color=color).run()
+        try:
+            engine.arbiter(params.arbiter, threshold=params.arbiter_threshold, head=params.arbiter_head) \
+                if params.mode == "speculative" else None  # a bad arbiter fails now, not at the first reply
+        except (CospecError, FileNotFoundError) as exc:
+            raise click.ClickException(str(exc)) from None
+        ChatSession(engine, params, system=system, color=color).run()
+
+
+RUNS_HELP = ("Comma-separated runs: target-only, draft-only, sps (lossless), fly, cospec (the bundled learned "
+             "arbiter for this draft), cospec:NAME_OR_FOLDER, speculative:ARBITER.")
+
+
+def parse_runs_option(text: str, draft: str | None):
+    from .runs import parse_runs
+
+    try:
+        return parse_runs(text, resolve_model(draft) if draft else None)
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @main.command()
 @model_options
-@click.option("--draft-max", "draft_max_list", default=str(DEFAULT_DRAFT_MAX), show_default=True,
+@generation_options(exclude=("mode", "arbiter", "draft_max", "stop", "ignore_eos"), max_tokens=64,
+                    adaptive_draft=False)
+@click.option("--draft-max", "draft_max_list", default=str(GenerationParams().draft_max), show_default=True,
               help="Comma-separated list of K to measure.")
-@click.option("--modes", default="target-only,sps,fly", show_default=True, help="Comma-separated modes.")
-@click.option("--draft-p-min", default=0.0, show_default=True,
-              help="End a block early when the draft's top probability is below this.")
-@click.option("--adaptive-draft", is_flag=True, help="Let each block's length adapt in [0, K] (default: always K).")
-@click.option("-n", "--n-predict", "max_tokens", default=64, show_default=True, help="Tokens per prompt.")
+@click.option("--runs", "--modes", "runs_text", default="target-only,sps,fly", show_default=True, help=RUNS_HELP)
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Text file, one prompt per line (default: a built-in set, or task prompts for the demo pair).")
 @click.option("--task", "task_families", default=None,
@@ -184,10 +192,9 @@ def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, mode, draft_max
 @click.option("--repeat", default=1, show_default=True, help="Runs of each prompt per mode.")
 @click.option("--chat", "as_chat", is_flag=True, help="Wrap each prompt in the chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, draft_max_list, modes, draft_p_min, adaptive_draft,
-          max_tokens,
-          prompts_file, task_families, n_prompts, repeat, as_chat, as_json):
-    """Measure target-only, sps and fly on the same prompts, in one run."""
+def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, draft_max_list, runs_text, prompts_file,
+          task_families, n_prompts, repeat, as_chat, as_json):
+    """Measure runs (target-only, sps, fly, learned arbiters) on the same prompts, in one process."""
     from .bench import BUILTIN_PROMPTS, markdown_table, run_bench, task_prompts
     from .models import prompt_style
 
@@ -195,10 +202,7 @@ def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, draft_max_list
         ks = [int(k) for k in draft_max_list.split(",") if k.strip()]
     except ValueError:
         raise click.BadParameter("--draft-max takes integers, e.g. 1,2,4,8") from None
-    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
-    for m in mode_list:
-        if m not in MODES:
-            raise click.BadParameter(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
+    runs = parse_runs_option(runs_text, draft)
     if prompts_file and task_families:
         raise click.BadParameter("give either --prompts or --task")
     if not prompts_file and not task_families and prompt_style(target) == "task":
@@ -215,9 +219,9 @@ def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, draft_max_list
     engine = open_engine(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, quiet=as_json)
     with engine:
         try:
-            report = run_bench(engine, prompts, ks, mode_list, max_tokens, repeat, as_chat, draft_p_min, adaptive_draft,
+            report = run_bench(engine, prompts, ks, runs, params, repeat, as_chat,
                                progress=None if as_json else lambda msg: click.echo(msg, err=True))
-        except CospecError as exc:
+        except (CospecError, FileNotFoundError) as exc:
             raise click.ClickException(str(exc)) from None
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -227,29 +231,25 @@ def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, draft_max_list
 
 @main.command("eval")
 @model_options
+@generation_options(exclude=("mode", "arbiter", "stop"), max_tokens=256)
 @click.option("--task", required=True, help="Task family (arith, pyfunc, listops) or a benchmark jsonl file.")
 @click.option("--split", default="test", show_default=True, type=click.Choice(["train", "dev", "test"]))
 @click.option("--limit", default=None, type=int, help="Number of problems (default: 200 for a family, all of a file).")
-@click.option("--modes", default="target-only,draft-only,sps,fly", show_default=True, help="Comma-separated modes.")
-@click.option("-n", "--n-predict", "max_tokens", default=256, show_default=True, help="Most tokens per answer.")
-@click.option("--draft-max", "draft_max", default=DEFAULT_DRAFT_MAX, show_default=True, help="Most draft tokens per block.")
-@click.option("--adaptive-draft/--fixed-draft", default=True, show_default=True)
+@click.option("--runs", "--modes", "runs_text", default="target-only,draft-only,sps,fly", show_default=True,
+              help=RUNS_HELP)
 @click.option("--chat", "as_chat", is_flag=True, help="Send each problem through the chat template.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Folder for records.jsonl (resumable), results.json, results.md and a PNG plot.")
+              help="Folder for records.jsonl (resumable), config.json, results.json, results.md and a PNG plot.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def eval_command(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, task, split, limit, modes, max_tokens,
-                 draft_max, adaptive_draft, as_chat, out_dir, as_json):
-    """Accuracy and speed of each mode on a task, with oracle union and recovered non-nested successes."""
+def eval_command(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, task, split, limit, runs_text,
+                 as_chat, out_dir, as_json):
+    """Accuracy and speed of each run on a task, with oracle union and recovered non-nested successes."""
     from pathlib import Path
 
     from .evaluate import evaluate, markdown
     from .tasks import load_task, score
 
-    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
-    for m in mode_list:
-        if m not in MODES:
-            raise click.BadParameter(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
+    runs = parse_runs_option(runs_text, draft)
     try:
         problems = load_task(task, split, limit)
     except (KeyError, FileNotFoundError, ValueError) as exc:
@@ -263,9 +263,9 @@ def eval_command(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, task, s
 
     with engine:
         try:
-            summary = evaluate(engine, problems, mode_list, score, Path(out_dir) if out_dir else None, max_tokens,
-                               draft_max, adaptive_draft, as_chat, title, progress=None if as_json else progress)
-        except (CospecError, ValueError) as exc:
+            summary = evaluate(engine, problems, runs, score, Path(out_dir) if out_dir else None, params, as_chat,
+                               title, progress=None if as_json else progress)
+        except (CospecError, ValueError, FileNotFoundError) as exc:
             raise click.ClickException(str(exc)) from None
         except KeyboardInterrupt:
             click.echo("\n[interrupted: rerun the same command to resume]" if out_dir else "\n[interrupted]", err=True)
@@ -297,6 +297,11 @@ def models(as_json):
             click.echo(f"{'':<20} {r['architecture']}, {r['layers']} layers, vocabulary {r['vocabulary']} "
                        f"({r['tokenizer']}), {r['quantization']}, {r['size_mb']} MB")
         click.echo(f"{'':<20} {r['path']}")
+    from .arbiters import NAMED_ARBITERS
+
+    click.echo("\narbiters (--arbiter NAME, or a folder):")
+    for a in NAMED_ARBITERS.values():
+        click.echo(f"{a.name:<20} for {a.draft}: {a.description}\n{'':<20} {a.path}")
 
 
 if __name__ == "__main__":

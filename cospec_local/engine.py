@@ -8,7 +8,6 @@ native loop, and what was generated so far is kept in `Engine.last_result`.
 from __future__ import annotations
 
 import codecs
-import inspect
 import os
 import queue
 import threading
@@ -18,21 +17,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from . import _cospec
+from .arbiters import NAMED_ARBITERS, Arbiter, onnx_head, resolve_arbiter_path
 from .chat_template import ChatTemplate, from_gguf_metadata
 from .errors import GenerationError, InvalidArgumentError, from_native
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+from .params import GenerationParams
 
-MODES = ("target-only", "draft-only", "sps", "fly")
-# Most draft tokens per block; adaptive drafting picks each block's length up
-# to this from measurements (bench/RESULTS.md).
-DEFAULT_DRAFT_MAX = 8
-
-_NATIVE_MODE = {
-    "target-only": _cospec.MODE_TARGET_ONLY,
-    "draft-only": _cospec.MODE_DRAFT_ONLY,
-    "sps": _cospec.MODE_SPECULATIVE,
-    "fly": _cospec.MODE_SPECULATIVE,
-}
 PROVENANCE = {
     _cospec.PROV_MATCH: "match",
     _cospec.PROV_KEPT: "kept",
@@ -52,20 +42,6 @@ STOP_REASONS = {
 # OpenAI's finish_reason for each stop reason.
 FINISH_REASONS = {"eog": "stop", "stop_string": "stop", "max_tokens": "length", "context_full": "length",
                   "aborted": "abort", "error": "error"}
-
-Arbiter = _cospec.Arbiter
-
-
-def arbiter_from_function(fn: Callable[[dict], Sequence[bool]], name: str = "python") -> Arbiter:
-    """Wrap a Python function as an arbiter.
-
-    `fn(block)` gets a dict with numpy arrays `draft` (K), `target` (K+1),
-    `mismatch` (K, bool), `target_logits` (K+1, n_vocab), `draft_logits`
-    (K, n_vocab), `context` (prompt and verified tokens) and `temperature`,
-    and returns K booleans: True keeps the draft token at a mismatch.
-    """
-    return _cospec.Arbiter.callback(name, fn)
-
 
 @dataclass
 class Stats:
@@ -139,8 +115,19 @@ class Stats:
 
 
 @dataclass
+class Decision:
+    """An arbiter decision the walk through a block applied."""
+
+    block: int        # block number in the generation
+    position: int     # position in the block
+    token_index: int  # index in Generation.tokens of the kept draft token or of the target's fallback
+    p_keep: float
+    keep: bool
+
+
+@dataclass
 class Generation:
-    """What one generation produced."""
+    """What one generation produced, and which mode and arbiter produced it."""
 
     text: str
     tokens: list[int]
@@ -148,7 +135,14 @@ class Generation:
     stop_reason: str
     stats: Stats
     mode: str
+    arbiter: str | None = None  # the arbiter's name in speculative mode
+    decisions: list[Decision] = field(default_factory=list)
     prompt_tokens: int = 0
+
+    @property
+    def label(self) -> str:
+        """"target-only", "draft-only", or "speculative/ARBITER"."""
+        return self.mode if self.arbiter is None else f"{self.mode}/{self.arbiter}"
 
     @property
     def finish_reason(self) -> str:
@@ -156,7 +150,9 @@ class Generation:
 
     def to_json(self) -> dict:
         return {"text": self.text, "tokens": self.tokens, "provenance": self.provenance,
-                "stop_reason": self.stop_reason, "mode": self.mode, "stats": self.stats.to_json()}
+                "stop_reason": self.stop_reason, "mode": self.mode, "arbiter": self.arbiter,
+                "decisions": [[d.block, d.position, d.token_index, round(d.p_keep, 6), d.keep] for d in self.decisions],
+                "stats": self.stats.to_json()}
 
 
 @dataclass
@@ -172,8 +168,9 @@ class TokenEvent:
 @dataclass
 class _Request:
     prompt: list[int]
-    mode: str
-    native_kwargs: dict = field(default_factory=dict)
+    params: GenerationParams
+    arbiter: Arbiter | None
+    arbiter_name: str | None
 
 
 class Engine:
@@ -204,6 +201,9 @@ class Engine:
             raise from_native(exc) from None
         self.last_result: Generation | None = None
         self._chat_template: ChatTemplate | None = None
+        # Learned arbiters loaded for this engine, by (path, threshold, head): a LoRA
+        # arbiter holds a llama.cpp context of its own, so it is made once.
+        self._learned: dict[tuple, Arbiter] = {}
         self.model_name = os.path.splitext(os.path.basename(self.target_path))[0]
 
     @classmethod
@@ -276,23 +276,43 @@ class Engine:
 
     # ------------------------------------------------------------ generation
 
-    def _request(self, prompt: str | Sequence[int], mode: str, max_tokens: int, draft_max: int, draft_p_min: float,
-                 adaptive_draft: bool, temperature: float, top_k: int, top_p: float, seed: int, stop: Sequence[str] | str | None,
-                 ignore_eos: bool, arbiter: Arbiter | None, fly_window: int, fly_entropy: float) -> _Request:
-        if mode not in MODES:
-            raise InvalidArgumentError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    def arbiter(self, spec="target", *, threshold: float | None = None, head: str = "native") -> Arbiter:
+        """The native arbiter for `spec`: "target", "fly" (FLy's defaults), an Arbiter object, or a
+        learned arbiter's name or folder, loaded for this engine's draft (once; later calls reuse it).
+        head="onnx" runs a learned arbiter's head under ONNX Runtime instead of natively."""
+        return self._arbiter(GenerationParams(arbiter=spec, arbiter_threshold=threshold, arbiter_head=head))[0]
+
+    def _arbiter(self, params: GenerationParams) -> tuple[Arbiter, str]:
+        spec = params.arbiter
+        if isinstance(spec, Arbiter):
+            return spec, spec.name
+        if spec in (None, "target"):
+            return Arbiter.target(), "target"
+        if spec == "fly":
+            try:
+                return Arbiter.fly(params.fly_window, params.fly_entropy, params.fly_top_k), "fly"
+            except _cospec.CospecError as exc:
+                raise from_native(exc) from None
+        path = resolve_arbiter_path(spec)
+        threshold = -1.0 if params.arbiter_threshold is None else params.arbiter_threshold
+        key = (os.path.abspath(path), threshold, params.arbiter_head)
+        if key not in self._learned:
+            head = onnx_head(path) if params.arbiter_head == "onnx" else None
+            try:
+                self._learned[key] = Arbiter.load(self._native, os.fspath(path), threshold, head)
+            except _cospec.CospecError as exc:
+                raise from_native(exc) from None
+        arbiter = self._learned[key]
+        return arbiter, str(spec) if str(spec) in NAMED_ARBITERS else arbiter.name
+
+    def _request(self, prompt: str | Sequence[int], params: GenerationParams | None, overrides: dict) -> _Request:
+        params = (params or GenerationParams()).updated(**overrides) if overrides else (params or GenerationParams())
+        params.validate()
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        if arbiter is not None and mode not in ("sps", "fly"):
-            raise InvalidArgumentError(f"an arbiter needs a speculative mode, not {mode!r}")
-        if arbiter is None and mode == "fly":
-            arbiter = _cospec.Arbiter.fly(fly_window, fly_entropy)
-        if isinstance(stop, str):
-            stop = [stop]
-        kwargs = dict(mode=_NATIVE_MODE[mode], arbiter=arbiter, n_predict=max_tokens, n_draft=draft_max,
-                      draft_p_min=draft_p_min, adaptive_draft=adaptive_draft, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                      ignore_eos=ignore_eos, stop=list(stop or ()))
-        label = arbiter.name if arbiter is not None and mode == "sps" else mode
-        return _Request(tokens, label, kwargs)
+        arbiter, name = None, None
+        if params.mode == "speculative":
+            arbiter, name = self._arbiter(params)
+        return _Request(tokens, params, arbiter, name)
 
     def _finish(self, raw: dict, request: _Request) -> Generation:
         result = Generation(
@@ -301,7 +321,9 @@ class Engine:
             provenance=[PROVENANCE.get(p, "?") for p in raw["provenance"]],
             stop_reason=STOP_REASONS.get(raw["stop_reason"], "error"),
             stats=Stats(**raw["stats"]),
-            mode=request.mode,
+            mode=request.params.mode,
+            arbiter=request.arbiter_name,
+            decisions=[Decision(*d) for d in raw["decisions"]],
             prompt_tokens=len(request.prompt),
         )
         self.last_result = result
@@ -311,13 +333,17 @@ class Engine:
             raise GenerationError(raw["error"], raw["status"], raw["status_name"], result)
         return result
 
+    def _native_generate(self, request: _Request, on_token=None) -> dict:
+        p = request.params
+        return self._native.generate(request.prompt, p.native(), request.arbiter, list(p.stop), on_token)
+
     def _run(self, request: _Request, on_token=None) -> dict:
         """Run the native loop on a worker thread; Ctrl-C here aborts it."""
         box: dict = {}
 
         def work():
             try:
-                box["raw"] = self._native.generate(request.prompt, on_token=on_token, **request.native_kwargs)
+                box["raw"] = self._native_generate(request, on_token)
             except BaseException as exc:  # handed to the caller's thread below
                 box["exc"] = exc
 
@@ -337,25 +363,21 @@ class Engine:
             raise from_native(exc) if isinstance(exc, _cospec.CospecError) else exc
         return box["raw"]
 
-    def generate(self, prompt: str | Sequence[int], *, mode: str = "sps", max_tokens: int = 128,
-                 draft_max: int = DEFAULT_DRAFT_MAX, draft_p_min: float = 0.0, adaptive_draft: bool = True,
-                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | str | None = None,
-                 ignore_eos: bool = False, arbiter: Arbiter | None = None, fly_window: int = 6,
-                 fly_entropy: float = 0.3) -> Generation:
+    def generate(self, prompt: str | Sequence[int], params: GenerationParams | None = None, **overrides) -> Generation:
         """Generate from a prompt (text, tokenized with the target's tokenizer, or token ids).
 
-        draft_max is K, the most draft tokens per block; with adaptive_draft each
-        block's length is chosen in [0, K] from the measured acceptance rate and
-        costs of this pair (0 = a plain target step when drafting cannot pay).
+        `params` (a GenerationParams; default: its defaults) says what to do; keyword
+        arguments override single fields: mode, arbiter, max_tokens, draft_max, temperature, ...
+        With adaptive_draft each block's length is chosen in [0, draft_max].
         """
-        request = self._request(prompt, mode, max_tokens, draft_max, draft_p_min, adaptive_draft, temperature, top_k,
-                                top_p, seed, stop, ignore_eos, arbiter, fly_window, fly_entropy)
+        request = self._request(prompt, params, overrides)
         return self._finish(self._run(request), request)
 
-    def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[TokenEvent]:
+    def stream(self, prompt: str | Sequence[int], params: GenerationParams | None = None,
+               **overrides) -> Iterator[TokenEvent]:
         """Like generate(), but yields a TokenEvent per token as it is produced.
         The complete Generation is in `last_result` when the iterator ends."""
-        request = self._request(prompt, **_generate_defaults(kwargs))
+        request = self._request(prompt, params, overrides)
         events: queue.Queue = queue.Queue()
         stop_flag = threading.Event()
         done = object()
@@ -369,7 +391,7 @@ class Engine:
         def work():
             try:
                 # Already off the caller's thread: call the native loop directly.
-                box["raw"] = self._native.generate(request.prompt, on_token=on_token, **request.native_kwargs)
+                box["raw"] = self._native_generate(request, on_token)
             except BaseException as exc:
                 box["exc"] = from_native(exc) if isinstance(exc, _cospec.CospecError) else exc
             finally:
@@ -426,14 +448,14 @@ class Engine:
         return tokens
 
     def create_chat_completion(self, messages: Sequence[dict], *, stream: bool = False, max_tokens: int = 512,
-                               **kwargs):
+                               params: GenerationParams | None = None, **kwargs):
         """OpenAI-style chat completion: a dict, or an iterator of chunk dicts with stream=True."""
         prompt = self.render_chat(messages)
         completion_id = "chatcmpl-" + uuid.uuid4().hex[:24]
         created = int(time.time())
         if stream:
-            return self._chat_chunks(prompt, completion_id, created, max_tokens, kwargs)
-        result = self.generate(prompt, max_tokens=max_tokens, **kwargs)
+            return self._chat_chunks(prompt, completion_id, created, max_tokens, params, kwargs)
+        result = self.generate(prompt, params, max_tokens=max_tokens, **kwargs)
         return {
             "id": completion_id,
             "object": "chat.completion",
@@ -443,17 +465,18 @@ class Engine:
                          "finish_reason": result.finish_reason}],
             "usage": _usage(len(prompt), result),
             "timings": result.stats.to_json(),
-            "cospec": {"mode": result.mode, "provenance": result.provenance, "stop_reason": result.stop_reason},
+            "cospec": {"mode": result.mode, "arbiter": result.arbiter, "provenance": result.provenance,
+                       "stop_reason": result.stop_reason},
         }
 
-    def _chat_chunks(self, prompt, completion_id, created, max_tokens, kwargs) -> Iterator[dict]:
+    def _chat_chunks(self, prompt, completion_id, created, max_tokens, params, kwargs) -> Iterator[dict]:
         def chunk(delta: dict, finish_reason=None) -> dict:
             return {"id": completion_id, "object": "chat.completion.chunk", "created": created,
                     "model": self.model_name,
                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
 
         yield chunk({"role": "assistant"})
-        for event in self.stream(prompt, max_tokens=max_tokens, **kwargs):
+        for event in self.stream(prompt, params, max_tokens=max_tokens, **kwargs):
             if event.text:
                 yield chunk({"content": event.text})
         result = self.last_result
@@ -476,15 +499,3 @@ def _join_ignoring_interrupts(thread: threading.Thread) -> None:
 def _usage(n_prompt: int, result: Generation) -> dict:
     return {"prompt_tokens": n_prompt, "completion_tokens": len(result.tokens),
             "total_tokens": n_prompt + len(result.tokens)}
-
-
-def _generate_defaults(kwargs: dict) -> dict:
-    """generate()'s keyword defaults merged with the caller's, for stream(): read
-    from generate()'s signature so the two cannot drift apart."""
-    params = inspect.signature(Engine.generate).parameters
-    defaults = {name: p.default for name, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    unknown = set(kwargs) - set(defaults)
-    if unknown:
-        raise TypeError(f"unexpected arguments: {', '.join(sorted(unknown))}")
-    defaults.update(kwargs)
-    return defaults

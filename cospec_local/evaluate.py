@@ -1,9 +1,9 @@
-"""`cospec-local eval`: task accuracy and speed of each decoding mode on the
-same problems, with the metrics of collaborative decoding: the oracle union of
+"""`cospec-local eval`: task accuracy and speed of each run (a decoding mode and,
+for speculative decoding, an arbiter; see runs.py) on the same problems, with the metrics of collaborative decoding: the oracle union of
 target and draft, the non-nested successes (only the draft solves them), the
-share of those each mode recovers, and what each mode loses against the target.
+share of those each run recovers, and what each run loses against the target.
 
-Every (problem, mode) record is appended to OUT/records.jsonl as it completes,
+Every (problem, run) record is appended to OUT/records.jsonl as it completes,
 so an interrupted run resumes where it stopped.
 """
 from __future__ import annotations
@@ -16,19 +16,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from .arbiters import arbiter_identity
 from .engine import Engine
-from .tasks import Problem
+from .params import GenerationParams
+from .runs import Run
+from .tasks import FAMILY_STOPS, Problem
 
 REFERENCE = "target-only"
 DRAFT = "draft-only"
-# Where a plain (non-chat) completion of each family ends: answers end with a
-# "#### N" line, code with the function (HumanEval's own stop sequences).
-FAMILY_STOPS = {
-    "arith": ["\n\n"], "listops": ["\n\n"], "gsm8k": ["\n\n"],
-    "pyfunc": ["\ndef ", "\nclass ", "\nif __name__", "\nprint("],
-    "humaneval": ["\ndef ", "\nclass ", "\nif __name__", "\nprint("],
-    "mbpp": ["[DONE]"],
-}
 
 
 def model_identity(path: str) -> dict:
@@ -48,7 +43,7 @@ def model_identity(path: str) -> dict:
 @dataclass
 class Record:
     problem_id: str
-    mode: str
+    run: str  # the run's label (runs.py)
     correct: bool
     completion: str
     tokens: int
@@ -57,17 +52,20 @@ class Record:
     accepted: int
     kept: int
     blocks: int
+    arbiter_ms: float = 0.0
 
 
-def run_problem(engine: Engine, problem: Problem, mode: str, score: Callable[[Problem, str], bool], max_tokens: int,
-                draft_max: int, adaptive_draft: bool, as_chat: bool) -> Record:
+def run_problem(engine: Engine, problem: Problem, run: Run, params: GenerationParams,
+                score: Callable[[Problem, str], bool], as_chat: bool) -> Record:
+    """One problem with one run, from a clean cache: the record is a function of the problem and
+    the settings alone, whatever ran before (a resumed eval gives the same records)."""
     prompt = engine.render_chat([{"role": "user", "content": problem.prompt}]) if as_chat else problem.prompt
-    stop = None if as_chat else FAMILY_STOPS.get(problem.family)
-    r = engine.generate(prompt, mode=mode, max_tokens=max_tokens, draft_max=draft_max, adaptive_draft=adaptive_draft,
-                        stop=stop)
+    stop = () if as_chat else FAMILY_STOPS.get(problem.family, ())
+    engine.reset()
+    r = engine.generate(prompt, params, mode=run.mode, arbiter=run.arbiter or "target", stop=tuple(stop))
     s = r.stats
-    return Record(problem.id, mode, bool(score(problem, r.text)), r.text, s.n_generated, s.t_generate_ms,
-                  s.n_drafted, s.n_accepted + s.n_kept, s.n_kept, s.n_blocks)
+    return Record(problem.id, run.label, bool(score(problem, r.text)), r.text, s.n_generated, s.t_generate_ms,
+                  s.n_drafted, s.n_accepted + s.n_kept, s.n_kept, s.n_blocks, s.t_arbiter_ms)
 
 
 def load_records(path: Path) -> dict[tuple[str, str], Record]:
@@ -77,17 +75,17 @@ def load_records(path: Path) -> dict[tuple[str, str], Record]:
             for line in f:
                 if line.strip():
                     rec = Record(**json.loads(line))
-                    done[rec.problem_id, rec.mode] = rec
+                    done[rec.problem_id, rec.run] = rec
     return done
 
 
-def summarize(problems: Sequence[Problem], modes: Sequence[str], records: dict[tuple[str, str], Record]) -> dict:
+def summarize(problems: Sequence[Problem], labels: Sequence[str], records: dict[tuple[str, str], Record]) -> dict:
     ids = [p.id for p in problems]
-    correct = {m: {i for i in ids if (i, m) in records and records[i, m].correct} for m in modes}
-    summary: dict = {"problems": len(ids), "modes": {}}
+    correct = {m: {i for i in ids if (i, m) in records and records[i, m].correct} for m in labels}
+    summary: dict = {"problems": len(ids), "runs": {}}
     base_tps = None
-    per_mode = defaultdict(dict)
-    for m in modes:
+    per_run = defaultdict(dict)
+    for m in labels:
         recs = [records[i, m] for i in ids if (i, m) in records]
         tokens = sum(r.tokens for r in recs)
         ms = sum(r.ms for r in recs)
@@ -97,27 +95,28 @@ def summarize(problems: Sequence[Problem], modes: Sequence[str], records: dict[t
         tps = 1000.0 * tokens / ms if ms else 0.0
         if m == REFERENCE:
             base_tps = tps
-        per_mode[m] = {
+        per_run[m] = {
             "n": len(recs),
             "accuracy": len(correct[m]) / len(recs) if recs else 0.0,
             "predicted_per_second": tps,
             "acceptance_rate": accepted / drafted if drafted else None,
             "mean_accepted_per_block": accepted / blocks if blocks else None,
             "arbiter_keeps": sum(r.kept for r in recs),
+            "arbiter_share": sum(r.arbiter_ms for r in recs) / ms if ms else 0.0,
             "tokens": tokens,
         }
-    for m in modes:
-        per_mode[m]["speedup"] = per_mode[m]["predicted_per_second"] / base_tps if base_tps else None
-    if REFERENCE in modes and DRAFT in modes:
+    for m in labels:
+        per_run[m]["speedup"] = per_run[m]["predicted_per_second"] / base_tps if base_tps else None
+    if REFERENCE in labels and DRAFT in labels:
         target_ok, draft_ok = correct[REFERENCE], correct[DRAFT]
         non_nested = draft_ok - target_ok
         summary["oracle_union"] = len(target_ok | draft_ok) / len(ids) if ids else 0.0
         summary["non_nested"] = len(non_nested)
-        for m in modes:
-            per_mode[m]["recovered"] = len(correct[m] & non_nested)
-            per_mode[m]["recovered_share"] = len(correct[m] & non_nested) / len(non_nested) if non_nested else None
-            per_mode[m]["losses"] = len(target_ok - correct[m])
-    summary["modes"] = dict(per_mode)
+        for m in labels:
+            per_run[m]["recovered"] = len(correct[m] & non_nested)
+            per_run[m]["recovered_share"] = len(correct[m] & non_nested) / len(non_nested) if non_nested else None
+            per_run[m]["losses"] = len(target_ok - correct[m])
+    summary["runs"] = dict(per_run)
     return summary
 
 
@@ -129,18 +128,19 @@ def markdown(summary: dict, title: str) -> str:
     if "oracle_union" in summary:
         lines.append(f"oracle union (target or draft): {summary['oracle_union']:.1%}, "
                      f"non-nested successes (draft only): {summary['non_nested']}")
-    lines += ["", "| mode | accuracy | tok/s | speed-up | acceptance | accepted/block | arbiter keeps | recovered | losses |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    for mode, m in summary["modes"].items():
+    lines += ["", "| run | accuracy | tok/s | speed-up | acceptance | accepted/block | arbiter keeps | arbiter time "
+                  "| recovered | losses |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for label, m in summary["runs"].items():
         rec = "-" if m.get("recovered") is None else f"{m['recovered']}/{summary.get('non_nested', 0)}"
-        lines.append(f"| {mode} | {m['accuracy']:.1%} | {m['predicted_per_second']:.1f} | {fmt(m['speedup'], '.2f')}x "
+        lines.append(f"| {label} | {m['accuracy']:.1%} | {m['predicted_per_second']:.1f} | {fmt(m['speedup'], '.2f')}x "
                      f"| {fmt(m['acceptance_rate'], '.1%')} | {fmt(m['mean_accepted_per_block'], '.2f')} "
-                     f"| {m['arbiter_keeps']} | {rec} | {m.get('losses', '-')} |")
+                     f"| {m['arbiter_keeps']} | {m.get('arbiter_share', 0.0):.1%} | {rec} | {m.get('losses', '-')} |")
     return "\n".join(lines)
 
 
 def plot(summary: dict, path: Path, title: str) -> Path | None:
-    """Accuracy against speed-up, one point per mode."""
+    """Accuracy against speed-up, one point per run."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -148,11 +148,11 @@ def plot(summary: dict, path: Path, title: str) -> Path | None:
     except ImportError:
         return None
     fig, ax = plt.subplots(figsize=(5, 4), dpi=120)
-    for mode, m in summary["modes"].items():
+    for label, m in summary["runs"].items():
         if m["speedup"] is None:
             continue
         ax.scatter(m["speedup"], 100 * m["accuracy"], s=40)
-        ax.annotate(mode, (m["speedup"], 100 * m["accuracy"]), textcoords="offset points", xytext=(5, 5))
+        ax.annotate(label, (m["speedup"], 100 * m["accuracy"]), textcoords="offset points", xytext=(5, 5))
     if "oracle_union" in summary:
         ax.axhline(100 * summary["oracle_union"], linestyle="--", linewidth=1, color="gray")
         ax.annotate("oracle union", (ax.get_xlim()[0], 100 * summary["oracle_union"]), textcoords="offset points",
@@ -166,36 +166,44 @@ def plot(summary: dict, path: Path, title: str) -> Path | None:
     return path
 
 
-def evaluate(engine: Engine, problems: Sequence[Problem], modes: Sequence[str], score: Callable[[Problem, str], bool],
-             out_dir: Path | None = None, max_tokens: int = 256, draft_max: int = 8, adaptive_draft: bool = True,
-             as_chat: bool = False, title: str = "eval",
-             progress: Callable[[Iterable], Iterable] | None = None) -> dict:
+def run_config(engine: Engine, runs: Sequence[Run], params: GenerationParams) -> dict:
+    """Everything that decides a run's records: models, mode, arbiter identity and settings."""
+    settings = {k: v for k, v in asdict(params).items() if k not in ("mode", "arbiter", "stop")}
+    return {r.label: {"mode": r.mode, "arbiter": None if r.arbiter is None else arbiter_identity(
+        r.arbiter, params.arbiter_threshold)} for r in runs} | {"settings": settings}
+
+
+def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], score: Callable[[Problem, str], bool],
+             out_dir: Path | None = None, params: GenerationParams | None = None, as_chat: bool = False,
+             title: str = "eval", progress: Callable[[Iterable], Iterable] | None = None) -> dict:
+    params = params or GenerationParams(max_tokens=256)
+    labels = [r.label for r in runs]
     records: dict[tuple[str, str], Record] = {}
     log = None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         config = {"title": title, "target": model_identity(engine.target_path),
-                  "draft": model_identity(engine.draft_path) if engine.draft_path else None, "modes": list(modes),
-                  "max_tokens": max_tokens, "draft_max": draft_max, "adaptive_draft": adaptive_draft,
-                  "chat": as_chat, "problems": [p.id for p in problems]}
+                  "draft": model_identity(engine.draft_path) if engine.draft_path else None,
+                  "runs": run_config(engine, runs, params), "chat": as_chat, "problems": [p.id for p in problems]}
         config_path = out_dir / "config.json"
         if config_path.is_file() and json.loads(config_path.read_text()) != config:
-            raise ValueError(f"{out_dir} holds a run with other settings; use another --out or delete it")
+            raise ValueError(f"{out_dir} holds a run with other settings (models, arbiters or parameters); "
+                             f"use another --out or delete it")
         config_path.write_text(json.dumps(config, indent=1))
         records = load_records(out_dir / "records.jsonl")
         log = (out_dir / "records.jsonl").open("a", encoding="utf-8")
-    todo = [(p, m) for p in problems for m in modes if (p.id, m) not in records]
+    todo = [(p, r) for p in problems for r in runs if (p.id, r.label) not in records]
     try:
-        for problem, mode in (progress(todo) if progress else todo):
-            rec = run_problem(engine, problem, mode, score, max_tokens, draft_max, adaptive_draft, as_chat)
-            records[problem.id, mode] = rec
+        for problem, run in (progress(todo) if progress else todo):
+            rec = run_problem(engine, problem, run, params, score, as_chat)
+            records[problem.id, run.label] = rec
             if log:
                 log.write(json.dumps(asdict(rec)) + "\n")
                 log.flush()
     finally:
         if log:
             log.close()
-    summary = summarize(problems, modes, records)
+    summary = summarize(problems, labels, records)
     summary["title"] = title
     if out_dir is not None:
         (out_dir / "results.json").write_text(json.dumps(summary, indent=1))

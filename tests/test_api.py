@@ -7,11 +7,15 @@ from cospec_local import Engine, arbiter_from_function
 SPEC_PROVENANCE = {"match", "kept", "fallback", "bonus"}
 
 
-@pytest.mark.parametrize("mode", ["sps", "fly", "target-only", "draft-only"])
+RUNS = {"sps": dict(mode="speculative", arbiter="target"), "fly": dict(mode="speculative", arbiter="fly"),
+        "target-only": dict(mode="target-only"), "draft-only": dict(mode="draft-only")}
+
+
+@pytest.mark.parametrize("mode", list(RUNS))
 def test_stats_add_up(engine_for, mode):
     engine = engine_for("mixed")
-    r = engine.generate("Explain how photosynthesis works in simple terms.", mode=mode, max_tokens=48, draft_max=4,
-                        ignore_eos=True, fly_window=2, adaptive_draft=False)
+    r = engine.generate("Explain how photosynthesis works in simple terms.", max_tokens=48, draft_max=4,
+                        ignore_eos=True, fly_window=2, adaptive_draft=False, **RUNS[mode])
     s = r.stats
     assert s.n_generated == len(r.tokens) == len(r.provenance) == 48
     assert s.n_accepted + s.n_kept + s.n_fallback + s.n_bonus + s.n_plain == s.n_generated
@@ -30,7 +34,25 @@ def test_stats_add_up(engine_for, mode):
         assert s.n_plain == 48 and s.n_blocks == 0 and s.n_drafted == 0
         assert set(r.provenance) == {"target" if mode == "target-only" else "draft"}
     if mode == "sps":
-        assert s.n_kept == 0 and s.n_arbiter_calls == 0
+        assert s.n_kept == 0 and s.n_arbiter_calls == 0 and r.decisions == []
+        assert r.label == "speculative/target"
+    if mode == "fly":
+        assert r.label == "speculative/fly"
+        # every decision the walk applied is recorded; the kept ones are the kept tokens
+        kept = [d for d in r.decisions if d.keep]
+        assert [d.token_index for d in kept] == [i for i, p in enumerate(r.provenance) if p == "kept"]
+        rejected = [d.token_index for d in r.decisions if not d.keep]
+        assert rejected == [i for i, p in enumerate(r.provenance) if p == "fallback"]
+
+
+def test_steps_that_draft_nothing_are_not_blocks(engine):
+    """With adaptive drafting a weak draft gets K = 0 steps: plain target steps, not blocks."""
+    r = engine.generate("Explain how photosynthesis works in simple terms.", max_tokens=64, ignore_eos=True)
+    s = r.stats
+    assert s.n_plain > 0, "the disagreeing draft should make the tuner skip drafting"
+    assert s.n_plain == r.provenance.count("target")
+    assert s.n_fallback + s.n_bonus == s.n_blocks
+    assert s.n_accepted + s.n_kept + s.n_fallback + s.n_bonus + s.n_plain == s.n_generated
 
 
 def test_python_arbiter_sees_the_block(engine):
@@ -45,9 +67,9 @@ def test_python_arbiter_sees_the_block(engine):
         seen.append(int(block["mismatch"].sum()))
         return [True] * k
 
-    r = engine.generate("The capital of France is", mode="sps", arbiter=arbiter_from_function(keep_all, "keep-all"),
+    r = engine.generate("The capital of France is", mode="speculative", arbiter=arbiter_from_function(keep_all, "keep-all"),
                         max_tokens=30, draft_max=4, ignore_eos=True, adaptive_draft=False)
-    assert seen and r.mode == "keep-all"
+    assert seen and r.mode == "speculative" and r.arbiter == "keep-all"
     # keeping every mismatch: no fallback, every block ends with a bonus token
     assert r.stats.n_fallback == 0 and r.stats.n_kept == r.provenance.count("kept") > 0
     assert r.stats.n_arbiter_calls == len(seen)
@@ -118,7 +140,7 @@ def test_arbiter_error_keeps_partial_output(engine):
         return [False] * block["n_draft"]
 
     with pytest.raises(ValueError):
-        engine.generate("Tell me about the sea.", mode="sps", arbiter=arbiter_from_function(fail_later),
+        engine.generate("Tell me about the sea.", mode="speculative", arbiter=arbiter_from_function(fail_later),
                         max_tokens=64, ignore_eos=True, adaptive_draft=False)
     assert len(calls) == 4
     partial = engine.last_result

@@ -18,16 +18,17 @@ def run_cli(*args, timeout=900, **kw):
 
 def test_generate_json(target_path, draft_paths):
     out = run_cli("generate", "-m", target_path, "-md", draft_paths["disagreeing"], "-p", "The capital of France is",
-                  "-n", 12, "--mode", "sps", "--draft-max", 3, "--json")
+                  "-n", 12, "--mode", "speculative", "--draft-max", 3, "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert set(data) >= {"text", "tokens", "provenance", "stats"}
+    assert set(data) >= {"text", "tokens", "provenance", "decisions", "stats"}
+    assert data["mode"] == "speculative" and data["arbiter"] == "target"
     assert len(data["tokens"]) == len(data["provenance"]) == data["stats"]["predicted_n"]
     stats = data["stats"]
     for key in ("prompt_n", "prompt_per_second", "predicted_n", "predicted_per_second", "draft_n", "draft_n_accepted",
                 "blocks", "arbiter_keeps", "target_fallbacks", "bonus", "arbiter_calls", "arbiter_ms"):
         assert key in stats
-    assert stats["draft_n_accepted"] + stats["target_fallbacks"] + stats["bonus"] == stats["predicted_n"]
+    assert stats["draft_n_accepted"] + stats["target_fallbacks"] + stats["bonus"] + stats["plain"] == stats["predicted_n"]
 
 
 def test_generate_reports_bad_model_without_traceback(target_path, tmp_path):
@@ -44,15 +45,15 @@ def test_bench_json(target_path, draft_paths, tmp_path):
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     rows = report["results"]
-    assert {(r["draft_max"], r["mode"]) for r in rows} == {(k, m) for k in (1, 3) for m in ("target-only", "sps", "fly")}
+    assert {(r["draft_max"], r["run"]) for r in rows} == {(k, m) for k in (1, 3) for m in ("target-only", "sps", "fly")}
     for r in rows:
         assert r["tokens"] == 2 * 16
-        if r["mode"] == "target-only":
+        if r["run"] == "target-only":
             assert r["speedup"] == pytest.approx(1.0) and r["speedup_bound"] is None
         else:
             assert r["speedup"] > 0 and 0 <= r["acceptance_rate"] <= 1
             assert 0 < r["speedup_bound"] < r["draft_max"] + 1
-        if r["mode"] == "sps":
+        if r["run"] == "sps":
             assert r["prompts_identical_to_target"] == 2
     assert 0 < report["c"] < 1  # the 2-block draft is cheaper per token than the target
 
@@ -73,7 +74,7 @@ def test_chat_session(target_path, draft_paths):
     child.sendline("/set max-tokens 16")
     child.expect_exact("(max-tokens set)")
     child.sendline("Say hello.")
-    child.expect(r"\[\d+ tokens, [\d.]+ tok/s, mode sps \| drafted \d+")
+    child.expect(r"\[\d+ tokens, [\d.]+ tok/s, speculative, arbiter target \| drafted \d+")
     child.expect_exact(">>> ")
     # multi-line input, then a reply
     child.sendline("Name two colours \\")

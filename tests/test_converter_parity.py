@@ -91,7 +91,7 @@ def engine_blocks(target_path, draft_path, prompts, sp):
 
     with Engine(target_path, draft_path, n_ctx=MAX_LEN, n_threads=1) as engine:
         for text in prompts:
-            engine.generate(sp.encode(text, add_bos=True), mode="sps", max_tokens=3 * (K + 1), draft_max=K,
+            engine.generate(sp.encode(text, add_bos=True), mode="speculative", max_tokens=3 * (K + 1), draft_max=K,
                             adaptive_draft=False, arbiter=arbiter_from_function(record))
     return blocks
 

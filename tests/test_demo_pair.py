@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from cospec_local import Engine
-from cospec_local.evaluate import FAMILY_STOPS
+from cospec_local.tasks import FAMILY_STOPS
 from cospec_local.models import (DEFAULT_DRAFT, DEFAULT_TARGET, DEMO_DIR, demo_checkpoint, demo_model, prompt_style,
                                  resolve_model)
 from cospec_local.tasks import load_task, score
@@ -111,7 +111,7 @@ def test_pair_solves_tasks_and_sps_is_lossless():
         for p in problems:
             stop = FAMILY_STOPS[p.family]
             target = engine.generate(p.prompt, mode="target-only", max_tokens=200, stop=stop)
-            sps = engine.generate(p.prompt, mode="sps", max_tokens=200, stop=stop)
+            sps = engine.generate(p.prompt, mode="speculative", max_tokens=200, stop=stop)
             draft = engine.generate(p.prompt, mode="draft-only", max_tokens=200, stop=stop)
             assert sps.text == target.text, p.id
             solved += score(p, target.text)
@@ -134,12 +134,12 @@ def test_chat_cli_answers_a_task_prompt_with_the_default_pair(tmp_path):
 
 
 def test_bench_uses_task_prompts_for_the_default_pair(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "cospec_local.cli", "bench", "--modes", "target-only,sps", "-n", "16",
+    out = subprocess.run([sys.executable, "-m", "cospec_local.cli", "bench", "--runs", "target-only,sps", "-n", "16",
                           "--n-prompts", "2", "--draft-max", "4", "-t", "1", "--json"], capture_output=True, text=True,
                          timeout=300, env=dict(os.environ, COSPEC_LOCAL_CACHE=str(tmp_path)))
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["prompts"] == 2 and report["target"].endswith(".gguf")
-    sps = next(r for r in report["results"] if r["mode"] == "sps")
+    sps = next(r for r in report["results"] if r["run"] == "sps")
     assert sps["prompts_identical_to_target"] == 2
     assert sps["acceptance_rate"] > 0.3  # the demo draft agrees with its target on task text

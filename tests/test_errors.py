@@ -45,7 +45,7 @@ def test_incompatible_vocabularies(target_path, draft_paths, tmp_path):
 def test_prompt_longer_than_context(target_path, draft_paths):
     with Engine(target_path, draft_paths["disagreeing"], n_ctx=64) as engine:
         long_prompt = "word " * 200
-        for mode in ("sps", "target-only"):
+        for mode in ("speculative", "target-only"):
             with pytest.raises(ContextFullError, match="prompt has .* tokens but the context holds 64"):
                 engine.generate(long_prompt, mode=mode, max_tokens=8)
         # Still usable afterwards.
@@ -54,16 +54,17 @@ def test_prompt_longer_than_context(target_path, draft_paths):
 
 def test_context_filling_up_stops_cleanly(target_path, draft_paths):
     with Engine(target_path, draft_paths["disagreeing"], n_ctx=64) as engine:
-        for mode in ("sps", "target-only", "fly"):
-            r = engine.generate("Count to one hundred: 1, 2, 3,", mode=mode, max_tokens=500, ignore_eos=True)
+        for run in (dict(mode="speculative"), dict(mode="target-only"), dict(mode="speculative", arbiter="fly")):
+            r = engine.generate("Count to one hundred: 1, 2, 3,", max_tokens=500, ignore_eos=True, **run)
             assert r.stop_reason == "context_full"
             assert r.finish_reason == "length"
             assert r.prompt_tokens + len(r.tokens) <= 65
             assert len(r.tokens) > 40
 
 
-@pytest.mark.parametrize("bad", [dict(draft_max=0), dict(draft_max=-3), dict(max_tokens=0), dict(temperature=-1.0),
-                                 dict(top_p=0.0), dict(top_k=-1), dict(mode="nonsense")])
+@pytest.mark.parametrize("bad", [dict(draft_max=0), dict(draft_max=-3), dict(draft_max=64), dict(max_tokens=0),
+                                 dict(temperature=-1.0), dict(top_p=0.0), dict(top_k=-1), dict(mode="nonsense"),
+                                 dict(mode="sps"), dict(arbiter_threshold=1.5), dict(fly_window=0, arbiter="fly")])
 def test_invalid_parameters(engine, bad):
     with pytest.raises(InvalidArgumentError):
         engine.generate("Hello", **bad)
@@ -79,14 +80,14 @@ def test_modes_needing_a_draft(target_path):
     with Engine(target_path) as engine:
         assert engine.generate("Hi", mode="target-only", max_tokens=2, ignore_eos=True).tokens
         with pytest.raises(NoDraftError):
-            engine.generate("Hi", mode="sps", max_tokens=2)
+            engine.generate("Hi", mode="speculative", max_tokens=2)
 
 
 def test_abort_returns_text_so_far(engine):
     result = {}
 
     def run():
-        result["r"] = engine.generate("Tell me a very long story.", mode="sps", max_tokens=5000, ignore_eos=True)
+        result["r"] = engine.generate("Tell me a very long story.", mode="speculative", max_tokens=5000, ignore_eos=True)
 
     worker = threading.Thread(target=run)
     worker.start()
@@ -105,13 +106,13 @@ def test_arbiter_exception_propagates_and_engine_survives(engine):
         raise ZeroDivisionError("arbiter bug")
 
     with pytest.raises(ZeroDivisionError, match="arbiter bug"):
-        engine.generate("The capital of France is", mode="sps", arbiter=arbiter_from_function(broken), max_tokens=16,
+        engine.generate("The capital of France is", mode="speculative", arbiter=arbiter_from_function(broken), max_tokens=16,
                         adaptive_draft=False)
     assert engine.generate("Hello", max_tokens=3, ignore_eos=True).tokens
 
 
 def test_arbiter_returning_wrong_shape(engine):
-    with pytest.raises(ValueError, match="decisions for a block"):
-        engine.generate("The capital of France is", mode="sps",
+    with pytest.raises(ValueError, match="scores for a block"):
+        engine.generate("The capital of France is", mode="speculative",
                         arbiter=arbiter_from_function(lambda block: [True]), max_tokens=16, draft_max=4,
                         adaptive_draft=False)

@@ -7,14 +7,16 @@ import sys
 
 import pytest
 
+from cospec_local import Engine, GenerationParams
 from cospec_local.evaluate import evaluate
+from cospec_local.runs import parse_runs
 from cospec_local.tasks import load_task, score
 
 MODES = ["target-only", "draft-only", "sps", "fly"]
 
 
 def check_consistent(summary, n_problems):
-    modes = summary["modes"]
+    modes = summary["runs"]
     assert summary["problems"] == n_problems
     for name, m in modes.items():
         assert m["n"] == n_problems and 0.0 <= m["accuracy"] <= 1.0
@@ -30,7 +32,8 @@ def check_consistent(summary, n_problems):
 
 def test_eval_summary_is_consistent(engine):
     problems = load_task("arith", "test", limit=3) + load_task("pyfunc", "test", limit=2)
-    summary = evaluate(engine, problems, MODES, score, max_tokens=48, as_chat=True)
+    summary = evaluate(engine, problems, parse_runs(",".join(MODES)), score, params=GenerationParams(max_tokens=48),
+                       as_chat=True)
     check_consistent(summary, 5)
 
 
@@ -39,7 +42,7 @@ def test_eval_cli_writes_results_and_resumes(target_path, draft_paths, tmp_path)
     draft = shutil.copyfile(draft_paths["disagreeing"], tmp_path / "draft.gguf")
     cmd = [sys.executable, "-m", "cospec_local.cli", "eval", "-m", str(target_path), "-md",
            str(draft), "--task", "listops", "--limit", "3", "-n", "32", "--chat",
-           "--modes", ",".join(MODES), "--out", str(out), "--json"]
+           "--runs", ",".join(MODES), "--out", str(out), "--json"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr
     summary = json.loads(first.stdout)
@@ -57,7 +60,10 @@ def test_eval_cli_writes_results_and_resumes(target_path, draft_paths, tmp_path)
     lines_after = (out / "records.jsonl").read_text().splitlines()
     assert len(lines_after) == len(lines) and lines_after[:-2] == lines[:-2]
     resumed = json.loads(again.stdout)
-    assert resumed["modes"]["target-only"]["accuracy"] == summary["modes"]["target-only"]["accuracy"]
+    assert resumed["runs"]["target-only"]["accuracy"] == summary["runs"]["target-only"]["accuracy"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["runs"]["fly"]["mode"] == "speculative" and config["runs"]["fly"]["arbiter"]["name"] == "fly"
+    assert config["runs"]["settings"]["fly_window"] == GenerationParams().fly_window
 
     # Other settings in the same folder are refused rather than mixed in.
     other = subprocess.run([*cmd[:-1], "--json", "--limit", "4"], capture_output=True, text=True, timeout=900)
@@ -67,3 +73,35 @@ def test_eval_cli_writes_results_and_resumes(target_path, draft_paths, tmp_path)
     shutil.copyfile(draft_paths["mixed"], draft)
     replaced = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert replaced.returncode != 0 and "other settings" in replaced.stderr
+
+
+def reproducible_part(record: dict) -> dict:
+    """Everything but timings; for the lossless run also not its block counts, which follow the
+    speed tuner (its text is the target's whatever the blocks were)."""
+    timing = {"ms", "arbiter_ms"} | ({"drafted", "accepted", "blocks"} if record["run"] == "sps" else set())
+    return {k: v for k, v in record.items() if k not in timing}
+
+
+def test_runs_that_keep_mismatches_are_reproducible(tmp_path):
+    """The same eval twice, and resumed after an interruption, gives identical records for runs
+    whose arbiter keeps mismatches: no block length or decision depends on timing or on what
+    ran before."""
+    problems = load_task("arith", "test", limit=12)
+    runs = parse_runs("fly,sps")
+    params = GenerationParams(max_tokens=160)
+    a, b = tmp_path / "a", tmp_path / "b"
+    with Engine.open_default(n_threads=1) as engine:
+        evaluate(engine, problems, runs, score, a, params)
+        # something else runs in between and trains the timing tuner
+        engine.generate(problems[0].prompt, max_tokens=40, ignore_eos=True)
+        evaluate(engine, problems, runs, score, b, params)
+        # as if the second run had been interrupted after five records: resuming redoes the rest
+        lines = (b / "records.jsonl").read_text().splitlines()
+        (b / "records.jsonl").write_text("\n".join(lines[:5]) + "\n")
+        engine.generate(problems[3].prompt, max_tokens=30, ignore_eos=True)
+        evaluate(engine, problems, runs, score, b, params)
+    first = [reproducible_part(json.loads(line)) for line in (a / "records.jsonl").read_text().splitlines()]
+    second = [reproducible_part(json.loads(line)) for line in (b / "records.jsonl").read_text().splitlines()]
+    key = lambda r: (r["problem_id"], r["run"])  # noqa: E731
+    assert sorted(first, key=key) == sorted(second, key=key)
+    assert sum(r["kept"] for r in first if r["run"] == "fly") > 0, "FLy should keep something on this pair"

@@ -29,9 +29,9 @@ def reference(engine_for):
 @pytest.mark.parametrize("kind", ["disagreeing", "mixed", "self"])
 def test_sps_matches_target_only(engine_for, reference, kind, k):
     engine = engine_for(kind)
-    totals = {"match": 0, "fallback": 0, "bonus": 0}
+    totals = {"match": 0, "fallback": 0, "bonus": 0, "target": 0}  # target: the last token, when no room is left to draft
     for prompt in PROMPTS:
-        r = engine.generate(prompt, mode="sps", max_tokens=N_TOKENS, draft_max=k, ignore_eos=True,
+        r = engine.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=k, ignore_eos=True,
                             adaptive_draft=False)
         assert r.tokens == reference(kind, prompt), f"sps diverged from target-only ({kind} draft, K={k}): {prompt!r}"
         assert r.stop_reason == "max_tokens"
@@ -51,8 +51,8 @@ def test_prompt_cache_does_not_change_output(engine, reference):
     """The second call reuses the cached prompt prefix; results must not change."""
     prompt = PROMPTS[1]
     engine.reset()
-    first = engine.generate(prompt, mode="sps", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True, adaptive_draft=False)
-    again = engine.generate(prompt, mode="sps", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True, adaptive_draft=False)
+    first = engine.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True, adaptive_draft=False)
+    again = engine.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True, adaptive_draft=False)
     assert first.stats.n_prompt_cached == 0 and again.stats.n_prompt_cached > 0
     assert first.tokens == again.tokens == reference("disagreeing", prompt)
 
@@ -64,9 +64,9 @@ def test_adaptive_draft_length_is_lossless_and_backs_off(engine_for, reference, 
     engine = engine_for(kind)
     fixed_drafted = adaptive_drafted = 0
     for prompt in PROMPTS:
-        fixed = engine.generate(prompt, mode="sps", max_tokens=N_TOKENS, draft_max=8, ignore_eos=True,
+        fixed = engine.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=8, ignore_eos=True,
                                 adaptive_draft=False)
-        adaptive = engine.generate(prompt, mode="sps", max_tokens=N_TOKENS, draft_max=8, ignore_eos=True,
+        adaptive = engine.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=8, ignore_eos=True,
                                    adaptive_draft=True)
         assert adaptive.tokens == fixed.tokens == reference(kind, prompt)
         assert adaptive.stats.n_drafted <= 8 * adaptive.stats.n_blocks

@@ -35,7 +35,7 @@ def p_value(a: Counter, b: Counter) -> float:
 @pytest.fixture(scope="module")
 def samples(engine):
     target = first_two(engine, "target-only", range(N_RUNS))
-    sps = first_two(engine, "sps", range(10_000, 10_000 + N_RUNS))
+    sps = first_two(engine, "speculative", range(10_000, 10_000 + N_RUNS))
     return target, sps
 
 
@@ -58,7 +58,7 @@ def test_the_statistical_test_detects_a_different_distribution(engine, samples):
 
 
 def test_sampling_is_reproducible_per_seed(engine):
-    kw = dict(mode="sps", max_tokens=24, temperature=0.9, draft_max=4, adaptive_draft=False)
+    kw = dict(mode="speculative", max_tokens=24, temperature=0.9, draft_max=4, adaptive_draft=False)
     a = engine.generate(PROMPT, seed=7, **kw)
     b = engine.generate(PROMPT, seed=7, **kw)
     c = engine.generate(PROMPT, seed=8, **kw)

@@ -21,10 +21,10 @@ def test_score_rows_predict_the_greedy_continuation(engine):
 def test_generation_after_score_is_unchanged(engine):
     """Scoring replaces a model's cache; the next generation must not reuse stale entries."""
     prompt = engine.tokenize("Once upon a time")
-    before = engine.generate(prompt, mode="sps", max_tokens=24, draft_max=4)
+    before = engine.generate(prompt, mode="speculative", max_tokens=24, draft_max=4)
     engine.score(engine.tokenize("Something unrelated, long enough to fill a few cache cells."), "target")
     engine.score(prompt[:2], "draft")
-    after = engine.generate(prompt, mode="sps", max_tokens=24, draft_max=4)
+    after = engine.generate(prompt, mode="speculative", max_tokens=24, draft_max=4)
     assert after.tokens == before.tokens
 
 

@@ -22,6 +22,14 @@ TASKS: dict[str, TaskFamily] = {t.name: t for t in (Arithmetic(), PyFunc(), List
 TRAIN_FAMILIES = ("arith", "pyfunc")
 TRANSFER_FAMILIES = ("listops",)  # never used for training: measures transfer to an unseen domain
 DEFAULT_N = 200  # problems drawn from a generated family when no limit is given
+# Where a plain (non-chat) completion of each family ends: answers end with a
+# "#### N" line, code with the function (HumanEval's own stop sequences).
+FAMILY_STOPS = {
+    "arith": ["\n\n"], "listops": ["\n\n"], "gsm8k": ["\n\n"],
+    "pyfunc": ["\ndef ", "\nclass ", "\nif __name__", "\nprint("],
+    "humaneval": ["\ndef ", "\nclass ", "\nif __name__", "\nprint("],
+    "mbpp": ["[DONE]"],
+}
 
 
 def get_task(name: str) -> TaskFamily | Benchmark:
@@ -54,6 +62,6 @@ def score(problem: Problem, completion: str) -> bool:
 
 
 __all__ = ["Problem", "TaskFamily", "Benchmark", "TASKS", "BENCHMARKS", "SPLITS", "TRAIN_FAMILIES",
-           "TRANSFER_FAMILIES", "DEFAULT_N", "get_task", "load_task", "score", "final_answer", "parse_number",
+           "TRANSFER_FAMILIES", "DEFAULT_N", "FAMILY_STOPS", "get_task", "load_task", "score", "final_answer", "parse_number",
            "split_of", "stable_int", "last_boxed", "normalize_math", "math_equal", "read_jsonl", "detect",
            "Arithmetic", "PyFunc", "ListOps"]

@@ -148,6 +148,7 @@ cospec_token cospec_token_eos(const cospec_engine * engine);
 // model's distribution for position i of the block; the target's row i is
 // conditioned on draft[0..i-1], so its choices after a kept mismatch stay valid.
 typedef struct cospec_block {
+    int32_t index;                  // block number within this generation (0, 1, ...)
     int32_t n_draft;                // K' draft tokens in this block (K' <= K)
     int32_t n_vocab_target;
     int32_t n_vocab_draft;
@@ -155,40 +156,116 @@ typedef struct cospec_block {
     const cospec_token * target;    // [n_draft + 1] the target's token at each position; the last is the bonus
     const uint8_t * mismatch;       // [n_draft] 1 where the target would not accept draft[i]
     const float * target_logits;    // [(n_draft + 1) * n_vocab_target]
-    const float * draft_logits;     // [n_draft * n_vocab_draft]
+    const float * draft_logits;     // [n_draft * n_vocab_draft]; NULL unless the arbiter asked for them
     const cospec_token * context;   // prompt and verified tokens; the last one is the block's first input
-    int32_t n_context;
+    int32_t n_context;              // draft[i] and target[i] sit at position n_context + i
     float temperature;              // sampling temperature of this generation (0 = greedy)
 } cospec_block;
 
-// Decide every mismatch position of the block at once: write keep[i] = 1 to
-// keep draft[i], 0 to reject it. keep[i] at matched positions is ignored.
-// Return 0 on success; anything else stops generation with COSPEC_ERR_ARBITER.
-typedef int32_t (*cospec_arbiter_fn)(void * user_data, const cospec_block * block, uint8_t * keep);
+// Score every mismatch position of the block at once: write p_keep[i], the
+// probability of keeping draft[i], for i in [0, n_draft). Values at matched
+// positions are ignored. Fixed rules write 0 or 1. Return 0 on success;
+// anything else stops generation with COSPEC_ERR_ARBITER.
+typedef int32_t (*cospec_arbiter_fn)(void * user_data, const cospec_block * block, float * p_keep);
+
+// A decision the walk through a block actually applied (positions after the
+// first rejection are never reached, so they have none).
+typedef struct cospec_decision {
+    int32_t block;       // cospec_block.index
+    int32_t position;    // position in the block
+    int32_t token_index; // index of the emitted token in the result (the kept draft token or the fallback)
+    float   p_keep;      // the arbiter's probability of keeping
+    bool    keep;        // what was done
+} cospec_decision;
+
+// A user arbiter: decide is required, the rest optional (NULL).
+struct cospec_arbiter_callbacks {
+    cospec_arbiter_fn decide;
+    // A generation starts from this prompt: a stateful arbiter can prepare its caches.
+    void (*begin)(void * user_data, const cospec_token * prompt, int32_t n_prompt);
+    // The decisions the walk through this block applied, in block order.
+    void (*taken)(void * user_data, const cospec_block * block, const cospec_decision * decisions, int32_t n_decisions);
+    // Forget every cached state (cospec_engine_reset).
+    void (*reset)(void * user_data);
+    // Fill cospec_block.draft_logits (a copy per drafted token; off when nobody reads them).
+    bool needs_draft_logits;
+};
 
 typedef struct cospec_arbiter cospec_arbiter;
 
 struct cospec_fly_params {
-    int32_t window;            // W: a kept mismatch needs the next W-1 draft tokens to match (default 6)
+    int32_t window;            // W: a kept mismatch needs the next W-1 draft tokens to match (default 3)
     float   entropy_threshold; // minimum target entropy (nats, temperature 1) at the mismatch (default 0.3)
+    int32_t entropy_top_k;     // entropy over the top-k tokens' -p log p (FLy's reference: 3; 0 = full entropy)
 };
 struct cospec_fly_params cospec_fly_default_params(void);
 
 // Never keeps a mismatch: plain, lossless speculative decoding.
 cospec_arbiter * cospec_arbiter_init_target(void);
-// FLy (arXiv 2511.22972): keep a mismatch at i when the next W-1 draft tokens
-// all match the target, the target's entropy at i is at least the threshold,
-// and i is not within the last W positions of the block.
+// FLy (arXiv 2511.22972, rule as in its reference code): keep a mismatch at i
+// when the next W-1 draft tokens all match the target, the target's entropy at
+// i is at least the threshold, and i is not within the last W positions of the
+// block (i <= K - W - 1).
 cospec_arbiter * cospec_arbiter_init_fly(struct cospec_fly_params params);
 // A user function, e.g. a Python arbiter for experiments and training.
 cospec_arbiter * cospec_arbiter_init_callback(const char * name, cospec_arbiter_fn fn, void * user_data);
+cospec_arbiter * cospec_arbiter_init_callbacks(const char * name, const struct cospec_arbiter_callbacks * callbacks,
+                                               void * user_data);
 void             cospec_arbiter_free(cospec_arbiter * arbiter);
 const char *     cospec_arbiter_name(const cospec_arbiter * arbiter);
-// Run an arbiter on a block directly (for tests and tools).
-int32_t          cospec_arbiter_decide(cospec_arbiter * arbiter, const cospec_block * block, uint8_t * keep);
+// Keep a mismatch when P(keep) >= this (unless decisions are sampled). 0.5 for fixed rules.
+float            cospec_arbiter_threshold(const cospec_arbiter * arbiter);
+// False only for the target arbiter: whether the arbiter can ever keep a mismatch.
+bool             cospec_arbiter_can_keep(const cospec_arbiter * arbiter);
+// Score a block directly (for tests and tools): p_keep[n_draft].
+int32_t          cospec_arbiter_score(cospec_arbiter * arbiter, const cospec_block * block, float * p_keep);
 
 // Shannon entropy (nats) of softmax(logits / temperature); temperature <= 0 means 1.
 float cospec_entropy(const float * logits, int32_t n_vocab, float temperature);
+
+// ---------------------------------------------------------------- learned arbiters
+
+// Per-position features of a block, read off its logits with no extra forward
+// pass: the input of the `features` arbiter, and part of the LoRA arbiter's.
+// Needs block->draft_logits. Writes n_draft rows of COSPEC_N_FEATURES floats.
+#define COSPEC_N_FEATURES 16
+int32_t      cospec_block_features(const cospec_block * block, float * out, size_t out_size);
+const char * cospec_feature_name(int32_t index);
+
+// Fingerprint of a GGUF model file: a 64-bit hash (hex) of its tensors'
+// names, types, shapes and data. An arbiter records its draft's.
+// Returns the length written (16), or a negative status.
+int32_t cospec_model_fingerprint(const char * path, char * buf, size_t buf_size);
+
+// Head of a learned arbiter run outside the engine (e.g. ONNX Runtime): map
+// n_rows input rows of n_cols floats (one per mismatch position) to P(keep).
+typedef int32_t (*cospec_head_fn)(void * user_data, const float * inputs, int32_t n_rows, int32_t n_cols, float * p_keep);
+
+struct cospec_learned_arbiter_params {
+    const char * path;        // the arbiter: its folder, or the arbiter.gguf inside it
+    float threshold;          // keep when P(keep) >= threshold; < 0: the arbiter's own (default -1)
+    cospec_head_fn head;      // NULL: run the head natively (default); else call this with the head inputs
+    void * head_user_data;
+    int32_t n_threads;        // threads of the LoRA arbiter's draft pass (0 = as the engine's generation)
+};
+struct cospec_learned_arbiter_params cospec_learned_arbiter_default_params(void);
+
+// Load a learned arbiter (kind `features` or `lora`) for this engine's draft.
+// It reuses the engine's draft model (a LoRA arbiter adds one llama.cpp context
+// with the adapter attached) and must be freed before the engine. Fails with
+// COSPEC_ERR_ARBITER when the files are missing, truncated or corrupt, when
+// the arbiter was made for another draft (fingerprint), and with
+// COSPEC_ERR_ADAPTER when llama.cpp refuses the LoRA adapter (shapes that do
+// not fit the draft).
+int32_t cospec_arbiter_load(cospec_engine * engine, const struct cospec_learned_arbiter_params * params,
+                            cospec_arbiter ** out);
+// A learned arbiter's metadata (string values of its arbiter.gguf: "kind",
+// "draft_fingerprint", ...); NULL if absent or not a learned arbiter.
+const char * cospec_arbiter_meta(const cospec_arbiter * arbiter, const char * key);
+// The head's input rows of a block (what `head` would receive), one per
+// position of the block, for parity checks: n_draft * cols floats; returns
+// cols, or a negative status.
+int32_t cospec_arbiter_head_inputs(cospec_arbiter * arbiter, const cospec_block * block, float * out, size_t out_size);
 
 // ---------------------------------------------------------------- generation
 
@@ -203,8 +280,8 @@ enum cospec_provenance {
     COSPEC_PROV_MATCH    = 0, // draft token the target agreed with
     COSPEC_PROV_KEPT     = 1, // draft token kept by the arbiter at a mismatch
     COSPEC_PROV_FALLBACK = 2, // target token emitted where the arbiter rejected a mismatch
-    COSPEC_PROV_BONUS    = 3, // target token after a block that survived whole (or an empty block)
-    COSPEC_PROV_TARGET   = 4, // target-only decoding
+    COSPEC_PROV_BONUS    = 3, // target token after a block that survived whole
+    COSPEC_PROV_TARGET   = 4, // a plain target step (target-only mode, or a step that drafted nothing)
     COSPEC_PROV_DRAFT    = 5, // draft-only decoding
 };
 
@@ -225,17 +302,27 @@ enum cospec_stop_reason {
 typedef bool (*cospec_token_fn)(cospec_token token, int32_t provenance, const char * text, int32_t text_len,
                                 void * user_data);
 
+// The one set of generation defaults (cospec_generate_default_params); the
+// bindings, the Python API and the CLI read theirs from here.
 struct cospec_generate_params {
-    int32_t mode;              // enum cospec_mode
+    int32_t mode;              // enum cospec_mode (default speculative)
     cospec_arbiter * arbiter;  // NULL = the target arbiter (lossless)
-    int32_t n_predict;         // most tokens to generate (must be > 0)
-    int32_t n_draft;           // K: most draft tokens per block (>= 1)
+    int32_t n_predict;         // most tokens to generate (must be > 0; default 128)
+    int32_t n_draft;           // K: most draft tokens per block (>= 1; default 8)
     float   draft_p_min;       // stop a block early when the draft's top probability falls below this (greedy; 0 = off)
-    bool    adaptive_draft;    // choose each block's length in [0, n_draft] from measured acceptance and costs
+    // Choose each block's length in [0, n_draft] (default on). With the lossless
+    // target arbiter it maximises measured tokens per second (wall-clock costs
+    // kept across calls). With an arbiter that can keep a mismatch, the output
+    // must not depend on timing: the length then comes from this call's
+    // acceptance counts and a cost model of the pair's sizes, never from clocks.
+    bool    adaptive_draft;
     float   temperature;       // 0 = greedy
     int32_t top_k;             // 0 = off
     float   top_p;             // 1 = off
     uint64_t seed;
+    // Draw each arbiter decision from Bernoulli(P(keep)) with a generator seeded
+    // by `seed` (for training rollouts) instead of thresholding it (default off).
+    bool    sample_arbiter;
     bool    ignore_eos;
     const char * const * stop; // stop strings
     int32_t n_stop;
@@ -246,7 +333,7 @@ struct cospec_generate_params {
 struct cospec_generate_params cospec_generate_default_params(void);
 
 // One set of counters, used by every mode.
-// In speculative mode n_accepted + n_kept + n_fallback + n_bonus == n_generated;
+// In speculative mode n_accepted + n_kept + n_fallback + n_bonus + n_plain == n_generated;
 // in the plain modes n_plain == n_generated.
 struct cospec_stats {
     int32_t n_prompt;          // prompt tokens evaluated in this call
@@ -254,13 +341,13 @@ struct cospec_stats {
     double  t_prompt_ms;
     int32_t n_generated;
     double  t_generate_ms;
-    int32_t n_blocks;          // verification passes of the target
+    int32_t n_blocks;          // verification passes of the target over at least one draft token
     int32_t n_drafted;         // draft tokens proposed
     int32_t n_accepted;        // emitted draft tokens that matched the target
     int32_t n_kept;            // emitted draft tokens kept by the arbiter at a mismatch
     int32_t n_fallback;        // target tokens emitted at a rejected mismatch
     int32_t n_bonus;           // target tokens emitted after a block survived whole
-    int32_t n_plain;           // tokens of target-only / draft-only decoding
+    int32_t n_plain;           // plain steps: target-only / draft-only decoding, and speculative steps that drafted nothing
     int32_t n_arbiter_calls;
     double  t_arbiter_ms;
     double  t_draft_ms;        // inside draft-model llama_decode calls
@@ -283,6 +370,8 @@ void cospec_engine_reset(cospec_engine * engine);
 const char *               cospec_result_text(const cospec_result * result, int32_t * len);
 const cospec_token *       cospec_result_tokens(const cospec_result * result, int32_t * n);
 const int32_t *            cospec_result_provenance(const cospec_result * result, int32_t * n);
+// Every arbiter decision the generation applied, in order.
+const cospec_decision *    cospec_result_decisions(const cospec_result * result, int32_t * n);
 int32_t                    cospec_result_stop_reason(const cospec_result * result);
 int32_t                    cospec_result_status(const cospec_result * result);
 const char *               cospec_result_error(const cospec_result * result);

@@ -58,6 +58,7 @@ struct callback_state {
 py::dict block_to_dict(const cospec_block & b) {
     py::dict d;
     const py::ssize_t k = b.n_draft;
+    d["index"] = b.index;
     d["n_draft"] = b.n_draft;
     d["draft"] = py::array_t<int32_t>(k, b.draft);
     d["target"] = py::array_t<int32_t>(k + 1, b.target);
@@ -69,103 +70,261 @@ py::dict block_to_dict(const cospec_block & b) {
         d["draft_logits"] = py::none();
     }
     d["context"] = py::array_t<int32_t>(b.n_context, b.context);
+    d["n_context"] = b.n_context;
     d["temperature"] = b.temperature;
     return d;
 }
 
-int32_t python_arbiter(void * user_data, const cospec_block * block, uint8_t * keep) {
+using i32_array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+using f32_array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+// A block built from Python arrays (tests, tools, training data): the arrays
+// stay alive as long as this object.
+struct python_block {
+    i32_array draft, target, context;
+    f32_array target_logits, draft_logits;
+    std::vector<uint8_t> mismatch;
+    cospec_block b {};
+
+    explicit python_block(const py::dict & d) {
+        draft = d["draft"].cast<i32_array>();
+        target = d["target"].cast<i32_array>();
+        target_logits = d["target_logits"].cast<f32_array>();
+        const int32_t k = (int32_t) draft.size();
+        if (target.size() != k + 1 || target_logits.ndim() != 2 || target_logits.shape(0) != k + 1) {
+            throw py::value_error("block: need target of length n_draft + 1 and target_logits of shape (n_draft + 1, n_vocab)");
+        }
+        b.n_draft = k;
+        b.n_vocab_target = (int32_t) target_logits.shape(1);
+        b.draft = draft.data();
+        b.target = target.data();
+        b.target_logits = target_logits.data();
+        if (d.contains("draft_logits") && !d["draft_logits"].is_none()) {
+            draft_logits = d["draft_logits"].cast<f32_array>();
+            if (draft_logits.ndim() != 2 || draft_logits.shape(0) != k) {
+                throw py::value_error("block: draft_logits must have shape (n_draft, n_vocab_draft)");
+            }
+            b.draft_logits = draft_logits.data();
+            b.n_vocab_draft = (int32_t) draft_logits.shape(1);
+        } else {
+            b.n_vocab_draft = b.n_vocab_target;
+        }
+        mismatch.resize(k);
+        if (d.contains("mismatch") && !d["mismatch"].is_none()) {
+            auto m = d["mismatch"].cast<py::array_t<uint8_t, py::array::c_style | py::array::forcecast>>();
+            if (m.size() != k) {
+                throw py::value_error("block: mismatch must have n_draft entries");
+            }
+            for (int32_t i = 0; i < k; ++i) mismatch[i] = m.data()[i] != 0;
+        } else {
+            for (int32_t i = 0; i < k; ++i) mismatch[i] = draft.data()[i] != target.data()[i];
+        }
+        b.mismatch = mismatch.data();
+        if (d.contains("context") && !d["context"].is_none()) {
+            context = d["context"].cast<i32_array>();
+            b.context = context.data();
+            b.n_context = (int32_t) context.size();
+        } else {
+            b.context = target.data();
+            b.n_context = 0;
+        }
+        b.index = d.contains("index") ? d["index"].cast<int32_t>() : 0;
+        b.temperature = d.contains("temperature") ? d["temperature"].cast<float>() : 0.0f;
+    }
+};
+
+// What a Python arbiter can provide: decide(block) -> P(keep) per position
+// (booleans are fine), and optionally begin(prompt) and taken(block, decisions).
+struct arbiter_state {
+    callback_state decide;
+    py::object begin;
+    py::object taken;
+};
+
+void keep_first_error(arbiter_state * s) {
+    if (!s->decide.error) {
+        s->decide.error = py::error_already_set();
+    } else {
+        PyErr_Clear();
+    }
+}
+
+int32_t python_arbiter(void * user_data, const cospec_block * block, float * p_keep) {
+    auto * state = static_cast<arbiter_state *>(user_data);
+    py::gil_scoped_acquire gil;
+    try {
+        py::object out = state->decide.fn(block_to_dict(*block));
+        auto scores = py::module_::import("numpy").attr("asarray")(out, "float32")
+                          .cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
+        if (scores.ndim() != 1 || scores.size() != block->n_draft) {
+            throw py::value_error("arbiter returned " + std::to_string(scores.size()) + " scores for a block of " +
+                                  std::to_string(block->n_draft));
+        }
+        for (int32_t i = 0; i < block->n_draft; ++i) {
+            p_keep[i] = scores.data()[i];
+        }
+        return 0;
+    } catch (py::error_already_set & e) {
+        state->decide.error = std::move(e);
+    } catch (py::builtin_exception & e) {
+        e.set_error();
+        keep_first_error(state);
+    } catch (const std::exception & e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        keep_first_error(state);
+    }
+    return 1;
+}
+
+void python_arbiter_begin(void * user_data, const cospec_token * prompt, int32_t n) {
+    auto * state = static_cast<arbiter_state *>(user_data);
+    py::gil_scoped_acquire gil;
+    try {
+        state->begin(py::array_t<int32_t>(n, prompt));
+    } catch (py::error_already_set & e) {
+        if (!state->decide.error) state->decide.error = std::move(e);
+    }
+}
+
+py::list decisions_to_list(const cospec_decision * d, int32_t n) {
+    py::list out;
+    for (int32_t i = 0; i < n; ++i) {
+        out.append(py::make_tuple(d[i].block, d[i].position, d[i].token_index, d[i].p_keep, d[i].keep));
+    }
+    return out;
+}
+
+void python_arbiter_taken(void * user_data, const cospec_block * block, const cospec_decision * d, int32_t n) {
+    auto * state = static_cast<arbiter_state *>(user_data);
+    py::gil_scoped_acquire gil;
+    try {
+        state->taken(block_to_dict(*block), decisions_to_list(d, n));
+    } catch (py::error_already_set & e) {
+        if (!state->decide.error) state->decide.error = std::move(e);
+    }
+}
+
+// A learned arbiter's head run in Python (e.g. by ONNX Runtime).
+int32_t python_head(void * user_data, const float * inputs, int32_t n_rows, int32_t n_cols, float * p_keep) {
     auto * state = static_cast<callback_state *>(user_data);
     py::gil_scoped_acquire gil;
     try {
-        py::object out = state->fn(block_to_dict(*block));
-        auto decisions = py::module_::import("numpy").attr("asarray")(out).attr("astype")("uint8")
-                             .cast<py::array_t<uint8_t, py::array::c_style | py::array::forcecast>>();
-        if (decisions.ndim() != 1 || decisions.size() != block->n_draft) {
-            throw py::value_error("arbiter returned " + std::to_string(decisions.size()) + " decisions for a block of " +
-                                  std::to_string(block->n_draft));
+        py::array_t<float> x({(py::ssize_t) n_rows, (py::ssize_t) n_cols}, inputs);
+        auto p = py::module_::import("numpy").attr("asarray")(state->fn(x), "float32")
+                     .cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
+        if (p.size() != n_rows) {
+            throw py::value_error("arbiter head returned " + std::to_string(p.size()) + " values for " +
+                                  std::to_string(n_rows) + " rows");
         }
-        auto view = decisions.unchecked<1>();
-        for (int32_t i = 0; i < block->n_draft; ++i) {
-            keep[i] = view(i) != 0;
-        }
+        std::copy(p.data(), p.data() + n_rows, p_keep);
         return 0;
     } catch (py::error_already_set & e) {
         state->error = std::move(e);
     } catch (py::builtin_exception & e) {
         e.set_error();
         state->error = py::error_already_set();
-    } catch (const std::exception & e) {
-        PyErr_SetString(PyExc_RuntimeError, e.what());
-        state->error = py::error_already_set();
     }
     return 1;
 }
 
+class Engine;
+
 class Arbiter {
   public:
-    static std::shared_ptr<Arbiter> target() { return wrap(cospec_arbiter_init_target(), nullptr); }
-    static std::shared_ptr<Arbiter> fly(int32_t window, float entropy_threshold) {
+    static std::shared_ptr<Arbiter> target() { return wrap(cospec_arbiter_init_target()); }
+    static std::shared_ptr<Arbiter> fly(int32_t window, float entropy_threshold, int32_t entropy_top_k) {
         cospec_fly_params p = cospec_fly_default_params();
         p.window = window;
         p.entropy_threshold = entropy_threshold;
-        return wrap(cospec_arbiter_init_fly(p), nullptr);
+        p.entropy_top_k = entropy_top_k;
+        return wrap(cospec_arbiter_init_fly(p));
     }
-    static std::shared_ptr<Arbiter> callback(const std::string & name, py::object fn) {
-        auto state = std::make_unique<callback_state>();
-        state->fn = std::move(fn);
-        cospec_arbiter * a = cospec_arbiter_init_callback(name.c_str(), python_arbiter, state.get());
-        return wrap(a, std::move(state));
+    static std::shared_ptr<Arbiter> callback(const std::string & name, py::object fn, py::object begin, py::object taken,
+                                             bool needs_draft_logits) {
+        auto state = std::make_unique<arbiter_state>();
+        state->decide.fn = std::move(fn);
+        state->begin = std::move(begin);
+        state->taken = std::move(taken);
+        cospec_arbiter_callbacks cb {};
+        cb.decide = python_arbiter;
+        cb.begin = state->begin.is_none() ? nullptr : python_arbiter_begin;
+        cb.taken = state->taken.is_none() ? nullptr : python_arbiter_taken;
+        cb.needs_draft_logits = needs_draft_logits;
+        auto out = wrap(cospec_arbiter_init_callbacks(name.c_str(), &cb, state.get()));
+        out->state = std::move(state);
+        return out;
     }
+    static std::shared_ptr<Arbiter> load(Engine & engine, py::object engine_ref, const std::string & path, float threshold,
+                                         py::object head, int32_t n_threads);
 
-    ~Arbiter() {
-        cospec_arbiter_free(handle);
-        if (state) {
+    ~Arbiter() { close(); }
+
+    void close() {
+        if (handle != nullptr) {
+            cospec_arbiter_free(handle);
+            handle = nullptr;
+        }
+        if (state || head_state) {
             py::gil_scoped_acquire gil;
             state.reset();
+            head_state.reset();
+            engine_ref = py::none();
         }
     }
 
-    std::string name() const { return cospec_arbiter_name(handle); }
+    cospec_arbiter * get() const {
+        if (handle == nullptr) {
+            throw native_error {COSPEC_ERR_INVALID_ARGUMENT, "the arbiter is closed (its engine was closed)"};
+        }
+        return handle;
+    }
 
-    // Decide a hand-built block (tests, tools).
-    std::vector<bool> decide(py::array_t<int32_t, py::array::c_style | py::array::forcecast> draft,
-                             py::array_t<int32_t, py::array::c_style | py::array::forcecast> target,
-                             py::array_t<float, py::array::c_style | py::array::forcecast> target_logits,
-                             float temperature) {
-        const int32_t k = (int32_t) draft.size();
-        if (target.size() != k + 1 || target_logits.ndim() != 2 || target_logits.shape(0) != k + 1) {
-            throw py::value_error("decide: need target of length n_draft + 1 and target_logits of shape (n_draft + 1, n_vocab)");
+    std::string name() const { return cospec_arbiter_name(get()); }
+
+    // P(keep) at every position of a hand-built block (tests, tools, training data).
+    py::array_t<float> score(const py::dict & block) {
+        python_block pb(block);
+        py::array_t<float> out(pb.b.n_draft);
+        int32_t status;
+        {
+            py::gil_scoped_release release;
+            status = cospec_arbiter_score(get(), &pb.b, out.mutable_data());
         }
-        std::vector<uint8_t> mismatch(k), keep(k, 0);
-        for (int32_t i = 0; i < k; ++i) {
-            mismatch[i] = draft.at(i) != target.at(i);
-        }
-        cospec_block b {};
-        b.n_draft = k;
-        b.n_vocab_target = (int32_t) target_logits.shape(1);
-        b.n_vocab_draft = b.n_vocab_target;
-        b.draft = draft.data();
-        b.target = target.data();
-        b.mismatch = mismatch.data();
-        b.target_logits = target_logits.data();
-        b.draft_logits = nullptr;
-        b.context = target.data();
-        b.n_context = 0;
-        b.temperature = temperature;
-        const int32_t status = cospec_arbiter_decide(handle, &b, keep.data());
         rethrow_callback_error();
         if (status != COSPEC_OK) {
             raise_status(status);
         }
-        return std::vector<bool>(keep.begin(), keep.end());
+        return out;
     }
 
-    std::optional<py::error_already_set> * pending_error() { return state ? &state->error : nullptr; }
+    // A learned arbiter's head inputs for every position of a block.
+    py::array_t<float> head_inputs(const py::dict & block) {
+        python_block pb(block);
+        std::vector<float> buf((size_t) std::max(pb.b.n_draft, 1) * (size_t) (1 << 16));
+        int32_t cols;
+        {
+            py::gil_scoped_release release;
+            cols = cospec_arbiter_head_inputs(get(), &pb.b, buf.data(), buf.size());
+        }
+        rethrow_callback_error();
+        if (cols < 0) {
+            raise_status(cols);
+        }
+        py::array_t<float> out({(py::ssize_t) pb.b.n_draft, (py::ssize_t) cols});
+        std::copy(buf.begin(), buf.begin() + (size_t) pb.b.n_draft * cols, out.mutable_data());
+        return out;
+    }
+
+    std::optional<py::error_already_set> * pending_error() {
+        if (state && state->decide.error) return &state->decide.error;
+        if (head_state && head_state->error) return &head_state->error;
+        return nullptr;
+    }
 
     void rethrow_callback_error() {
-        if (state && state->error) {
-            py::error_already_set e = std::move(*state->error);
-            state->error.reset();
+        if (auto * err = pending_error()) {
+            py::error_already_set e = std::move(**err);
+            err->reset();
             throw e;
         }
     }
@@ -173,16 +332,17 @@ class Arbiter {
     cospec_arbiter * handle = nullptr;
 
   private:
-    static std::shared_ptr<Arbiter> wrap(cospec_arbiter * a, std::unique_ptr<callback_state> s) {
+    static std::shared_ptr<Arbiter> wrap(cospec_arbiter * a) {
         if (a == nullptr) {
             raise_status(COSPEC_ERR_INVALID_ARGUMENT);
         }
         auto out = std::make_shared<Arbiter>();
         out->handle = a;
-        out->state = std::move(s);
         return out;
     }
-    std::unique_ptr<callback_state> state;
+    std::unique_ptr<arbiter_state> state;
+    std::unique_ptr<callback_state> head_state;
+    py::object engine_ref = py::none(); // a learned arbiter keeps its engine's Python object alive
 };
 
 bool python_progress(int32_t which, float progress, void * user_data) {
@@ -244,12 +404,21 @@ class Engine {
 
     ~Engine() { close(); }
 
+    // Learned arbiters share the draft model: they go first.
     void close() {
+        for (auto & weak : arbiters) {
+            if (auto a = weak.lock()) {
+                a->close();
+            }
+        }
+        arbiters.clear();
         if (handle != nullptr) {
             cospec_engine_free(handle);
             handle = nullptr;
         }
     }
+
+    std::vector<std::weak_ptr<Arbiter>> arbiters;
 
     cospec_engine * get() const {
         if (handle == nullptr) {
@@ -319,21 +488,10 @@ class Engine {
         return py::bytes(buf, (size_t) n);
     }
 
-    py::dict generate(const std::vector<int32_t> & prompt, int32_t mode, std::shared_ptr<Arbiter> arbiter, int32_t n_predict,
-                      int32_t n_draft, float draft_p_min, bool adaptive_draft, float temperature, int32_t top_k, float top_p, uint64_t seed,
-                      bool ignore_eos, const std::vector<std::string> & stop, py::object on_token) {
-        cospec_generate_params p = cospec_generate_default_params();
-        p.mode = mode;
-        p.arbiter = arbiter ? arbiter->handle : nullptr;
-        p.n_predict = n_predict;
-        p.n_draft = n_draft;
-        p.draft_p_min = draft_p_min;
-        p.adaptive_draft = adaptive_draft;
-        p.temperature = temperature;
-        p.top_k = top_k;
-        p.top_p = top_p;
-        p.seed = seed;
-        p.ignore_eos = ignore_eos;
+    py::dict generate(const std::vector<int32_t> & prompt, const cospec_generate_params & base, std::shared_ptr<Arbiter> arbiter,
+                      const std::vector<std::string> & stop, py::object on_token) {
+        cospec_generate_params p = base;
+        p.arbiter = arbiter ? arbiter->get() : nullptr;
         std::vector<const char *> stop_ptrs;
         for (const auto & s : stop) {
             stop_ptrs.push_back(s.c_str());
@@ -341,10 +499,8 @@ class Engine {
         p.stop = stop_ptrs.data();
         p.n_stop = (int32_t) stop_ptrs.size();
         callback_state ss {on_token, std::nullopt};
-        if (!on_token.is_none()) {
-            p.token_callback = python_token;
-            p.token_user_data = &ss;
-        }
+        p.token_callback = on_token.is_none() ? nullptr : python_token;
+        p.token_user_data = &ss;
         cospec_engine * e = get();
         cospec_result * res = nullptr;
         int32_t status;
@@ -369,13 +525,15 @@ class Engine {
             throw native_error {status, message};
         }
         py::dict out;
-        int32_t len = 0, n = 0, n_prov = 0;
+        int32_t len = 0, n = 0, n_prov = 0, n_dec = 0;
         const char * text = cospec_result_text(res, &len);
         const cospec_token * toks = cospec_result_tokens(res, &n);
         const int32_t * prov = cospec_result_provenance(res, &n_prov);
+        const cospec_decision * dec = cospec_result_decisions(res, &n_dec);
         out["text"] = py::bytes(text, (size_t) len);
         out["tokens"] = std::vector<int32_t>(toks, toks + n);
         out["provenance"] = std::vector<int32_t>(prov, prov + n_prov);
+        out["decisions"] = decisions_to_list(dec, n_dec);
         out["stop_reason"] = cospec_result_stop_reason(res);
         out["status"] = status;
         out["status_name"] = cospec_status_name(status);
@@ -387,6 +545,37 @@ class Engine {
 
     cospec_engine * handle = nullptr;
 };
+
+std::shared_ptr<Arbiter> Arbiter::load(Engine & engine, py::object engine_ref, const std::string & path, float threshold,
+                                       py::object head, int32_t n_threads) {
+    cospec_learned_arbiter_params p = cospec_learned_arbiter_default_params();
+    p.path = path.c_str();
+    p.threshold = threshold;
+    p.n_threads = n_threads;
+    auto head_state = std::make_unique<callback_state>();
+    if (!head.is_none()) {
+        head_state->fn = head;
+        p.head = python_head;
+        p.head_user_data = head_state.get();
+    }
+    cospec_engine * e = engine.get();
+    cospec_arbiter * a = nullptr;
+    int32_t status;
+    std::string message;
+    {
+        py::gil_scoped_release release;
+        status = cospec_arbiter_load(e, &p, &a);
+        message = cospec_last_error();
+    }
+    if (status != COSPEC_OK) {
+        throw native_error {status, message};
+    }
+    auto out = wrap(a);
+    out->head_state = std::move(head_state);
+    out->engine_ref = std::move(engine_ref);
+    engine.arbiters.push_back(out);
+    return out;
+}
 
 std::optional<std::string> opt_str(const char * s) {
     return s ? std::optional<std::string>(s) : std::nullopt;
@@ -433,18 +622,77 @@ PYBIND11_MODULE(_cospec, m) {
     m.attr("STOP_CONTEXT_FULL") = (int) COSPEC_STOP_CONTEXT_FULL;
     m.attr("STOP_ABORTED") = (int) COSPEC_STOP_ABORTED;
     m.attr("STOP_ERROR") = (int) COSPEC_STOP_ERROR;
+    m.attr("N_FEATURES") = (int) COSPEC_N_FEATURES;
+    py::list feature_names;
+    for (int32_t i = 0; i < COSPEC_N_FEATURES; ++i) {
+        feature_names.append(cospec_feature_name(i));
+    }
+    m.attr("FEATURE_NAMES") = feature_names;
+
+    // The one place the native defaults are read from (cospec_*_default_params).
+    const cospec_fly_params fly = cospec_fly_default_params();
     py::dict fly_defaults;
-    fly_defaults["window"] = cospec_fly_default_params().window;
-    fly_defaults["entropy_threshold"] = cospec_fly_default_params().entropy_threshold;
+    fly_defaults["window"] = fly.window;
+    fly_defaults["entropy_threshold"] = fly.entropy_threshold;
+    fly_defaults["entropy_top_k"] = fly.entropy_top_k;
     m.attr("FLY_DEFAULTS") = fly_defaults;
+
+    py::class_<cospec_generate_params>(m, "GenerateParams",
+                                       "cospec_generate_params: constructed with cospec_generate_default_params()")
+        .def(py::init([] { return cospec_generate_default_params(); }))
+        .def_readwrite("mode", &cospec_generate_params::mode)
+        .def_readwrite("n_predict", &cospec_generate_params::n_predict)
+        .def_readwrite("n_draft", &cospec_generate_params::n_draft)
+        .def_readwrite("draft_p_min", &cospec_generate_params::draft_p_min)
+        .def_readwrite("adaptive_draft", &cospec_generate_params::adaptive_draft)
+        .def_readwrite("temperature", &cospec_generate_params::temperature)
+        .def_readwrite("top_k", &cospec_generate_params::top_k)
+        .def_readwrite("top_p", &cospec_generate_params::top_p)
+        .def_readwrite("seed", &cospec_generate_params::seed)
+        .def_readwrite("sample_arbiter", &cospec_generate_params::sample_arbiter)
+        .def_readwrite("ignore_eos", &cospec_generate_params::ignore_eos);
+
+    m.def("block_features", [](const py::dict & block) {
+        python_block pb(block);
+        py::array_t<float> out({(py::ssize_t) pb.b.n_draft, (py::ssize_t) COSPEC_N_FEATURES});
+        const int32_t status = cospec_block_features(&pb.b, out.mutable_data(), (size_t) pb.b.n_draft * COSPEC_N_FEATURES);
+        if (status != COSPEC_OK) {
+            raise_status(status);
+        }
+        return out;
+    }, py::arg("block"), "Per-position features of a block dict (draft, target, target_logits, draft_logits).");
+    m.def("model_fingerprint", [](const std::string & path) {
+        char buf[32];
+        int32_t n;
+        {
+            py::gil_scoped_release release;
+            n = cospec_model_fingerprint(path.c_str(), buf, sizeof(buf));
+        }
+        if (n < 0) {
+            raise_status(n);
+        }
+        return std::string(buf, (size_t) n);
+    }, py::arg("path"), "64-bit fingerprint (hex) of a GGUF model's tensors.");
 
     py::class_<Arbiter, std::shared_ptr<Arbiter>>(m, "Arbiter")
         .def_static("target", &Arbiter::target)
-        .def_static("fly", &Arbiter::fly, py::arg("window") = 6, py::arg("entropy_threshold") = 0.3f)
-        .def_static("callback", &Arbiter::callback, py::arg("name"), py::arg("fn"))
+        .def_static("fly", &Arbiter::fly, py::arg("window") = fly.window, py::arg("entropy_threshold") = fly.entropy_threshold,
+                    py::arg("entropy_top_k") = fly.entropy_top_k)
+        .def_static("callback", &Arbiter::callback, py::arg("name"), py::arg("fn"), py::arg("begin") = py::none(),
+                    py::arg("taken") = py::none(), py::arg("needs_draft_logits") = true)
+        .def_static("load", [](py::object engine, const std::string & path, float threshold, py::object head, int32_t n_threads) {
+            return Arbiter::load(engine.cast<Engine &>(), engine, path, threshold, head, n_threads);
+        }, py::arg("engine"), py::arg("path"), py::arg("threshold") = -1.0f, py::arg("head") = py::none(),
+           py::arg("n_threads") = 0)
         .def_property_readonly("name", &Arbiter::name)
-        .def("decide", &Arbiter::decide, py::arg("draft"), py::arg("target"), py::arg("target_logits"),
-             py::arg("temperature") = 0.0f);
+        .def_property_readonly("threshold", [](const Arbiter & a) { return cospec_arbiter_threshold(a.get()); })
+        .def_property_readonly("can_keep", [](const Arbiter & a) { return cospec_arbiter_can_keep(a.get()); })
+        .def_property_readonly("closed", [](const Arbiter & a) { return a.handle == nullptr; })
+        .def("meta", [](const Arbiter & a, const std::string & key) { return opt_str(cospec_arbiter_meta(a.get(), key.c_str())); },
+             py::arg("key"))
+        .def("score", &Arbiter::score, py::arg("block"))
+        .def("head_inputs", &Arbiter::head_inputs, py::arg("block"))
+        .def("close", &Arbiter::close);
 
     py::class_<Engine>(m, "Engine")
         .def(py::init<const std::string &, std::optional<std::string>, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, py::object>(),
@@ -483,8 +731,6 @@ PYBIND11_MODULE(_cospec, m) {
         .def("detokenize", &Engine::detokenize, py::arg("tokens"), py::arg("render_special") = false)
         .def("token_text", [](const Engine & e, int32_t t) { return std::string(cospec_token_text(e.get(), t)); })
         .def("is_eog", [](const Engine & e, int32_t t) { return cospec_token_is_eog(e.get(), t); })
-        .def("generate", &Engine::generate, py::arg("prompt"), py::arg("mode"), py::arg("arbiter") = nullptr,
-             py::arg("n_predict") = 128, py::arg("n_draft") = 4, py::arg("draft_p_min") = 0.0f, py::arg("adaptive_draft") = false, py::arg("temperature") = 0.0f,
-             py::arg("top_k") = 0, py::arg("top_p") = 1.0f, py::arg("seed") = 0, py::arg("ignore_eos") = false,
+        .def("generate", &Engine::generate, py::arg("prompt"), py::arg("params"), py::arg("arbiter") = nullptr,
              py::arg("stop") = std::vector<std::string>(), py::arg("on_token") = py::none());
 }

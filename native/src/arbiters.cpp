@@ -1,8 +1,8 @@
-// Built-in arbiters and the callback arbiter.
+// Built-in arbiters (target, FLy) and user callback arbiters.
 #include "internal.h"
 #include "sampling.h"
 
-#include <cstring>
+#include <algorithm>
 #include <new>
 #include <string>
 
@@ -11,27 +11,29 @@ namespace {
 // Plain speculative decoding: a mismatch always falls back to the target.
 struct target_arbiter final : cospec_arbiter {
     const char * name() const override { return "target"; }
-    bool always_rejects() const override { return true; }
-    int32_t decide(const cospec_block & block, uint8_t * keep) override {
-        std::memset(keep, 0, (size_t) block.n_draft);
+    bool can_keep() const override { return false; }
+    int32_t score(const cospec_block & block, float * p_keep) override {
+        std::fill(p_keep, p_keep + block.n_draft, 0.0f);
         return 0;
     }
 };
 
-// FLy's training-free loose verification. A mismatch is a different wording
-// rather than an error when the target keeps agreeing with the draft right
-// after it (the deferred window) and the target itself was unsure there (the
-// entropy gate). Positions whose window would run past the block are never kept.
+// FLy's training-free loose verification, as its reference implementation
+// does it. A mismatch is a different wording rather than an error when the
+// target keeps agreeing with the draft right after it (the deferred window:
+// the next W-1 draft tokens match exactly) and the target itself was unsure
+// there (the entropy gate). The last W positions of a block are never
+// loosened, so a kept mismatch has i <= K - W - 1.
 struct fly_arbiter final : cospec_arbiter {
     cospec_fly_params params;
     explicit fly_arbiter(cospec_fly_params p) : params(p) {}
     const char * name() const override { return "fly"; }
-    int32_t decide(const cospec_block & block, uint8_t * keep) override {
+    int32_t score(const cospec_block & block, float * p_keep) override {
         const int32_t n = block.n_draft;
         const int32_t w = params.window;
         for (int32_t i = 0; i < n; ++i) {
-            keep[i] = 0;
-            if (!block.mismatch[i] || i >= n - w) {
+            p_keep[i] = 0.0f;
+            if (!block.mismatch[i] || i + w >= n) {
                 continue;
             }
             bool window_matches = true;
@@ -42,7 +44,8 @@ struct fly_arbiter final : cospec_arbiter {
                 continue;
             }
             const float * row = block.target_logits + (size_t) i * block.n_vocab_target;
-            keep[i] = cospec::entropy(row, block.n_vocab_target, 1.0f) >= params.entropy_threshold;
+            const float h = cospec::top_k_entropy(row, block.n_vocab_target, params.entropy_top_k);
+            p_keep[i] = h >= params.entropy_threshold ? 1.0f : 0.0f;
         }
         return 0;
     }
@@ -50,12 +53,23 @@ struct fly_arbiter final : cospec_arbiter {
 
 struct callback_arbiter final : cospec_arbiter {
     std::string label;
-    cospec_arbiter_fn fn;
+    cospec_arbiter_callbacks cb;
     void * user_data;
-    callback_arbiter(const char * l, cospec_arbiter_fn f, void * u) : label(l ? l : "callback"), fn(f), user_data(u) {}
+    callback_arbiter(const char * l, const cospec_arbiter_callbacks & c, void * u)
+        : label(l ? l : "callback"), cb(c), user_data(u) {}
     const char * name() const override { return label.c_str(); }
-    int32_t decide(const cospec_block & block, uint8_t * keep) override {
-        return fn(user_data, &block, keep);
+    bool needs_draft_logits() const override { return cb.needs_draft_logits; }
+    void begin(const cospec_token * prompt, int32_t n) override {
+        if (cb.begin) cb.begin(user_data, prompt, n);
+    }
+    void taken(const cospec_block & block, const cospec_decision * d, int32_t n) override {
+        if (cb.taken) cb.taken(user_data, &block, d, n);
+    }
+    void reset() override {
+        if (cb.reset) cb.reset(user_data);
+    }
+    int32_t score(const cospec_block & block, float * p_keep) override {
+        return cb.decide(user_data, &block, p_keep);
     }
 };
 
@@ -65,8 +79,11 @@ extern "C" {
 
 cospec_fly_params cospec_fly_default_params(void) {
     cospec_fly_params p;
-    p.window = 6;
+    // FLy's reference uses K = 15, W = 6: the first 9 of 15 positions can be
+    // loosened. With this engine's default K = 8, W = 3 keeps that share (5 of 8).
+    p.window = 3;
     p.entropy_threshold = 0.3f;
+    p.entropy_top_k = 3;
     return p;
 }
 
@@ -81,20 +98,31 @@ cospec_arbiter * cospec_arbiter_init_fly(cospec_fly_params params) {
         cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "fly: window must be at least 1, got " + std::to_string(params.window));
         return nullptr;
     }
-    if (!(params.entropy_threshold >= 0.0f)) {
-        cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "fly: entropy_threshold must be a non-negative number");
+    if (!(params.entropy_threshold >= 0.0f) || !(params.entropy_threshold < 1e30f)) {
+        cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "fly: entropy_threshold must be a finite non-negative number");
+        return nullptr;
+    }
+    if (params.entropy_top_k < 0) {
+        cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "fly: entropy_top_k must be >= 0 (0: full entropy)");
         return nullptr;
     }
     return new (std::nothrow) fly_arbiter(params);
 }
 
-cospec_arbiter * cospec_arbiter_init_callback(const char * name, cospec_arbiter_fn fn, void * user_data) {
+cospec_arbiter * cospec_arbiter_init_callbacks(const char * name, const cospec_arbiter_callbacks * callbacks, void * user_data) {
     cospec::clear_error();
-    if (fn == nullptr) {
-        cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "callback arbiter: fn is NULL");
+    if (callbacks == nullptr || callbacks->decide == nullptr) {
+        cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "callback arbiter: a decide function is required");
         return nullptr;
     }
-    return new (std::nothrow) callback_arbiter(name, fn, user_data);
+    return new (std::nothrow) callback_arbiter(name, *callbacks, user_data);
+}
+
+cospec_arbiter * cospec_arbiter_init_callback(const char * name, cospec_arbiter_fn fn, void * user_data) {
+    cospec_arbiter_callbacks cb {};
+    cb.decide = fn;
+    cb.needs_draft_logits = true;
+    return cospec_arbiter_init_callbacks(name, &cb, user_data);
 }
 
 void cospec_arbiter_free(cospec_arbiter * arbiter) {
@@ -105,30 +133,63 @@ const char * cospec_arbiter_name(const cospec_arbiter * arbiter) {
     return arbiter ? arbiter->name() : "";
 }
 
+float cospec_arbiter_threshold(const cospec_arbiter * arbiter) {
+    return arbiter ? arbiter->threshold() : 0.5f;
+}
+
+bool cospec_arbiter_can_keep(const cospec_arbiter * arbiter) {
+    return arbiter != nullptr && arbiter->can_keep();
+}
+
+const char * cospec_arbiter_meta(const cospec_arbiter * arbiter, const char * key) {
+    return arbiter != nullptr && key != nullptr ? arbiter->meta(key) : nullptr;
+}
+
 static int32_t check_block(const cospec_block * b) {
     if (b == nullptr || b->n_draft < 0 || b->n_vocab_target <= 0 || b->target == nullptr || b->target_logits == nullptr ||
-        (b->n_draft > 0 && (b->draft == nullptr || b->mismatch == nullptr))) {
+        (b->n_draft > 0 && (b->draft == nullptr || b->mismatch == nullptr)) || b->n_context < 0 ||
+        (b->n_context > 0 && b->context == nullptr)) {
         return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "arbiter: incomplete block");
     }
     return COSPEC_OK;
 }
 
-int32_t cospec_arbiter_decide(cospec_arbiter * arbiter, const cospec_block * block, uint8_t * keep) {
+int32_t cospec_arbiter_score(cospec_arbiter * arbiter, const cospec_block * block, float * p_keep) {
     cospec::clear_error();
-    if (arbiter == nullptr || keep == nullptr) {
-        return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "arbiter: NULL arbiter or keep array");
+    if (arbiter == nullptr || p_keep == nullptr) {
+        return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "arbiter: NULL arbiter or p_keep array");
     }
     if (const int32_t st = check_block(block); st != COSPEC_OK) {
         return st;
     }
+    if (arbiter->needs_draft_logits() && block->n_draft > 0 && block->draft_logits == nullptr) {
+        return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, std::string("arbiter '") + arbiter->name() + "' needs the draft's logits");
+    }
     try {
-        if (arbiter->decide(*block, keep) != 0) {
-            return cospec::fail(COSPEC_ERR_ARBITER, std::string("arbiter '") + arbiter->name() + "' reported an error");
+        if (const int32_t rc = arbiter->score(*block, p_keep); rc != 0) {
+            const std::string why = cospec_last_error();
+            return cospec::fail(COSPEC_ERR_ARBITER, std::string("arbiter '") + arbiter->name() + "' reported an error" +
+                                                        (why.empty() ? "" : ": " + why));
         }
     } catch (const std::exception & e) {
         return cospec::fail(COSPEC_ERR_ARBITER, std::string("arbiter '") + arbiter->name() + "' failed: " + e.what());
     }
     return COSPEC_OK;
+}
+
+int32_t cospec_arbiter_head_inputs(cospec_arbiter * arbiter, const cospec_block * block, float * out, size_t out_size) {
+    cospec::clear_error();
+    if (arbiter == nullptr || out == nullptr) {
+        return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "arbiter: NULL arbiter or output");
+    }
+    if (const int32_t st = check_block(block); st != COSPEC_OK) {
+        return st;
+    }
+    try {
+        return arbiter->head_inputs(*block, out, out_size);
+    } catch (const std::exception & e) {
+        return cospec::fail(COSPEC_ERR_ARBITER, std::string("arbiter '") + arbiter->name() + "' failed: " + e.what());
+    }
 }
 
 float cospec_entropy(const float * logits, int32_t n_vocab, float temperature) {

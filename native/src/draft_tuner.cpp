@@ -25,11 +25,21 @@ void draft_tuner::observe_block(int32_t kd, int32_t accepted, bool rejected) {
 }
 
 void draft_tuner::observe_draft_step(double ms) {
-    t_draft = ema(t_draft, ms);
+    if (!fixed_costs) {
+        t_draft = ema(t_draft, ms);
+    }
+}
+
+void draft_tuner::use_fixed_costs(double draft_cost, double verify_marginal) {
+    fixed_costs = true;
+    t_draft = std::max(draft_cost, 1e-3);
+    for (int32_t n = 1; n <= MAX_BATCH; ++n) {
+        t_verify[n] = 1.0 + (n - 1) * verify_marginal;
+    }
 }
 
 void draft_tuner::observe_verify(int32_t n_tokens, double ms) {
-    if (n_tokens >= 1 && n_tokens <= MAX_BATCH) {
+    if (!fixed_costs && n_tokens >= 1 && n_tokens <= MAX_BATCH) {
         t_verify[n_tokens] = ema(t_verify[n_tokens], ms);
     }
 }
@@ -80,7 +90,8 @@ int32_t draft_tuner::choose(int32_t k_max) {
     }
     // Keep the estimates alive: the acceptance rate is only seen while
     // drafting, the cost of a plain step only while not drafting.
-    if (n_blocks % EXPLORE == 0) {
+    // (With fixed costs only the acceptance needs keeping alive.)
+    if (n_blocks % EXPLORE == 0 && (best == 0 || !fixed_costs)) {
         best = best == 0 ? 1 : 0;
     }
     return last_k = best;

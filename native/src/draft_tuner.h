@@ -13,6 +13,10 @@ namespace cospec {
 class draft_tuner {
   public:
     static constexpr int32_t MAX_BATCH = 64;
+    // Cost of each verified token beyond the first, relative to one target
+    // step, for the fixed cost model: measured v(K) on 2-core CPUs lies
+    // between 1 + 0.15 K (Gemma 3 270M) and 1 + 0.39 K (SmolLM2-135M).
+    static constexpr double FIXED_VERIFY_MARGINAL = 0.25;
 
     // Draft length for the next block, in [0, k_max].
     int32_t choose(int32_t k_max);
@@ -21,6 +25,10 @@ class draft_tuner {
     void observe_block(int32_t kd, int32_t accepted, bool rejected);
     void observe_draft_step(double ms);
     void observe_verify(int32_t n_tokens, double ms);
+    // Use a fixed cost model instead of measured times, so that the chosen
+    // lengths depend on acceptance counts alone: a draft step costs
+    // draft_cost target steps, verifying n tokens 1 + (n - 1) * verify_marginal.
+    void use_fixed_costs(double draft_cost, double verify_marginal);
 
     double acceptance() const { return acc_sum / (acc_sum + rej_sum); }
 
@@ -33,6 +41,7 @@ class draft_tuner {
     double t_verify[MAX_BATCH + 1] = {};
     int64_t n_blocks = 0;
     int32_t last_k = 0;
+    bool fixed_costs = false;
 };
 
 } // namespace cospec

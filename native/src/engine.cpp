@@ -11,6 +11,7 @@
 #include <mutex>
 #include <sys/stat.h>
 #include <thread>
+#include <vector>
 
 // ---------------------------------------------------------------- errors and logs
 
@@ -76,8 +77,8 @@ void clear_error() {
 // GGUF, and every tensor's data must lie inside the file. llama.cpp checks much
 // of this too, but a clear message here beats a log line, and model files are
 // untrusted input.
-static int32_t check_gguf_file(const char * role, const char * path) {
-    const std::string who = std::string(role) + " model '" + path + "'";
+int32_t check_gguf_file(const char * role, const char * path) {
+    const std::string who = std::string(role) + " '" + path + "'";
     struct stat st {};
     if (stat(path, &st) != 0) {
         return fail(COSPEC_ERR_MODEL_LOAD, who + ": file not found");
@@ -122,6 +123,94 @@ static int32_t check_gguf_file(const char * role, const char * path) {
     return status;
 }
 
+
+// 64-bit fingerprint of a model's tensors: names, types, shapes and data.
+// splitmix64's finaliser over 8-byte words: fast enough to run on every
+// arbiter load (tens of MB in milliseconds) and stable across platforms.
+namespace {
+uint64_t mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return x;
+}
+
+struct hasher {
+    uint64_t h = 0x636f73706563ULL; // "cospec"
+    void word(uint64_t w) { h = mix64(h ^ w) + 0x9e3779b97f4a7c15ULL; }
+    void bytes(const unsigned char * p, size_t n) {
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            uint64_t w;
+            std::memcpy(&w, p + i, 8);
+            word(w);
+        }
+        uint64_t tail = n - i; // the length separates "ab" + "" from "a" + "b"
+        for (size_t k = 0; i < n; ++i, ++k) {
+            tail ^= (uint64_t) p[i] << (8 * (k + 1));
+        }
+        word(tail);
+    }
+    void text(const std::string & s) { bytes((const unsigned char *) s.data(), s.size()); }
+};
+} // namespace
+
+int32_t model_fingerprint(const char * path, std::string & out) {
+    if (path == nullptr) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "fingerprint: no path");
+    }
+    if (const int32_t st = check_gguf_file("model", path); st != COSPEC_OK) {
+        return st;
+    }
+    ggml_context * meta = nullptr;
+    gguf_init_params gp {};
+    gp.no_alloc = true;
+    gp.ctx = &meta;
+    gguf_context * g = gguf_init_from_file(path, gp);
+    if (g == nullptr) {
+        return fail(COSPEC_ERR_MODEL_LOAD, std::string("model '") + path + "': corrupt GGUF header");
+    }
+    FILE * f = std::fopen(path, "rb");
+    if (f == nullptr) {
+        gguf_free(g);
+        ggml_free(meta);
+        return fail(COSPEC_ERR_MODEL_LOAD, std::string("model '") + path + "' cannot be opened for reading");
+    }
+    hasher h;
+    std::vector<unsigned char> buf;
+    int32_t status = COSPEC_OK;
+    const size_t data_offset = gguf_get_data_offset(g);
+    for (int64_t i = 0; i < gguf_get_n_tensors(g) && status == COSPEC_OK; ++i) {
+        const char * name = gguf_get_tensor_name(g, i);
+        h.text(name);
+        h.word((uint64_t) gguf_get_tensor_type(g, i));
+        if (const ggml_tensor * t = meta ? ggml_get_tensor(meta, name) : nullptr) {
+            for (int d = 0; d < GGML_MAX_DIMS; ++d) {
+                h.word((uint64_t) t->ne[d]);
+            }
+        }
+        const size_t size = gguf_get_tensor_size(g, i);
+        buf.resize(size);
+        if (std::fseek(f, (long) (data_offset + gguf_get_tensor_offset(g, i)), SEEK_SET) != 0 ||
+            std::fread(buf.data(), 1, size, f) != size) {
+            status = fail(COSPEC_ERR_MODEL_LOAD, std::string("model '") + path + "': tensor data cannot be read");
+            break;
+        }
+        h.bytes(buf.data(), size);
+    }
+    std::fclose(f);
+    gguf_free(g);
+    ggml_free(meta);
+    if (status == COSPEC_OK) {
+        char hex[17];
+        std::snprintf(hex, sizeof(hex), "%016llx", (unsigned long long) h.h);
+        out = hex;
+    }
+    return status;
+}
+
 struct progress_bridge {
     cospec_progress_fn fn;
     void * user_data;
@@ -139,7 +228,7 @@ static bool on_load_progress(float progress, void * data) {
 static int32_t load_model(const cospec_engine_params & p, int32_t which, model_slot & slot) {
     const char * path = which == 0 ? p.target_path : p.draft_path;
     const char * role = which == 0 ? "target" : "draft";
-    if (const int32_t st = check_gguf_file(role, path); st != COSPEC_OK) {
+    if (const int32_t st = check_gguf_file((std::string(role) + " model").c_str(), path); st != COSPEC_OK) {
         return st;
     }
     llama_model_params mp = llama_model_default_params();
@@ -185,6 +274,8 @@ static int32_t create_context(const cospec_engine_params & p, cospec_engine & e,
     const int32_t hw = (int32_t) std::max(1u, std::thread::hardware_concurrency());
     cp.n_threads = p.n_threads > 0 ? p.n_threads : hw;
     cp.n_threads_batch = p.n_threads_batch > 0 ? p.n_threads_batch : cp.n_threads;
+    e.n_threads = cp.n_threads;
+    e.n_threads_batch = cp.n_threads_batch;
     cp.no_perf = true;
     cp.swa_full = true; // sliding-window models (Gemma 3) need the full cache to roll back rejected tokens
     cp.abort_callback = [](void * data) { return static_cast<std::atomic<bool> *>(data)->load(); };
@@ -294,6 +385,18 @@ const char * cospec_status_name(int32_t status) {
     }
 }
 
+int32_t cospec_model_fingerprint(const char * path, char * buf, size_t buf_size) {
+    clear_error();
+    std::string fp;
+    if (const int32_t st = model_fingerprint(path, fp); st != COSPEC_OK) {
+        return st;
+    }
+    if (buf != nullptr && buf_size > 0) {
+        std::snprintf(buf, buf_size, "%s", fp.c_str());
+    }
+    return (int32_t) fp.size();
+}
+
 const char * cospec_version(void) {
     return "cospec 0.1.0 (llama.cpp via llama-cpp-python 0.3.36)";
 }
@@ -342,6 +445,9 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
             if (int32_t st = load_model(*params, 1, e->draft); st != COSPEC_OK) {
                 return st;
             }
+            e->draft_path = params->draft_path;
+            e->draft_cost_ratio = (double) llama_model_n_params(e->draft.model) /
+                                  (double) std::max<uint64_t>(1, llama_model_n_params(e->target.model));
             if (int32_t st = check_vocab_compatible(e->target, e->draft); st != COSPEC_OK) {
                 return st;
             }

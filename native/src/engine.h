@@ -42,6 +42,13 @@ struct cospec_engine {
     bool has_draft = false;
     int32_t n_ctx = 0;
     int32_t n_batch = 0;
+    int32_t n_threads = 0;       // generation threads of the contexts (resolved, > 0)
+    int32_t n_threads_batch = 0;
+    std::string draft_path;
+    std::string draft_fingerprint; // computed on first use (learned arbiters check it)
+    // Parameters of the draft over the target's: the draft step's cost in the
+    // fixed cost model that arbiters which keep mismatches use (timing-free).
+    double draft_cost_ratio = 0.0;
     std::mutex busy; // one generation at a time per engine
     // Acceptance and cost estimates of this draft/target pair, kept across calls.
     cospec::draft_tuner tuner;

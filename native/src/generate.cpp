@@ -14,6 +14,7 @@ struct cospec_result {
     std::string text;
     std::vector<cospec_token> tokens;
     std::vector<int32_t> provenance;
+    std::vector<cospec_decision> decisions;
     int32_t stop_reason = COSPEC_STOP_NONE;
     int32_t status = COSPEC_OK;
     std::string error;
@@ -24,6 +25,8 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 using cospec::fill_batch;
+
+constexpr uint64_t ARBITER_SEED_SALT = 0xa5b17e4c0ffee5edULL;
 
 double ms_since(clock_type::time_point t0) {
     return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
@@ -45,8 +48,21 @@ size_t utf8_complete_end(const std::string & s, size_t end) {
 class generation {
   public:
     generation(cospec_engine & engine, const cospec_generate_params & params, cospec_result & result)
-        : e(engine), p(params), r(result), st(result.stats), rng(params.seed) {
+        : e(engine), p(params), r(result), st(result.stats), rng(params.seed),
+          arbiter_rng(params.seed ^ ARBITER_SEED_SALT) {
         greedy = p.temperature <= 0.0f;
+        arbiter_can_keep = p.mode == COSPEC_MODE_SPECULATIVE && p.arbiter != nullptr && p.arbiter->can_keep();
+        keep_draft_logits = arbiter_can_keep && p.arbiter->needs_draft_logits();
+        keep_threshold = p.arbiter != nullptr ? p.arbiter->threshold() : 0.5f;
+        // A kept mismatch changes the output, so with such an arbiter the block
+        // lengths must not depend on timing: a tuner of this call alone, whose
+        // costs come from the pair's sizes instead of clocks.
+        if (arbiter_can_keep) {
+            call_tuner.use_fixed_costs(e.draft_cost_ratio, cospec::draft_tuner::FIXED_VERIFY_MARGINAL);
+            tuner = &call_tuner;
+        } else {
+            tuner = &e.tuner;
+        }
         scfg.temperature = p.temperature;
         scfg.top_k = p.top_k;
         scfg.top_p = p.top_p;
@@ -76,6 +92,9 @@ class generation {
             if (status == COSPEC_OK && stop == COSPEC_STOP_NONE && p.mode == COSPEC_MODE_SPECULATIVE) {
                 status = sync(e.draft, n_before_last, false, st.t_draft_ms, nullptr);
             }
+        }
+        if (status == COSPEC_OK && stop == COSPEC_STOP_NONE && arbiter_can_keep) {
+            p.arbiter->begin(prompt, n_prompt);
         }
         st.t_prompt_ms = ms_since(t_prompt);
         st.n_prompt_cached = (int32_t) reused;
@@ -111,7 +130,13 @@ class generation {
     cospec_result & r;
     cospec_stats & st;
     std::mt19937_64 rng;
+    std::mt19937_64 arbiter_rng; // its own stream: sampled decisions never shift token sampling
     cospec::sampler_config scfg;
+    bool arbiter_can_keep = false;
+    bool keep_draft_logits = false;
+    float keep_threshold = 0.5f;
+    cospec::draft_tuner call_tuner;
+    cospec::draft_tuner * tuner = nullptr;
     bool greedy = true;
     int32_t n_shared = 0; // token ids both vocabularies share
 
@@ -131,7 +156,9 @@ class generation {
     std::vector<float> residual;
     std::vector<llama_token> target_tokens;
     std::vector<uint8_t> mismatch;
-    std::vector<uint8_t> keep;
+    std::vector<float> p_keep;
+    bool any_mismatch = false;
+    cospec_block block {};
 
     // ------------------------------------------------------------ llama.cpp calls
 
@@ -304,7 +331,8 @@ class generation {
         return COSPEC_OK;
     }
 
-    // Propose up to k tokens with the draft after seq.
+    // Propose up to k tokens with the draft after seq. The draft's logits are
+    // copied per token only when the arbiter reads them.
     int32_t draft_block(int32_t k) {
         drafted.clear();
         n_draft_decodes = 0;
@@ -317,13 +345,17 @@ class generation {
         }
         n_draft_decodes = 1;
         const int32_t nv = e.draft.n_vocab;
-        draft_logits.resize((size_t) k * nv);
+        if (keep_draft_logits) {
+            draft_logits.resize((size_t) k * nv);
+        }
         if (!greedy && draft_probs.size() < (size_t) k) {
             draft_probs.resize(k);
         }
         for (int32_t i = 0; i < k; ++i) {
             const float * row = llama_get_logits_ith(e.draft.ctx, -1);
-            std::memcpy(draft_logits.data() + (size_t) i * nv, row, sizeof(float) * nv);
+            if (keep_draft_logits) {
+                std::memcpy(draft_logits.data() + (size_t) i * nv, row, sizeof(float) * nv);
+            }
             const auto t0 = clock_type::now();
             llama_token d;
             if (greedy) {
@@ -392,35 +424,27 @@ class generation {
         st.t_sample_ms += ms_since(t0);
     }
 
-    int32_t speculative_step() {
-        const size_t n_past = seq.size() - 1; // position of the block's first input
-        if (n_past >= (size_t) e.n_ctx) {
-            stop = COSPEC_STOP_CONTEXT_FULL;
-            return COSPEC_OK;
-        }
-        // A block never drafts past the token budget, the context or the batch.
+    // How many tokens the next block drafts: never past the token budget, the
+    // context or the batch; with adaptive drafting, what the tuner expects to pay.
+    int32_t block_length(size_t n_past) {
         int32_t k = p.n_draft;
         k = std::min(k, p.n_predict - st.n_generated - 1);
         k = std::min(k, e.n_ctx - (int32_t) n_past - 1);
         k = std::min(k, e.n_batch - 1);
         if (p.adaptive_draft) {
-            k = std::min(k, e.tuner.choose(p.n_draft));
+            k = std::min(k, tuner->choose(p.n_draft));
         }
-        const double t_draft_before = st.t_draft_ms;
-        if (const int32_t status = draft_block(std::max(k, 0)); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
-            return status;
-        }
-        const int32_t kd = (int32_t) drafted.size();
-        if (n_draft_decodes > 0) {
-            e.tuner.observe_draft_step((st.t_draft_ms - t_draft_before) / n_draft_decodes);
-        }
+        return std::max(k, 0);
+    }
 
-        // Verify [last, d_1..d_kd] in one target batch with logits everywhere.
+    // Decode [last, d_1..d_kd] with the target in one batch, logits everywhere,
+    // and judge every position the walk may reach. Returns the verify rows.
+    int32_t verify_block(size_t n_past, const float ** rows) {
+        const int32_t kd = (int32_t) drafted.size();
         if (const int32_t status = sync(e.target, n_past, false, st.t_verify_ms, nullptr); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
         model_slot & t = e.target;
-        t.batch.n_tokens = 0;
         fill_batch(t, &seq.back(), 1, (llama_pos) n_past, true);
         for (int32_t i = 0; i < kd; ++i) {
             t.batch.token[i + 1] = drafted[i];
@@ -434,7 +458,7 @@ class generation {
         if (const int32_t status = decode(t, st.t_verify_ms, (llama_pos) n_past); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
-        e.tuner.observe_verify(kd + 1, st.t_verify_ms - t_verify_before);
+        tuner->observe_verify(kd + 1, st.t_verify_ms - t_verify_before);
         t.cached.push_back(seq.back());
         t.cached.insert(t.cached.end(), drafted.begin(), drafted.end());
         st.n_blocks += 1;
@@ -450,60 +474,91 @@ class generation {
             }
             logits = target_logits_copy.data();
         }
+        *rows = logits;
 
         target_tokens.assign(kd + 1, -1);
         mismatch.assign(kd, 0);
-        keep.assign(kd, 0);
-        const bool lossless = p.arbiter == nullptr || p.arbiter->always_rejects();
         // The lossless walk stops at the first mismatch, so later positions
-        // need no verdict; a real arbiter sees the whole block.
-        int32_t judged = 0;
-        bool any_mismatch = false;
-        for (; judged <= kd; ++judged) {
-            judge(judged, logits + (size_t) judged * nv);
-            if (judged < kd && mismatch[judged]) {
+        // need no verdict; an arbiter that can keep sees the whole block.
+        any_mismatch = false;
+        for (int32_t j = 0; j <= kd; ++j) {
+            judge(j, logits + (size_t) j * nv);
+            if (j < kd && mismatch[j]) {
                 any_mismatch = true;
-                if (lossless) {
+                if (!arbiter_can_keep) {
                     break;
                 }
             }
         }
+        return COSPEC_OK;
+    }
 
-        if (any_mismatch && !lossless) {
-            cospec_block block {};
-            block.n_draft = kd;
-            block.n_vocab_target = nv;
-            block.n_vocab_draft = e.draft.n_vocab;
-            block.draft = drafted.data();
-            block.target = target_tokens.data();
-            block.mismatch = mismatch.data();
-            block.target_logits = logits;
-            block.draft_logits = draft_logits.data();
-            block.context = seq.data();
-            block.n_context = (int32_t) seq.size();
-            block.temperature = p.temperature;
-            const auto t0 = clock_type::now();
-            int32_t rc;
-            try {
-                rc = p.arbiter->decide(block, keep.data());
-            } catch (const std::exception & ex) {
-                st.t_arbiter_ms += ms_since(t0);
-                return cospec::fail(COSPEC_ERR_ARBITER, std::string("arbiter '") + p.arbiter->name() + "' failed: " + ex.what());
-            }
-            st.t_arbiter_ms += ms_since(t0);
-            st.n_arbiter_calls += 1;
-            if (rc != 0) {
-                return cospec::fail(COSPEC_ERR_ARBITER, std::string("arbiter '") + p.arbiter->name() + "' reported error " + std::to_string(rc));
-            }
+    // Ask the arbiter for P(keep) at every mismatch of the block.
+    int32_t arbitrate(size_t n_past, const float * rows) {
+        const int32_t kd = (int32_t) drafted.size();
+        p_keep.assign(kd, 0.0f);
+        if (!any_mismatch || !arbiter_can_keep) {
+            return COSPEC_OK;
         }
+        block = cospec_block {};
+        block.index = st.n_blocks - 1;
+        block.n_draft = kd;
+        block.n_vocab_target = e.target.n_vocab;
+        block.n_vocab_draft = e.draft.n_vocab;
+        block.draft = drafted.data();
+        block.target = target_tokens.data();
+        block.mismatch = mismatch.data();
+        block.target_logits = rows;
+        block.draft_logits = keep_draft_logits ? draft_logits.data() : nullptr;
+        block.context = seq.data();
+        block.n_context = (int32_t) n_past + 1;
+        block.temperature = p.temperature;
+        const auto t0 = clock_type::now();
+        int32_t rc;
+        try {
+            rc = p.arbiter->score(block, p_keep.data());
+        } catch (const std::exception & ex) {
+            st.t_arbiter_ms += ms_since(t0);
+            return cospec::fail(COSPEC_ERR_ARBITER, std::string("arbiter '") + p.arbiter->name() + "' failed: " + ex.what());
+        }
+        st.t_arbiter_ms += ms_since(t0);
+        st.n_arbiter_calls += 1;
+        if (rc != 0) {
+            if (e.abort_flag.load()) {
+                stop = COSPEC_STOP_ABORTED; // the arbiter's own decode saw the abort
+                return COSPEC_OK;
+            }
+            const std::string why = cospec_last_error();
+            return cospec::fail(COSPEC_ERR_ARBITER, std::string("arbiter '") + p.arbiter->name() + "' reported error " +
+                                                        std::to_string(rc) + (why.empty() ? "" : ": " + why));
+        }
+        return COSPEC_OK;
+    }
 
-        // Walk the block: matches and kept mismatches go on, a rejected
-        // mismatch emits the target's token and ends the block.
+    bool decide(float p_keep_i) {
+        if (p.sample_arbiter) {
+            return cospec::uniform01(arbiter_rng) < p_keep_i;
+        }
+        return p_keep_i >= keep_threshold;
+    }
+
+    // Walk the block: matches and kept mismatches go on, a rejected mismatch
+    // emits the target's token and ends the block; a block that survives
+    // whole earns the target's bonus token.
+    void walk_block() {
+        const int32_t kd = (int32_t) drafted.size();
+        const size_t first_decision = r.decisions.size();
         int32_t j = 0;
         for (; j < kd && stop == COSPEC_STOP_NONE; ++j) {
             if (!mismatch[j]) {
                 emit(drafted[j], COSPEC_PROV_MATCH);
-            } else if (keep[j]) {
+                continue;
+            }
+            const bool keep = arbiter_can_keep && decide(p_keep[j]);
+            if (arbiter_can_keep) {
+                r.decisions.push_back({st.n_blocks - 1, j, (int32_t) r.tokens.size(), p_keep[j], keep});
+            }
+            if (keep) {
                 emit(drafted[j], COSPEC_PROV_KEPT);
             } else {
                 emit(target_tokens[j], COSPEC_PROV_FALLBACK);
@@ -511,10 +566,45 @@ class generation {
             }
         }
         const bool rejected = j < kd;
-        e.tuner.observe_block(kd, j, rejected);
+        tuner->observe_block(kd, j, rejected);
         if (!rejected && stop == COSPEC_STOP_NONE) {
             emit(target_tokens[kd], COSPEC_PROV_BONUS);
         }
+        if (r.decisions.size() > first_decision) {
+            p.arbiter->taken(block, r.decisions.data() + first_decision, (int32_t) (r.decisions.size() - first_decision));
+        }
+    }
+
+    int32_t speculative_step() {
+        const size_t n_past = seq.size() - 1; // position of the block's first input
+        if (n_past >= (size_t) e.n_ctx) {
+            stop = COSPEC_STOP_CONTEXT_FULL;
+            return COSPEC_OK;
+        }
+        const int32_t k = block_length(n_past);
+        if (k == 0) {
+            // Nothing to draft: a plain target step, not a block.
+            const double before = st.t_verify_ms;
+            const int32_t status = plain_step(e.target, COSPEC_PROV_TARGET, st.t_verify_ms);
+            tuner->observe_verify(1, st.t_verify_ms - before);
+            tuner->observe_block(0, 0, false);
+            return status;
+        }
+        const double t_draft_before = st.t_draft_ms;
+        if (const int32_t status = draft_block(k); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+            return status;
+        }
+        if (n_draft_decodes > 0) {
+            tuner->observe_draft_step((st.t_draft_ms - t_draft_before) / n_draft_decodes);
+        }
+        const float * rows = nullptr;
+        if (const int32_t status = verify_block(n_past, &rows); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+            return status;
+        }
+        if (const int32_t status = arbitrate(n_past, rows); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+            return status;
+        }
+        walk_block();
         return COSPEC_OK;
     }
 };
@@ -536,8 +626,14 @@ int32_t check_params(const cospec_engine * e, const cospec_token * prompt, int32
     if (p->n_predict <= 0) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "n_predict must be positive, got " + std::to_string(p->n_predict));
     }
-    if (p->n_draft <= 0) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, "the draft length (n_draft) must be at least 1, got " + std::to_string(p->n_draft));
+    if (p->n_draft <= 0 || p->n_draft >= cospec::draft_tuner::MAX_BATCH) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "the draft length (n_draft) must be in [1, " +
+                                                     std::to_string(cospec::draft_tuner::MAX_BATCH - 1) + "], got " +
+                                                     std::to_string(p->n_draft));
+    }
+    if (p->arbiter != nullptr && p->arbiter->engine() != nullptr && p->arbiter->engine() != e) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, std::string("arbiter '") + p->arbiter->name() +
+                                                     "' was loaded for another engine");
     }
     if (!(p->temperature >= 0.0f) || !(p->temperature < 1e6f)) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "temperature must be a finite number >= 0");
@@ -571,13 +667,14 @@ cospec_generate_params cospec_generate_default_params(void) {
     p.mode = COSPEC_MODE_SPECULATIVE;
     p.arbiter = nullptr;
     p.n_predict = 128;
-    p.n_draft = 4;
+    p.n_draft = 8;
     p.draft_p_min = 0.0f;
-    p.adaptive_draft = false;
+    p.adaptive_draft = true;
     p.temperature = 0.0f;
     p.top_k = 0;
     p.top_p = 1.0f;
     p.seed = 0;
+    p.sample_arbiter = false;
     p.ignore_eos = false;
     p.stop = nullptr;
     p.n_stop = 0;
@@ -636,6 +733,11 @@ const char * cospec_result_text(const cospec_result * r, int32_t * len) {
 const cospec_token * cospec_result_tokens(const cospec_result * r, int32_t * n) {
     if (n) *n = r ? (int32_t) r->tokens.size() : 0;
     return r ? r->tokens.data() : nullptr;
+}
+
+const cospec_decision * cospec_result_decisions(const cospec_result * r, int32_t * n) {
+    if (n) *n = r ? (int32_t) r->decisions.size() : 0;
+    return r ? r->decisions.data() : nullptr;
 }
 
 const int32_t * cospec_result_provenance(const cospec_result * r, int32_t * n) {

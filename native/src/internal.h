@@ -3,6 +3,7 @@
 
 #include "cospec.h"
 
+#include <cstddef>
 #include <string>
 
 namespace cospec {
@@ -11,14 +12,38 @@ namespace cospec {
 int32_t fail(int32_t status, const std::string & message);
 void    clear_error();
 
+// Check a GGUF file before anything parses it for real: it exists, is a
+// regular file, parses as GGUF, and every tensor's data lies inside it.
+// `role` names the file in messages ("target model", "arbiter head").
+int32_t check_gguf_file(const char * role, const char * path);
+
+// The fingerprint of a model file (see cospec_model_fingerprint).
+int32_t model_fingerprint(const char * path, std::string & out);
+
 } // namespace cospec
 
+// Every arbiter scores a block's mismatch positions with P(keep draft token);
+// the engine turns scores into decisions (threshold, or a Bernoulli draw when
+// the generation samples its arbiter decisions).
 struct cospec_arbiter {
     virtual ~cospec_arbiter() = default;
     virtual const char * name() const = 0;
-    // True for the target arbiter: the engine may then skip calling it and
+    // False for the target arbiter: the engine may then skip calling it and
     // stop judging a block at its first mismatch.
-    virtual bool always_rejects() const { return false; }
-    // Fill keep[i] for every mismatch position; return 0 on success.
-    virtual int32_t decide(const cospec_block & block, uint8_t * keep) = 0;
+    virtual bool can_keep() const { return true; }
+    // Whether the block must carry the draft's logits.
+    virtual bool needs_draft_logits() const { return false; }
+    virtual float threshold() const { return 0.5f; }
+    // The engine an arbiter was loaded for, if it is bound to one.
+    virtual const cospec_engine * engine() const { return nullptr; }
+    virtual void begin(const cospec_token * /*prompt*/, int32_t /*n_prompt*/) {}
+    virtual void taken(const cospec_block & /*block*/, const cospec_decision * /*decisions*/, int32_t /*n*/) {}
+    virtual void reset() {}
+    // Write p_keep[i] for every mismatch position; return 0 on success.
+    virtual int32_t score(const cospec_block & block, float * p_keep) = 0;
+    virtual const char * meta(const char * /*key*/) const { return nullptr; }
+    // The head's input rows (learned arbiters only); returns the row width or a negative status.
+    virtual int32_t head_inputs(const cospec_block & /*block*/, float * /*out*/, size_t /*out_size*/) {
+        return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, std::string("arbiter '") + name() + "' has no head");
+    }
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 
 namespace cospec {
@@ -127,6 +128,39 @@ float entropy(const float * logits, int32_t n, float temperature) {
         zp_sum += e * z;
     }
     return (float) (std::log(z_sum) - zp_sum / z_sum);
+}
+
+double log_sum_exp(const float * logits, int32_t n) {
+    const float m = max_of(logits, n);
+    double z_sum = 0.0;
+    for (int32_t i = 0; i < n; ++i) {
+        z_sum += std::exp((double) (logits[i] - m));
+    }
+    return m + std::log(z_sum);
+}
+
+float top_k_entropy(const float * logits, int32_t n, int32_t k) {
+    if (k <= 0 || k >= n) {
+        return entropy(logits, n, 1.0f);
+    }
+    const double lse = log_sum_exp(logits, n);
+    // The k largest logits, kept sorted in a tiny array (k is a handful).
+    std::vector<float> top;
+    top.reserve((size_t) k + 1);
+    for (int32_t i = 0; i < n; ++i) {
+        if ((int32_t) top.size() < k || logits[i] > top.back()) {
+            top.insert(std::upper_bound(top.begin(), top.end(), logits[i], std::greater<float>()), logits[i]);
+            if ((int32_t) top.size() > k) {
+                top.pop_back();
+            }
+        }
+    }
+    double h = 0.0;
+    for (float l : top) {
+        const double logp = l - lse;
+        h -= std::exp(logp) * logp;
+    }
+    return (float) h;
 }
 
 } // namespace cospec

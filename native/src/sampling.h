@@ -33,4 +33,11 @@ float top_probability(const float * logits, int32_t n);
 // Shannon entropy in nats of softmax(logits / temperature).
 float entropy(const float * logits, int32_t n, float temperature);
 
+// log(sum(exp(logits))), computed stably.
+double log_sum_exp(const float * logits, int32_t n);
+
+// FLy's entropy: -sum p log p over the k most likely tokens only, with p the
+// full softmax at temperature 1 (not renormalised); k <= 0 gives the full entropy.
+float top_k_entropy(const float * logits, int32_t n, int32_t k);
+
 } // namespace cospec

@@ -1,0 +1,131 @@
+"""Generation settings as one object, from the command line to the native loop.
+
+Every numeric default is read from the native library's own
+`cospec_generate_default_params()` / `cospec_fly_default_params()`, so C, the
+Python API and the CLI cannot disagree. A field's `help` is also its CLI help
+and `flags` its command-line spelling (llama.cpp's where one exists).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from . import _cospec
+
+_NATIVE = _cospec.GenerateParams()
+_FLY = _cospec.FLY_DEFAULTS
+
+# How a generation decodes; who settles mismatches is the separate `arbiter`.
+MODES = ("speculative", "target-only", "draft-only")
+_NATIVE_MODE = {"speculative": _cospec.MODE_SPECULATIVE, "target-only": _cospec.MODE_TARGET_ONLY,
+                "draft-only": _cospec.MODE_DRAFT_ONLY}
+# Arbiters that need no file: the lossless target, and FLy's fixed rule.
+BUILTIN_ARBITERS = ("target", "fly")
+
+
+def _f(default: Any, help: str, flags: tuple[str, ...] = (), **extra) -> Any:
+    return field(default=default, metadata={"help": help, "flags": flags, **extra})
+
+
+@dataclass
+class GenerationParams:
+    """What one generation does. `Engine.generate(prompt, params, **overrides)` takes it."""
+
+    mode: str = _f("speculative", "How to decode: speculative (draft, verify, arbitrate), target-only or draft-only.",
+                   ("--mode",), choices=MODES)
+    arbiter: Any = _f("target", "Who settles a mismatch in speculative mode: target (lossless), fly (FLy's rule), "
+                                "a learned arbiter (named, e.g. demo-lora, or its folder), or an Arbiter object.",
+                      ("--arbiter",))
+    max_tokens: int = _f(_NATIVE.n_predict, "Most tokens to generate.", ("-n", "--n-predict"))
+    draft_max: int = _f(_NATIVE.n_draft, "Most draft tokens per block (K).", ("--draft-max",))
+    draft_p_min: float = _f(_NATIVE.draft_p_min, "End a block early when the draft's top probability is below this "
+                                                 "(greedy; 0: off).", ("--draft-p-min",))
+    adaptive_draft: bool = _f(_NATIVE.adaptive_draft,
+                              "Choose each block's length in [0, K]: from measured speed with the target arbiter, from "
+                              "acceptance counts alone with an arbiter that keeps mismatches (so its output never "
+                              "depends on timing); or always K.", ("--adaptive-draft/--fixed-draft",))
+    temperature: float = _f(_NATIVE.temperature, "Temperature (0: greedy).", ("--temp",))
+    top_k: int = _f(_NATIVE.top_k, "Top-k sampling (0: off).", ("--top-k",))
+    top_p: float = _f(_NATIVE.top_p, "Top-p sampling (1: off).", ("--top-p",))
+    seed: int = _f(_NATIVE.seed, "Seed of sampling and of sampled arbiter decisions.", ("-s", "--seed"))
+    sample_arbiter: bool = _f(_NATIVE.sample_arbiter, "Draw each arbiter decision from Bernoulli(P(keep)) instead of "
+                                                      "thresholding it (training rollouts).", ("--sample-arbiter",))
+    arbiter_threshold: float | None = _f(None, "Learned arbiters: keep a mismatch when P(keep) >= this "
+                                               "(default: the arbiter's own).", ("--arbiter-threshold",))
+    arbiter_head: str = _f("native", "Learned arbiters: run the head natively or with ONNX Runtime (onnx).",
+                           ("--arbiter-head",), choices=("native", "onnx"))
+    fly_window: int = _f(_FLY["window"], "FLy: deferred window W (a kept mismatch needs the next W-1 draft tokens "
+                                         "to match).", ("--fly-window",))
+    fly_entropy: float = _f(round(_FLY["entropy_threshold"], 6), "FLy: minimum target entropy (nats) at a kept "
+                                                                 "mismatch.", ("--fly-entropy",))
+    fly_top_k: int = _f(_FLY["entropy_top_k"], "FLy: entropy over the k likeliest tokens (0: all).", ("--fly-top-k",))
+    stop: tuple[str, ...] = _f((), "Stop strings.", ("--stop",))
+    ignore_eos: bool = _f(_NATIVE.ignore_eos, "Keep generating past end-of-generation tokens.", ("--ignore-eos",))
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = (self.stop,)
+        self.stop = tuple(self.stop or ())
+
+    def updated(self, **changes) -> "GenerationParams":
+        """A copy with some fields changed (unknown names are an error)."""
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise TypeError(f"unknown generation parameters: {', '.join(sorted(unknown))}")
+        return replace(self, **changes)
+
+    def validate(self) -> None:
+        """Refuse out-of-range values early, naming the setting (the native library checks again)."""
+        from .errors import InvalidArgumentError
+
+        def bad(name: str, why: str):
+            raise InvalidArgumentError(f"{name}: {why}")
+
+        if self.mode not in MODES:
+            bad("mode", f"{self.mode!r} is not one of {', '.join(MODES)}")
+        if not 0 < self.max_tokens < 2**31:
+            bad("max_tokens", "must be a positive 32-bit number")
+        if not 1 <= self.draft_max < 64:
+            bad("draft_max", "must be in [1, 63]")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            bad("temperature", "must be a finite number >= 0")
+        if not 0 <= self.top_k < 2**31:
+            bad("top_k", "must be >= 0")
+        if not 0 < self.top_p <= 1:
+            bad("top_p", "must be in (0, 1]")
+        if not 0 <= self.draft_p_min <= 1:
+            bad("draft_p_min", "must be in [0, 1]")
+        if not 0 <= self.seed < 2**64:
+            bad("seed", "must be in [0, 2^64)")
+        if self.arbiter_threshold is not None and not 0 <= self.arbiter_threshold <= 1:
+            bad("arbiter_threshold", "must be in [0, 1]")
+        if self.fly_window < 1:
+            bad("fly_window", "must be >= 1")
+        if not (math.isfinite(self.fly_entropy) and self.fly_entropy >= 0):
+            bad("fly_entropy", "must be a finite number >= 0")
+        if self.fly_top_k < 0:
+            bad("fly_top_k", "must be >= 0")
+
+    def native(self) -> "_cospec.GenerateParams":
+        """The native parameters struct (arbiter and stop strings travel beside it)."""
+        n = _cospec.GenerateParams()
+        n.mode = _NATIVE_MODE[self.mode]
+        n.n_predict = self.max_tokens
+        n.n_draft = self.draft_max
+        n.draft_p_min = self.draft_p_min
+        n.adaptive_draft = self.adaptive_draft
+        n.temperature = self.temperature
+        n.top_k = self.top_k
+        n.top_p = self.top_p
+        n.seed = self.seed
+        n.sample_arbiter = self.sample_arbiter
+        n.ignore_eos = self.ignore_eos
+        return n
+
+
+DEFAULTS = GenerationParams()
+
+
+def param_help(name: str) -> str:
+    return next(f.metadata["help"] for f in fields(GenerationParams) if f.name == name)

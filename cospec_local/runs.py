@@ -1,0 +1,69 @@
+"""Named configurations that `eval` and `bench` compare side by side: a decoding
+mode plus, for speculative decoding, the arbiter that settles mismatches.
+
+    target-only, draft-only     plain decoding with one model
+    sps                         speculative, target arbiter (lossless)
+    fly                         speculative, FLy's rule
+    cospec                      speculative, the bundled learned arbiter made for this draft
+    cospec:NAME_OR_PATH         speculative, that learned arbiter (e.g. cospec:demo-features)
+    speculative:ARBITER         speculative with any arbiter (target, fly, a name or a folder)
+
+A label names exactly one (mode, arbiter), and records keep the arbiter's identity beside it.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .arbiters import NAMED_ARBITERS
+
+ALIASES = {
+    "target-only": ("target-only", None),
+    "draft-only": ("draft-only", None),
+    "sps": ("speculative", "target"),
+    "fly": ("speculative", "fly"),
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    label: str
+    mode: str
+    arbiter: str | None  # None in the plain modes
+
+
+def default_learned_arbiter(draft_path: str | os.PathLike | None) -> str:
+    """The bundled learned arbiter trained for this draft (by its named model's file)."""
+    from .models import resolve_model
+
+    if draft_path is not None:
+        for arbiter in NAMED_ARBITERS.values():
+            try:
+                if Path(resolve_model(arbiter.draft)).resolve() == Path(draft_path).resolve():
+                    return arbiter.name
+            except (FileNotFoundError, OSError):
+                continue
+    raise ValueError("no bundled learned arbiter fits this draft: name one as cospec:NAME_OR_FOLDER")
+
+
+def parse_runs(text: str, draft_path: str | os.PathLike | None = None) -> list[Run]:
+    runs = []
+    for label in (part.strip() for part in text.split(",")):
+        if not label:
+            continue
+        if label in ALIASES:
+            runs.append(Run(label, *ALIASES[label]))
+        elif label == "cospec":
+            runs.append(Run(label, "speculative", default_learned_arbiter(draft_path)))
+        elif label.startswith(("cospec:", "speculative:")):
+            arbiter = label.split(":", 1)[1]
+            if not arbiter:
+                raise ValueError(f"{label!r}: name the arbiter after the colon")
+            runs.append(Run(label, "speculative", arbiter))
+        else:
+            raise ValueError(f"unknown run {label!r}; use target-only, draft-only, sps, fly, cospec, "
+                             f"cospec:NAME_OR_FOLDER or speculative:ARBITER")
+    if len({r.label for r in runs}) != len(runs):
+        raise ValueError("a run is named twice")
+    return runs

@@ -1,0 +1,562 @@
+// Learned arbiters: a small MLP head that maps each mismatch position of a
+// block to P(keep draft token).
+//   features  the head reads the block's features (cospec_block_features)
+//   lora      the draft model with a LoRA adapter first reads prefix + region
+//             in a context of its own, and the head reads
+//             [hidden(d_i), hidden(t_i), features_i]
+// An arbiter is a folder: arbiter.gguf (the head's weights and the metadata
+// binding it to its draft), adapter.gguf for `lora` (llama.cpp's LoRA format),
+// and head.onnx (the same head for ONNX Runtime).
+#include "engine.h"
+
+#include "ggml.h"
+#include "gguf.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <new>
+#include <string>
+#include <sys/stat.h>
+#include <vector>
+
+using cospec::fail;
+
+namespace {
+
+constexpr const char * KEY_PREFIX = "cospec.arbiter.";
+constexpr uint32_t FORMAT_VERSION = 1;
+// The region holds a draft and a target token per block position.
+constexpr int32_t MAX_REGION = 2 * cospec::draft_tuner::MAX_BATCH;
+// Bounds on a head read from an untrusted file.
+constexpr int64_t MAX_HEAD_WIDTH = 1 << 16;
+constexpr uint32_t MAX_HEAD_LAYERS = 8;
+
+std::string parent_dir(const std::string & path) {
+    const size_t slash = path.find_last_of('/');
+    return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+bool is_dir(const std::string & path) {
+    struct stat st {};
+    return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// The head: standardise the input, then Linear (ReLU Linear)* and a sigmoid.
+// Weights are row-major [n_out][n_in], as torch's nn.Linear stores them.
+struct head_mlp {
+    struct layer {
+        int32_t n_in = 0;
+        int32_t n_out = 0;
+        std::vector<float> weight;
+        std::vector<float> bias;
+    };
+    std::vector<float> in_mean;
+    std::vector<float> in_scale;
+    std::vector<layer> layers;
+
+    int32_t n_in() const { return (int32_t) in_mean.size(); }
+
+    float operator()(const float * x, std::vector<float> & a, std::vector<float> & b) const {
+        a.resize(in_mean.size());
+        for (size_t k = 0; k < a.size(); ++k) {
+            a[k] = (x[k] - in_mean[k]) * in_scale[k];
+        }
+        for (size_t l = 0; l < layers.size(); ++l) {
+            const layer & L = layers[l];
+            b.resize((size_t) L.n_out);
+            for (int32_t o = 0; o < L.n_out; ++o) {
+                const float * w = L.weight.data() + (size_t) o * L.n_in;
+                float acc = 0.0f;
+                for (int32_t i = 0; i < L.n_in; ++i) {
+                    acc += w[i] * a[i];
+                }
+                acc += L.bias[o];
+                b[o] = l + 1 < layers.size() ? std::max(acc, 0.0f) : acc;
+            }
+            std::swap(a, b);
+        }
+        return 1.0f / (1.0f + std::exp(-a[0]));
+    }
+};
+
+// What arbiter.gguf holds.
+struct bundle {
+    std::string path;  // arbiter.gguf
+    std::string dir;
+    std::map<std::string, std::string> meta; // every scalar value under cospec.arbiter., as text
+    std::string kind;
+    float threshold = 0.5f;
+    int32_t n_embd = 0;
+    float lora_scale = 1.0f;
+    head_mlp head;
+};
+
+struct gguf_deleter {
+    void operator()(gguf_context * g) const { gguf_free(g); }
+};
+struct ggml_deleter {
+    void operator()(ggml_context * c) const { ggml_free(c); }
+};
+
+// Scalar metadata as text; typed getters of gguf assert on a wrong type, so
+// every value is read through its actual type.
+bool scalar_text(const gguf_context * g, int64_t id, std::string & out) {
+    switch (gguf_get_kv_type(g, id)) {
+        case GGUF_TYPE_STRING:  out = gguf_get_val_str(g, id); return true;
+        case GGUF_TYPE_UINT32:  out = std::to_string(gguf_get_val_u32(g, id)); return true;
+        case GGUF_TYPE_INT32:   out = std::to_string(gguf_get_val_i32(g, id)); return true;
+        case GGUF_TYPE_UINT64:  out = std::to_string(gguf_get_val_u64(g, id)); return true;
+        case GGUF_TYPE_INT64:   out = std::to_string(gguf_get_val_i64(g, id)); return true;
+        case GGUF_TYPE_FLOAT32: {
+            char buf[32];
+            std::snprintf(buf, sizeof(buf), "%.9g", gguf_get_val_f32(g, id));
+            out = buf;
+            return true;
+        }
+        case GGUF_TYPE_BOOL:    out = gguf_get_val_bool(g, id) ? "true" : "false"; return true;
+        default:                return false;
+    }
+}
+
+int32_t read_tensor(ggml_context * ctx, const std::string & who, const std::string & name, int64_t ne0, int64_t ne1,
+                    std::vector<float> & out) {
+    const ggml_tensor * t = ggml_get_tensor(ctx, name.c_str());
+    if (t == nullptr) {
+        return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + name + "' is missing");
+    }
+    if (t->type != GGML_TYPE_F32 || t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != 1 || t->ne[3] != 1) {
+        return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + name + "' must be F32 of shape [" + std::to_string(ne0) + ", " +
+                                            std::to_string(ne1) + "], got type " + ggml_type_name(t->type) + " [" +
+                                            std::to_string(t->ne[0]) + ", " + std::to_string(t->ne[1]) + "]");
+    }
+    const float * data = (const float *) t->data;
+    out.assign(data, data + ne0 * ne1);
+    for (float v : out) {
+        if (!std::isfinite(v)) {
+            return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + name + "' holds a non-finite value");
+        }
+    }
+    return COSPEC_OK;
+}
+
+int32_t read_bundle(const char * path, bundle & b) {
+    b.path = path;
+    if (is_dir(b.path)) {
+        b.path += "/arbiter.gguf";
+    }
+    b.dir = parent_dir(b.path);
+    const std::string who = "arbiter '" + b.path + "'";
+    if (const int32_t st = cospec::check_gguf_file("arbiter", b.path.c_str()); st != COSPEC_OK) {
+        return fail(COSPEC_ERR_ARBITER, cospec_last_error());
+    }
+    ggml_context * raw_ctx = nullptr;
+    gguf_init_params gp {};
+    gp.no_alloc = false; // the head is small: load its data now
+    gp.ctx = &raw_ctx;
+    std::unique_ptr<gguf_context, gguf_deleter> g(gguf_init_from_file(b.path.c_str(), gp));
+    std::unique_ptr<ggml_context, ggml_deleter> ctx(raw_ctx);
+    if (!g || !ctx) {
+        return fail(COSPEC_ERR_ARBITER, who + ": corrupt GGUF");
+    }
+    const std::string prefix = KEY_PREFIX;
+    for (int64_t i = 0; i < gguf_get_n_kv(g.get()); ++i) {
+        const std::string key = gguf_get_key(g.get(), i);
+        std::string value;
+        if (key.compare(0, prefix.size(), prefix) == 0 && scalar_text(g.get(), i, value)) {
+            b.meta[key.substr(prefix.size())] = value;
+        }
+    }
+    const auto need = [&](const char * key) -> const std::string * {
+        auto it = b.meta.find(key);
+        if (it == b.meta.end()) {
+            fail(COSPEC_ERR_ARBITER, who + ": not an arbiter file (no " + prefix + key + ")");
+            return nullptr;
+        }
+        return &it->second;
+    };
+    const std::string * version = need("version");
+    const std::string * kind = version ? need("kind") : nullptr;
+    const std::string * layers = kind ? need("head_layers") : nullptr;
+    if (layers == nullptr || need("draft_fingerprint") == nullptr || need("threshold") == nullptr) {
+        return COSPEC_ERR_ARBITER;
+    }
+    if (*version != std::to_string(FORMAT_VERSION)) {
+        return fail(COSPEC_ERR_ARBITER, who + ": format version " + *version + ", this engine reads version " +
+                                            std::to_string(FORMAT_VERSION));
+    }
+    b.kind = *kind;
+    if (b.kind != "features" && b.kind != "lora") {
+        return fail(COSPEC_ERR_ARBITER, who + ": unknown kind '" + b.kind + "' (expected features or lora)");
+    }
+    char * end = nullptr;
+    b.threshold = std::strtof(b.meta["threshold"].c_str(), &end);
+    if (!(b.threshold >= 0.0f && b.threshold <= 1.0f)) {
+        return fail(COSPEC_ERR_ARBITER, who + ": threshold must lie in [0, 1]");
+    }
+    const unsigned long n_layers = std::strtoul(layers->c_str(), &end, 10);
+    if (n_layers < 1 || n_layers > MAX_HEAD_LAYERS) {
+        return fail(COSPEC_ERR_ARBITER, who + ": head_layers must be 1.." + std::to_string(MAX_HEAD_LAYERS));
+    }
+    if (b.kind == "lora") {
+        const std::string * n_embd = need("n_embd");
+        if (n_embd == nullptr || need("adapter") == nullptr) {
+            return COSPEC_ERR_ARBITER;
+        }
+        b.n_embd = (int32_t) std::strtol(n_embd->c_str(), &end, 10);
+        if (b.meta.count("lora_scale")) {
+            b.lora_scale = std::strtof(b.meta["lora_scale"].c_str(), &end);
+        }
+    }
+    const ggml_tensor * mean = ggml_get_tensor(ctx.get(), "head.in_mean");
+    if (mean == nullptr) {
+        return fail(COSPEC_ERR_ARBITER, who + ": tensor 'head.in_mean' is missing");
+    }
+    const int64_t n_in = mean->ne[0];
+    if (n_in < 1 || n_in > MAX_HEAD_WIDTH) {
+        return fail(COSPEC_ERR_ARBITER, who + ": head input width " + std::to_string(n_in) + " is out of range");
+    }
+    if (read_tensor(ctx.get(), who, "head.in_mean", n_in, 1, b.head.in_mean) != COSPEC_OK ||
+        read_tensor(ctx.get(), who, "head.in_scale", n_in, 1, b.head.in_scale) != COSPEC_OK) {
+        return COSPEC_ERR_ARBITER;
+    }
+    int64_t width = n_in;
+    for (unsigned long l = 0; l < n_layers; ++l) {
+        const std::string name = "head." + std::to_string(l) + ".weight";
+        const ggml_tensor * w = ggml_get_tensor(ctx.get(), name.c_str());
+        const int64_t n_out = w ? w->ne[1] : 0;
+        if (l + 1 == n_layers && n_out != 1) {
+            return fail(COSPEC_ERR_ARBITER, who + ": the head's last layer must have one output");
+        }
+        if (n_out < 1 || n_out > MAX_HEAD_WIDTH) {
+            return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + name + "' is missing or has a bad shape");
+        }
+        head_mlp::layer L;
+        L.n_in = (int32_t) width;
+        L.n_out = (int32_t) n_out;
+        if (read_tensor(ctx.get(), who, name, width, n_out, L.weight) != COSPEC_OK ||
+            read_tensor(ctx.get(), who, "head." + std::to_string(l) + ".bias", n_out, 1, L.bias) != COSPEC_OK) {
+            return COSPEC_ERR_ARBITER;
+        }
+        b.head.layers.push_back(std::move(L));
+        width = n_out;
+    }
+    return COSPEC_OK;
+}
+
+struct learned_arbiter final : cospec_arbiter {
+    cospec_engine * eng = nullptr;
+    bundle b;
+    std::string label;
+    float keep_threshold = 0.5f;
+    cospec_head_fn head_fn = nullptr;
+    void * head_user_data = nullptr;
+
+    // The LoRA arbiter's own context on the draft model.
+    llama_adapter_lora * adapter = nullptr;
+    llama_context * ctx = nullptr;
+    llama_batch batch {};
+    int32_t n_batch = 0;
+    std::vector<llama_token> cached; // prefix tokens in its KV cache, positions 0..n-1
+
+    std::vector<float> features, inputs, rows, hidden, probs, scratch_a, scratch_b;
+
+    ~learned_arbiter() override {
+        if (ctx != nullptr) {
+            llama_batch_free(batch);
+            llama_free(ctx);
+        }
+        if (adapter != nullptr) {
+            llama_adapter_lora_free(adapter);
+        }
+    }
+
+    const char * name() const override { return label.c_str(); }
+    bool needs_draft_logits() const override { return true; }
+    float threshold() const override { return keep_threshold; }
+    const cospec_engine * engine() const override { return eng; }
+    const char * meta(const char * key) const override {
+        auto it = b.meta.find(key);
+        return it == b.meta.end() ? nullptr : it->second.c_str();
+    }
+    void reset() override {
+        if (ctx != nullptr) {
+            llama_memory_clear(llama_get_memory(ctx), true);
+            cached.clear();
+        }
+    }
+
+    int32_t cols() const { return b.head.n_in(); }
+
+    int32_t open_lora(const cospec_learned_arbiter_params & p) {
+        const std::string adapter_path = b.dir + "/" + b.meta["adapter"];
+        if (const int32_t st = cospec::check_gguf_file("arbiter adapter", adapter_path.c_str()); st != COSPEC_OK) {
+            return fail(COSPEC_ERR_ARBITER, cospec_last_error());
+        }
+        adapter = llama_adapter_lora_init(eng->draft.model, adapter_path.c_str());
+        if (adapter == nullptr) {
+            return fail(COSPEC_ERR_ADAPTER, "arbiter adapter '" + adapter_path + "' does not fit the draft model" +
+                                                " (llama.cpp refused it; see its log with verbose on)");
+        }
+        llama_context_params cp = llama_context_default_params();
+        n_batch = std::max(eng->n_batch, MAX_REGION);
+        cp.n_ctx = (uint32_t) (eng->n_ctx + MAX_REGION);
+        cp.n_batch = (uint32_t) n_batch;
+        cp.n_ubatch = (uint32_t) n_batch; // the region must be one micro-batch to attend both ways
+        cp.n_seq_max = 1;
+        cp.n_threads = p.n_threads > 0 ? p.n_threads : eng->n_threads;
+        cp.n_threads_batch = p.n_threads > 0 ? p.n_threads : eng->n_threads;
+        cp.no_perf = true;
+        cp.swa_full = true;
+        cp.embeddings = false;
+        cp.pooling_type = LLAMA_POOLING_TYPE_NONE;
+        // F32 cache and plain attention: the hidden states must match the torch model the head was trained on.
+        cp.type_k = GGML_TYPE_F32;
+        cp.type_v = GGML_TYPE_F32;
+        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+        cp.abort_callback = [](void * data) { return static_cast<std::atomic<bool> *>(data)->load(); };
+        cp.abort_callback_data = &eng->abort_flag;
+        ctx = llama_init_from_model(eng->draft.model, cp);
+        if (ctx == nullptr) {
+            return fail(COSPEC_ERR_ARBITER, "could not create the arbiter's draft context");
+        }
+        batch = llama_batch_init(n_batch, 0, 1);
+        float scale = b.lora_scale;
+        if (llama_set_adapters_lora(ctx, &adapter, 1, &scale) != 0) {
+            return fail(COSPEC_ERR_ADAPTER, "llama.cpp could not attach the arbiter's adapter to its context");
+        }
+        return COSPEC_OK;
+    }
+
+    void put(int32_t j, llama_token tok, llama_pos pos, bool out) {
+        batch.token[j] = tok;
+        batch.pos[j] = pos;
+        batch.n_seq_id[j] = 1;
+        batch.seq_id[j][0] = 0;
+        batch.logits[j] = out;
+    }
+
+    int32_t decode_failed(int32_t ret, const char * what) {
+        return fail(ret == 2 || eng->abort_flag.load() ? COSPEC_ERR_CANCELLED : COSPEC_ERR_ARBITER,
+                    std::string("arbiter: llama_decode of the ") + what + " failed with code " + std::to_string(ret));
+    }
+
+    // Hidden states of the region [d_0, t_0, d_1, t_1, ...] after the block's
+    // context: the context causally (cached across blocks), the region as one
+    // batch with causal attention off, so each region token sees the whole
+    // context and the whole region, and the context never sees the region.
+    int32_t region_hidden(const cospec_block & blk) {
+        const int32_t n = blk.n_context;
+        const int32_t k = blk.n_draft;
+        if (2 * k > MAX_REGION) {
+            return fail(COSPEC_ERR_ARBITER, "arbiter: block of " + std::to_string(k) + " tokens is too long");
+        }
+        if (n + 2 * k > (int32_t) llama_n_ctx(ctx)) {
+            return fail(COSPEC_ERR_CONTEXT_FULL, "arbiter: the context does not fit the arbiter's window");
+        }
+        llama_memory_t mem = llama_get_memory(ctx);
+        size_t keep = 0;
+        while (keep < cached.size() && keep < (size_t) n && cached[keep] == blk.context[keep]) {
+            keep += 1;
+        }
+        if (keep < cached.size()) {
+            if (!llama_memory_seq_rm(mem, 0, (llama_pos) keep, -1)) {
+                llama_memory_clear(mem, true);
+                keep = 0;
+            }
+            cached.resize(keep);
+        }
+        llama_set_embeddings(ctx, false);
+        while ((int32_t) keep < n) {
+            const int32_t chunk = std::min(n_batch, n - (int32_t) keep);
+            for (int32_t j = 0; j < chunk; ++j) {
+                put(j, blk.context[keep + j], (llama_pos) (keep + j), false);
+            }
+            batch.n_tokens = chunk;
+            if (const int32_t ret = llama_decode(ctx, batch); ret != 0) {
+                llama_memory_seq_rm(mem, 0, (llama_pos) keep, -1);
+                return decode_failed(ret, "prefix");
+            }
+            cached.insert(cached.end(), blk.context + keep, blk.context + keep + chunk);
+            keep += chunk;
+        }
+        for (int32_t i = 0; i < k; ++i) {
+            put(2 * i, blk.draft[i], (llama_pos) (n + i), true);
+            put(2 * i + 1, blk.target[i], (llama_pos) (n + i), true);
+        }
+        batch.n_tokens = 2 * k;
+        llama_set_embeddings(ctx, true);
+        llama_set_causal_attn(ctx, false);
+        const int32_t ret = llama_decode(ctx, batch);
+        int32_t status = COSPEC_OK;
+        if (ret != 0) {
+            status = decode_failed(ret, "region");
+        } else {
+            const int32_t d = b.n_embd;
+            hidden.resize((size_t) 2 * k * d);
+            for (int32_t j = 0; j < 2 * k && status == COSPEC_OK; ++j) {
+                const float * e = llama_get_embeddings_ith(ctx, j);
+                if (e == nullptr) {
+                    status = fail(COSPEC_ERR_ARBITER, "arbiter: llama.cpp returned no hidden state");
+                } else {
+                    std::copy(e, e + d, hidden.begin() + (size_t) j * d);
+                }
+            }
+        }
+        // The region never stays: the next block's context continues from the prefix.
+        llama_memory_seq_rm(mem, 0, (llama_pos) n, -1);
+        llama_set_causal_attn(ctx, true);
+        llama_set_embeddings(ctx, false);
+        return status;
+    }
+
+    // The head's input row for every position of the block.
+    int32_t build_inputs(const cospec_block & blk) {
+        const int32_t k = blk.n_draft;
+        features.resize((size_t) k * COSPEC_N_FEATURES);
+        if (const int32_t st = cospec_block_features(&blk, features.data(), features.size()); st != COSPEC_OK) {
+            return st;
+        }
+        const int32_t c = cols();
+        inputs.resize((size_t) k * c);
+        if (b.kind == "features") {
+            std::copy(features.begin(), features.end(), inputs.begin());
+            return COSPEC_OK;
+        }
+        if (const int32_t st = region_hidden(blk); st != COSPEC_OK) {
+            return st;
+        }
+        const int32_t d = b.n_embd;
+        for (int32_t i = 0; i < k; ++i) {
+            float * row = inputs.data() + (size_t) i * c;
+            std::copy_n(hidden.begin() + (size_t) (2 * i) * d, d, row);
+            std::copy_n(hidden.begin() + (size_t) (2 * i + 1) * d, d, row + d);
+            std::copy_n(features.begin() + (size_t) i * COSPEC_N_FEATURES, COSPEC_N_FEATURES, row + 2 * d);
+        }
+        return COSPEC_OK;
+    }
+
+    int32_t head_inputs(const cospec_block & blk, float * out, size_t out_size) override {
+        if (out_size / cols() < (size_t) blk.n_draft) {
+            return fail(COSPEC_ERR_INVALID_ARGUMENT, "arbiter head inputs: output too small");
+        }
+        if (const int32_t st = build_inputs(blk); st != COSPEC_OK) {
+            return st;
+        }
+        std::copy(inputs.begin(), inputs.end(), out);
+        return cols();
+    }
+
+    int32_t score(const cospec_block & blk, float * p_keep) override {
+        const int32_t k = blk.n_draft;
+        std::fill(p_keep, p_keep + k, 0.0f);
+        if (const int32_t st = build_inputs(blk); st != COSPEC_OK) {
+            return st;
+        }
+        const int32_t c = cols();
+        rows.clear();
+        std::vector<int32_t> at;
+        for (int32_t i = 0; i < k; ++i) {
+            if (blk.mismatch[i]) {
+                rows.insert(rows.end(), inputs.begin() + (size_t) i * c, inputs.begin() + (size_t) (i + 1) * c);
+                at.push_back(i);
+            }
+        }
+        const int32_t n_rows = (int32_t) at.size();
+        probs.assign((size_t) n_rows, 0.0f);
+        if (n_rows == 0) {
+            return COSPEC_OK;
+        }
+        if (head_fn != nullptr) {
+            if (const int32_t rc = head_fn(head_user_data, rows.data(), n_rows, c, probs.data()); rc != 0) {
+                return fail(COSPEC_ERR_ARBITER, "arbiter head callback reported error " + std::to_string(rc));
+            }
+        } else {
+            for (int32_t r = 0; r < n_rows; ++r) {
+                probs[r] = b.head(rows.data() + (size_t) r * c, scratch_a, scratch_b);
+            }
+        }
+        for (int32_t r = 0; r < n_rows; ++r) {
+            if (!(probs[r] >= 0.0f && probs[r] <= 1.0f)) {
+                return fail(COSPEC_ERR_ARBITER, "arbiter head returned " + std::to_string(probs[r]) + ", not a probability");
+            }
+            p_keep[at[r]] = probs[r];
+        }
+        return COSPEC_OK;
+    }
+};
+
+} // namespace
+
+extern "C" {
+
+cospec_learned_arbiter_params cospec_learned_arbiter_default_params(void) {
+    cospec_learned_arbiter_params p {};
+    p.path = nullptr;
+    p.threshold = -1.0f;
+    p.head = nullptr;
+    p.head_user_data = nullptr;
+    p.n_threads = 0;
+    return p;
+}
+
+int32_t cospec_arbiter_load(cospec_engine * engine, const cospec_learned_arbiter_params * params, cospec_arbiter ** out) {
+    cospec::clear_error();
+    if (out == nullptr || engine == nullptr || params == nullptr || params->path == nullptr || params->path[0] == '\0') {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "cospec_arbiter_load: engine, params, params->path and out are required");
+    }
+    *out = nullptr;
+    if (!engine->has_draft) {
+        return fail(COSPEC_ERR_NO_DRAFT, "a learned arbiter runs on the draft model, but the engine was opened without one");
+    }
+    if (!(params->threshold <= 1.0f) || params->n_threads < 0) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "arbiter threshold must be <= 1 (< 0: the arbiter's own) and n_threads >= 0");
+    }
+    try {
+        auto a = std::make_unique<learned_arbiter>();
+        a->eng = engine;
+        if (const int32_t st = read_bundle(params->path, a->b); st != COSPEC_OK) {
+            return st;
+        }
+        if (engine->draft_fingerprint.empty()) {
+            if (const int32_t st = cospec::model_fingerprint(engine->draft_path.c_str(), engine->draft_fingerprint); st != COSPEC_OK) {
+                return st;
+            }
+        }
+        const std::string & want = a->b.meta["draft_fingerprint"];
+        if (want != engine->draft_fingerprint) {
+            const auto file = a->b.meta.find("draft_file");
+            return fail(COSPEC_ERR_ARBITER, "arbiter '" + a->b.path + "' was made for another draft model (" +
+                                                (file != a->b.meta.end() ? "'" + file->second + "', " : std::string()) +
+                                                "fingerprint " + want + "); this engine's draft '" + engine->draft_path +
+                                                "' has fingerprint " + engine->draft_fingerprint);
+        }
+        const int32_t expected = a->b.kind == "lora" ? 2 * a->b.n_embd + COSPEC_N_FEATURES : COSPEC_N_FEATURES;
+        if (a->b.kind == "lora" && a->b.n_embd != llama_model_n_embd(engine->draft.model)) {
+            return fail(COSPEC_ERR_ARBITER, "arbiter '" + a->b.path + "' expects hidden states of width " +
+                                                std::to_string(a->b.n_embd) + ", the draft has " +
+                                                std::to_string(llama_model_n_embd(engine->draft.model)));
+        }
+        if (a->b.head.n_in() != expected) {
+            return fail(COSPEC_ERR_ARBITER, "arbiter '" + a->b.path + "': the head reads " + std::to_string(a->b.head.n_in()) +
+                                                " inputs, a " + a->b.kind + " arbiter gives " + std::to_string(expected));
+        }
+        a->keep_threshold = params->threshold >= 0.0f ? params->threshold : a->b.threshold;
+        a->head_fn = params->head;
+        a->head_user_data = params->head_user_data;
+        const auto name = a->b.meta.find("name");
+        a->label = name != a->b.meta.end() ? name->second : "cospec-" + a->b.kind;
+        if (a->b.kind == "lora") {
+            if (const int32_t st = a->open_lora(*params); st != COSPEC_OK) {
+                return st;
+            }
+        }
+        *out = a.release();
+        return COSPEC_OK;
+    } catch (const std::exception & ex) {
+        return fail(COSPEC_ERR_INTERNAL, std::string("arbiter load failed: ") + ex.what());
+    }
+}
+
+} // extern "C"
