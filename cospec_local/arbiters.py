@@ -50,7 +50,8 @@ NAMED_ARBITERS = {
 
 
 def arbiter_from_function(fn: Callable[[dict], Sequence[float]], name: str = "python", *,
-                          begin: Callable | None = None, taken: Callable | None = None) -> Arbiter:
+                          begin: Callable | None = None, taken: Callable | None = None,
+                          reset: Callable | None = None) -> Arbiter:
     """Wrap a Python function as an arbiter.
 
     `fn(block)` gets a dict with numpy arrays `draft` (K), `target` (K+1),
@@ -59,9 +60,9 @@ def arbiter_from_function(fn: Callable[[dict], Sequence[float]], name: str = "py
     and `temperature`, and returns K values: P(keep draft token) at each
     position (booleans are 0 or 1). Optional `begin(prompt)` is called when a
     generation starts, `taken(block, decisions)` with the decisions the walk
-    applied: (block, position, token_index, p_keep, keep) tuples.
+    applied: (block, position, token_index, p_keep, keep) tuples; `reset()` on `arbiter.reset()`.
     """
-    return _cospec.Arbiter.callback(name, fn, begin, taken)
+    return _cospec.Arbiter.callback(name, fn, begin, taken, reset)
 
 
 def resolve_arbiter_path(spec: str | os.PathLike) -> Path:

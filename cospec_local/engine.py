@@ -240,8 +240,10 @@ class Engine:
         self._native.abort()
 
     def reset(self) -> None:
-        """Forget the cached prompt prefix of both models."""
+        """Forget the cached prompt prefix of both models and of the learned arbiters loaded here."""
         self._native.reset()
+        for arbiter in self._learned.values():
+            arbiter.reset()
 
     # ------------------------------------------------------------ vocabulary
 

@@ -48,6 +48,12 @@ class CancelledError(CospecError):
     status, status_name = -8, "cancelled"
 
 
+class AdapterError(CospecError):
+    """A LoRA adapter that llama.cpp refuses (e.g. its shapes do not fit the model)."""
+
+    status, status_name = -9, "adapter"
+
+
 class GenerationError(CospecError):
     """Generation stopped on an error; `partial` holds everything produced before it."""
 
@@ -58,7 +64,7 @@ class GenerationError(CospecError):
 
 _BY_STATUS = {cls.status: cls for cls in (InvalidArgumentError, ModelLoadError, VocabMismatchError,
                                            ContextFullError, DecodeError, ArbiterError, NoDraftError,
-                                           CancelledError)}
+                                           CancelledError, AdapterError)}
 
 
 def from_native(exc: BaseException) -> CospecError:

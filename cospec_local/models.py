@@ -37,9 +37,9 @@ def truncated_draft(source: Path, n_layers: int) -> Path:
 
 
 # The bundled demo pair: a target and a draft trained from scratch on the task families by
-# converters/train_demo_pair.py (see data/demo/README.md for the recipe and its measurements).
+# cospec_local/train/demo_pair.py (see data/demo/README.md for the recipe and its measurements).
 DEMO_DIR = Path(__file__).parent / "data" / "demo"
-# SmolLM2-135M-Instruct's distilled draft (converters/distill_draft.py; data/smollm2-draft/README.md).
+# SmolLM2-135M-Instruct's distilled draft (cospec_local/train/distill_draft.py; data/smollm2-draft/README.md).
 SMOLLM2_DRAFT = Path(__file__).parent / "data" / "smollm2-draft" / "smollm2-135m-draft-q8_0.gguf"
 
 

@@ -24,7 +24,7 @@ from cospec_local.tasks import load_task, score
 torch = pytest.importorskip("torch")
 from converters.llama_to_gguf import convert  # noqa: E402  (needs the train extra, as torch does)
 from converters.tokenizer import load_tokenizer  # noqa: E402
-from converters.train_demo_pair import Arch, per_token_flops  # noqa: E402
+from cospec_local.train.demo_pair import Arch, per_token_flops  # noqa: E402
 from quantization import q8_0_roundtrip  # noqa: E402
 
 torch.set_num_threads(1)

@@ -215,6 +215,8 @@ void             cospec_arbiter_free(cospec_arbiter * arbiter);
 const char *     cospec_arbiter_name(const cospec_arbiter * arbiter);
 // Keep a mismatch when P(keep) >= this (unless decisions are sampled). 0.5 for fixed rules.
 float            cospec_arbiter_threshold(const cospec_arbiter * arbiter);
+// Forget the arbiter's cached state (a LoRA arbiter's prefix cache; a callback arbiter's reset).
+void             cospec_arbiter_reset(cospec_arbiter * arbiter);
 // False only for the target arbiter: whether the arbiter can ever keep a mismatch.
 bool             cospec_arbiter_can_keep(const cospec_arbiter * arbiter);
 // Score a block directly (for tests and tools): p_keep[n_draft].

@@ -139,6 +139,7 @@ struct arbiter_state {
     callback_state decide;
     py::object begin;
     py::object taken;
+    py::object reset;
 };
 
 void keep_first_error(arbiter_state * s) {
@@ -181,6 +182,16 @@ void python_arbiter_begin(void * user_data, const cospec_token * prompt, int32_t
     py::gil_scoped_acquire gil;
     try {
         state->begin(py::array_t<int32_t>(n, prompt));
+    } catch (py::error_already_set & e) {
+        if (!state->decide.error) state->decide.error = std::move(e);
+    }
+}
+
+void python_arbiter_reset(void * user_data) {
+    auto * state = static_cast<arbiter_state *>(user_data);
+    py::gil_scoped_acquire gil;
+    try {
+        state->reset();
     } catch (py::error_already_set & e) {
         if (!state->decide.error) state->decide.error = std::move(e);
     }
@@ -240,15 +251,17 @@ class Arbiter {
         return wrap(cospec_arbiter_init_fly(p));
     }
     static std::shared_ptr<Arbiter> callback(const std::string & name, py::object fn, py::object begin, py::object taken,
-                                             bool needs_draft_logits) {
+                                             py::object reset, bool needs_draft_logits) {
         auto state = std::make_unique<arbiter_state>();
         state->decide.fn = std::move(fn);
         state->begin = std::move(begin);
         state->taken = std::move(taken);
+        state->reset = std::move(reset);
         cospec_arbiter_callbacks cb {};
         cb.decide = python_arbiter;
         cb.begin = state->begin.is_none() ? nullptr : python_arbiter_begin;
         cb.taken = state->taken.is_none() ? nullptr : python_arbiter_taken;
+        cb.reset = state->reset.is_none() ? nullptr : python_arbiter_reset;
         cb.needs_draft_logits = needs_draft_logits;
         auto out = wrap(cospec_arbiter_init_callbacks(name.c_str(), &cb, state.get()));
         out->state = std::move(state);
@@ -679,7 +692,7 @@ PYBIND11_MODULE(_cospec, m) {
         .def_static("fly", &Arbiter::fly, py::arg("window") = fly.window, py::arg("entropy_threshold") = fly.entropy_threshold,
                     py::arg("entropy_top_k") = fly.entropy_top_k)
         .def_static("callback", &Arbiter::callback, py::arg("name"), py::arg("fn"), py::arg("begin") = py::none(),
-                    py::arg("taken") = py::none(), py::arg("needs_draft_logits") = true)
+                    py::arg("taken") = py::none(), py::arg("reset") = py::none(), py::arg("needs_draft_logits") = true)
         .def_static("load", [](py::object engine, const std::string & path, float threshold, py::object head, int32_t n_threads) {
             return Arbiter::load(engine.cast<Engine &>(), engine, path, threshold, head, n_threads);
         }, py::arg("engine"), py::arg("path"), py::arg("threshold") = -1.0f, py::arg("head") = py::none(),
@@ -692,6 +705,7 @@ PYBIND11_MODULE(_cospec, m) {
              py::arg("key"))
         .def("score", &Arbiter::score, py::arg("block"))
         .def("head_inputs", &Arbiter::head_inputs, py::arg("block"))
+        .def("reset", [](Arbiter & a) { cospec_arbiter_reset(a.get()); })
         .def("close", &Arbiter::close);
 
     py::class_<Engine>(m, "Engine")

@@ -137,6 +137,12 @@ float cospec_arbiter_threshold(const cospec_arbiter * arbiter) {
     return arbiter ? arbiter->threshold() : 0.5f;
 }
 
+void cospec_arbiter_reset(cospec_arbiter * arbiter) {
+    if (arbiter != nullptr) {
+        arbiter->reset();
+    }
+}
+
 bool cospec_arbiter_can_keep(const cospec_arbiter * arbiter) {
     return arbiter != nullptr && arbiter->can_keep();
 }

@@ -32,6 +32,7 @@ constexpr int32_t MAX_REGION = 2 * cospec::draft_tuner::MAX_BATCH;
 // Bounds on a head read from an untrusted file.
 constexpr int64_t MAX_HEAD_WIDTH = 1 << 16;
 constexpr uint32_t MAX_HEAD_LAYERS = 8;
+constexpr size_t MAX_HEAD_BYTES = 256u << 20;
 
 std::string parent_dir(const std::string & path) {
     const size_t slash = path.find_last_of('/');
@@ -151,11 +152,28 @@ int32_t read_bundle(const char * path, bundle & b) {
     if (const int32_t st = cospec::check_gguf_file("arbiter", b.path.c_str()); st != COSPEC_OK) {
         return fail(COSPEC_ERR_ARBITER, cospec_last_error());
     }
+    // Metadata first: a model file passed by mistake is refused before its data is read.
+    gguf_init_params meta_only {};
+    meta_only.no_alloc = true;
+    std::unique_ptr<gguf_context, gguf_deleter> g(gguf_init_from_file(b.path.c_str(), meta_only));
+    if (!g) {
+        return fail(COSPEC_ERR_ARBITER, who + ": corrupt GGUF");
+    }
+    if (gguf_find_key(g.get(), (std::string(KEY_PREFIX) + "version").c_str()) < 0) {
+        return fail(COSPEC_ERR_ARBITER, who + ": not an arbiter file (no " + KEY_PREFIX + "version)");
+    }
+    size_t data_size = 0;
+    for (int64_t i = 0; i < gguf_get_n_tensors(g.get()); ++i) {
+        data_size += gguf_get_tensor_size(g.get(), i);
+    }
+    if (data_size > MAX_HEAD_BYTES) {
+        return fail(COSPEC_ERR_ARBITER, who + ": " + std::to_string(data_size >> 20) + " MiB of tensors, more than a head");
+    }
     ggml_context * raw_ctx = nullptr;
     gguf_init_params gp {};
     gp.no_alloc = false; // the head is small: load its data now
     gp.ctx = &raw_ctx;
-    std::unique_ptr<gguf_context, gguf_deleter> g(gguf_init_from_file(b.path.c_str(), gp));
+    g.reset(gguf_init_from_file(b.path.c_str(), gp));
     std::unique_ptr<ggml_context, ggml_deleter> ctx(raw_ctx);
     if (!g || !ctx) {
         return fail(COSPEC_ERR_ARBITER, who + ": corrupt GGUF");
@@ -342,22 +360,11 @@ struct learned_arbiter final : cospec_arbiter {
                     std::string("arbiter: llama_decode of the ") + what + " failed with code " + std::to_string(ret));
     }
 
-    // Hidden states of the region [d_0, t_0, d_1, t_1, ...] after the block's
-    // context: the context causally (cached across blocks), the region as one
-    // batch with causal attention off, so each region token sees the whole
-    // context and the whole region, and the context never sees the region.
-    int32_t region_hidden(const cospec_block & blk) {
-        const int32_t n = blk.n_context;
-        const int32_t k = blk.n_draft;
-        if (2 * k > MAX_REGION) {
-            return fail(COSPEC_ERR_ARBITER, "arbiter: block of " + std::to_string(k) + " tokens is too long");
-        }
-        if (n + 2 * k > (int32_t) llama_n_ctx(ctx)) {
-            return fail(COSPEC_ERR_CONTEXT_FULL, "arbiter: the context does not fit the arbiter's window");
-        }
+    // Make the cache hold exactly tokens[0..n), causally, reusing the longest cached prefix.
+    int32_t sync_prefix(const cospec_token * tokens, int32_t n) {
         llama_memory_t mem = llama_get_memory(ctx);
         size_t keep = 0;
-        while (keep < cached.size() && keep < (size_t) n && cached[keep] == blk.context[keep]) {
+        while (keep < cached.size() && keep < (size_t) n && cached[keep] == tokens[keep]) {
             keep += 1;
         }
         if (keep < cached.size()) {
@@ -371,16 +378,46 @@ struct learned_arbiter final : cospec_arbiter {
         while ((int32_t) keep < n) {
             const int32_t chunk = std::min(n_batch, n - (int32_t) keep);
             for (int32_t j = 0; j < chunk; ++j) {
-                put(j, blk.context[keep + j], (llama_pos) (keep + j), false);
+                put(j, tokens[keep + j], (llama_pos) (keep + j), false);
             }
             batch.n_tokens = chunk;
             if (const int32_t ret = llama_decode(ctx, batch); ret != 0) {
                 llama_memory_seq_rm(mem, 0, (llama_pos) keep, -1);
                 return decode_failed(ret, "prefix");
             }
-            cached.insert(cached.end(), blk.context + keep, blk.context + keep + chunk);
+            cached.insert(cached.end(), tokens + keep, tokens + keep + chunk);
             keep += chunk;
         }
+        return COSPEC_OK;
+    }
+
+    // The prompt is read with the models' prompt (their caches take all but
+    // its last token now): blocks then only add what was generated.
+    void begin(const cospec_token * prompt, int32_t n_prompt) override {
+        if (ctx != nullptr && n_prompt > 1 && n_prompt - 1 <= (int32_t) llama_n_ctx(ctx)) {
+            if (sync_prefix(prompt, n_prompt - 1) != COSPEC_OK) {
+                reset(); // a failure here only costs time: the first block reads the prompt again
+            }
+        }
+    }
+
+    // Hidden states of the region [d_0, t_0, d_1, t_1, ...] after the block's
+    // context: the context causally (cached across blocks), the region as one
+    // batch with causal attention off, so each region token sees the whole
+    // context and the whole region, and the context never sees the region.
+    int32_t region_hidden(const cospec_block & blk) {
+        const int32_t n = blk.n_context;
+        const int32_t k = blk.n_draft;
+        if (2 * k > MAX_REGION) {
+            return fail(COSPEC_ERR_ARBITER, "arbiter: block of " + std::to_string(k) + " tokens is too long");
+        }
+        if (n + 2 * k > (int32_t) llama_n_ctx(ctx)) {
+            return fail(COSPEC_ERR_CONTEXT_FULL, "arbiter: the context does not fit the arbiter's window");
+        }
+        if (const int32_t st = sync_prefix(blk.context, n); st != COSPEC_OK) {
+            return st;
+        }
+        llama_memory_t mem = llama_get_memory(ctx);
         for (int32_t i = 0; i < k; ++i) {
             put(2 * i, blk.draft[i], (llama_pos) (n + i), true);
             put(2 * i + 1, blk.target[i], (llama_pos) (n + i), true);

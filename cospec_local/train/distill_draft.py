@@ -1,11 +1,11 @@
 """Distil a small draft for a llama-architecture GGUF target (SmolLM2-135M-Instruct by default)
 and write it as a GGUF with the target's tokenizer.
 
-    python -m converters.distill_draft --out OUT [--layers 2] [--train-prompts 2000] [--threads 2]
+    python -m cospec_local.train.distill_draft --out OUT [--layers 2] [--train-prompts 2000] [--threads 2]
 
 Recipe (stages, each writing into OUT; a later invocation with --stages resumes):
 1. generate: the target (dequantized into torch, bf16) answers `--train-prompts` chat prompts
-   (converters.distill_prompts "train" split, rendered with the target's own chat template),
+   (cospec_local.train.distill_prompts "train" split, rendered with the target's own chat template),
    greedily, batched, up to `--max-new` tokens. A logits processor records the target's top-k
    logits at every answer position, so the data are the target's own greedy continuations
    with soft labels, at no extra cost.
@@ -60,7 +60,7 @@ def generate_data(target_gguf: Path, prompts: list[str], max_new: int, batch: in
     import torch
     from transformers import LogitsProcessor, LogitsProcessorList
 
-    from .gguf_to_torch import load_llama_gguf
+    from converters.gguf_to_torch import load_llama_gguf
 
     model = load_llama_gguf(target_gguf).to(torch.bfloat16)
     eos, pad = model.config.eos_token_id, 0
@@ -168,7 +168,7 @@ def agreement(model, items, torch, batch: int = 16) -> float:
 def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: float, batch: int, seed: int) -> dict:
     import torch
 
-    from .gguf_to_torch import load_llama_gguf
+    from converters.gguf_to_torch import load_llama_gguf
 
     items = load_data(out)
     rng = np.random.default_rng(seed)
@@ -231,7 +231,7 @@ def write_draft_gguf(target_gguf: Path, out: Path, layers: int, dst: Path) -> Pa
     import torch
 
     from cospec_local.gguf_edit import architecture, open_gguf, rewrite_gguf
-    from .llama_to_gguf import _LAYER_TENSORS, permute_qk
+    from converters.llama_to_gguf import _LAYER_TENSORS, permute_qk
 
     state = torch.load(out / "draft_blocks.pt")
     reader = open_gguf(target_gguf)

@@ -1,7 +1,7 @@
 """Reproduce the bundled demo pair: a SentencePiece tokenizer, a target and a draft
 LlamaForCausalLM trained from scratch on the generated task families, and both as GGUF.
 
-    python -m converters.train_demo_pair --out OUT --minutes-target 20 --minutes-draft 8 --seed 0 --threads 1
+    python -m cospec_local.train.demo_pair --out OUT --minutes-target 20 --minutes-draft 8 --seed 0 --threads 1
 
 (the published pair's exact invocations are in cospec_local/data/demo/README.md)
 
@@ -68,7 +68,7 @@ import numpy as np
 
 from cospec_local.tasks import FAMILY_STOPS  # where each family's answer ends, as in eval
 
-from .tokenizer import BOS_ID, EOS_ID, load_tokenizer, train_tokenizer
+from converters.tokenizer import BOS_ID, EOS_ID, load_tokenizer, train_tokenizer
 
 PAD_ID = 0  # <unk>; padded positions are masked and carry no loss
 IGNORE = -100
@@ -237,7 +237,7 @@ def per_token_flops(arch: Arch, vocab: int, context: int = 0) -> float:
 
 
 def make_model(arch: Arch, vocab: int, seed: int):
-    from .demo_models import build_model, llama_config
+    from converters.demo_models import build_model, llama_config
 
     cfg = llama_config(vocab, arch.dim, arch.layers, arch.heads, arch.kv_heads, arch.ffn, arch.max_len)
     cfg._attn_implementation = "eager"  # faster than sdpa on CPU for training these sizes
@@ -338,7 +338,7 @@ class RunLog:
 
 def train_one(rc: RunConfig, data: Dataset, sp, dev, out_dir: Path, tok_path: Path, save_log, torch) -> RunLog:
     """Train one model; `save_log(log)` is called after every evaluation."""
-    from .demo_models import save_model
+    from converters.demo_models import save_model
 
     vocab = sp.vocab_size()
     log = RunLog(config={**asdict(rc), "arch": asdict(rc.arch)})
@@ -473,7 +473,7 @@ def write_ggufs(out: Path, names: list[str], runs: dict, check_problems, sp, thr
     """Write each model as GGUF. With `gguf_type` "auto": an f32 GGUF is the reference, and q8_0
     is kept when its llama.cpp accuracy on `check_problems` is at most `tol` below the f32 one,
     else f16 under the same rule, else f32. Only the chosen file stays."""
-    from .llama_to_gguf import convert
+    from converters.llama_to_gguf import convert
 
     result = {}
     for name in names:
@@ -649,7 +649,7 @@ def main(argv: list[str] | None = None) -> None:
         # llama.cpp decoded 14x slower in the process that had just trained with torch (measured:
         # 573 vs 8063 tok/s for the draft), so the GGUF checks and speeds come from a fresh one.
         save_log()
-        subprocess.run([sys.executable, "-m", __spec__.name if __spec__ else "converters.train_demo_pair",
+        subprocess.run([sys.executable, "-m", __spec__.name if __spec__ else "cospec_local.train.demo_pair",
                         "--out", str(out), "--stages", "gguf", "--threads", str(args.threads), "--seed", str(args.seed),
                         "--dev-family", args.dev_family, "--dev-problems", str(args.dev_problems),
                         "--gguf-type", args.gguf_type, "--gguf-tolerance", str(args.gguf_tolerance),

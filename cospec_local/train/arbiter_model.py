@@ -1,0 +1,248 @@
+"""The arbiter models in torch, mirroring what the engine runs.
+
+- `Head`: standardise the input, then Linear (ReLU Linear)* -> one logit; P(keep) = sigmoid.
+  The engine's native head and head.onnx compute exactly this.
+- `FeaturesArbiter`: the head over a block position's features (cospec_block_features).
+- `LoraArbiter`: the draft's own backbone with a PEFT LoRA adapter. Its input is the prompt and
+  verified prefix (causal) followed by a region [d_1, t_1, d_2, t_2, ...] of the draft block and
+  the target's tokens, d_i and t_i both at position n + i - 1, attended both ways inside the
+  region; the region never shows to the prefix. The head reads [h(d_i), h(t_i), features_i].
+  In llama.cpp this is one context with the adapter: the prefix decoded causally, the region as
+  one batch with causal attention off (native/src/learned_arbiter.cpp).
+
+The backbone is the draft GGUF itself, dequantized (converters.gguf_to_torch), so the adapter
+is trained on the weights llama.cpp computes with.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+N_FEATURES = 16  # cospec_block_features (COSPEC_N_FEATURES); checked against the extension at run time
+# The draft's projections that get a LoRA adapter (Hugging Face names), and llama.cpp's names for them.
+LORA_TARGETS = {
+    "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+    "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
+}
+
+
+class Head(nn.Module):
+    def __init__(self, n_in: int, hidden: int = 64, n_layers: int = 2):
+        super().__init__()
+        self.register_buffer("in_mean", torch.zeros(n_in))
+        self.register_buffer("in_scale", torch.ones(n_in))
+        widths = [n_in] + [hidden] * (n_layers - 1) + [1]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
+
+    def standardise_from(self, x: torch.Tensor) -> None:
+        """Set the input standardisation from training inputs (constant columns keep scale 1)."""
+        mean, std = x.mean(0), x.std(0)
+        self.in_mean.copy_(mean)
+        self.in_scale.copy_(torch.where(std > 1e-6, 1.0 / std.clamp_min(1e-6), torch.ones_like(std)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of P(keep), shape (N,)."""
+        h = (x - self.in_mean) * self.in_scale
+        for i, layer in enumerate(self.layers):
+            h = layer(h)
+            if i + 1 < len(self.layers):
+                h = torch.relu(h)
+        return h.squeeze(-1)
+
+
+class ProbabilityHead(nn.Module):
+    """The head with its sigmoid: what head.onnx computes (rows -> P(keep))."""
+
+    def __init__(self, head: Head):
+        super().__init__()
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.head(x))
+
+
+class FeaturesArbiter(nn.Module):
+    kind = "features"
+
+    def __init__(self, hidden: int = 64, n_layers: int = 2):
+        super().__init__()
+        self.head = Head(N_FEATURES, hidden, n_layers)
+
+    def head_inputs(self, batch: "Batch") -> torch.Tensor:
+        return batch.features
+
+    def forward(self, batch: "Batch") -> torch.Tensor:
+        return self.head(self.head_inputs(batch))
+
+
+@dataclass
+class Batch:
+    """Decision states ready for a forward pass: one row per (state, block position) to score."""
+
+    features: torch.Tensor            # (N, N_FEATURES)
+    input_ids: torch.Tensor | None = None     # (B, L) prefix + region, right-padded
+    position_ids: torch.Tensor | None = None  # (B, L)
+    mask: torch.Tensor | None = None          # (B, 1, L, L) additive attention mask
+    rows: torch.Tensor | None = None          # (N,) which sequence each scored position is in
+    d_index: torch.Tensor | None = None       # (N,) index of d_i in its sequence
+    t_index: torch.Tensor | None = None       # (N,) index of t_i
+
+
+def hybrid_mask(n_prefix: int, n_region: int, length: int) -> torch.Tensor:
+    """Allowed attention (True) of one sequence: causal over the prefix, the region sees the whole
+    prefix and the whole region, the prefix never sees the region; padding sees and is seen by nothing
+    (its rows attend to the first token only, to keep softmax finite)."""
+    n = n_prefix + n_region
+    allowed = torch.zeros(length, length, dtype=torch.bool)
+    allowed[:n_prefix, :n_prefix] = torch.ones(n_prefix, n_prefix, dtype=torch.bool).tril()
+    allowed[n_prefix:n, :n] = True
+    allowed[n:, 0] = True
+    return allowed
+
+
+def make_batch(states: list[dict], positions: list[list[int]] | None = None, with_tokens: bool = True,
+               pad_id: int = 0) -> Batch:
+    """States (collect.py's records) -> a Batch scoring `positions[j]` of state j (default: its
+    labelled first mismatch)."""
+    if positions is None:
+        positions = [[s["position"]] for s in states]
+    feats = [s["features"][i] for s, ps in zip(states, positions) for i in ps]
+    batch = Batch(features=torch.tensor(np.asarray(feats, dtype=np.float32)))
+    if not with_tokens:
+        return batch
+    seqs, pos, spans = [], [], []
+    for s in states:
+        ctx, draft, target = s["context"], s["draft"], s["target"]
+        k, n = len(draft), len(s["context"])
+        region = [tok for pair in zip(draft, target[:k]) for tok in pair]
+        seqs.append(ctx + region)
+        pos.append(list(range(n)) + [n + i // 2 for i in range(2 * k)])
+        spans.append((n, 2 * k))
+    length = max(len(x) for x in seqs)
+    ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((len(seqs), length), dtype=torch.long)
+    allowed = torch.zeros((len(seqs), 1, length, length), dtype=torch.bool)
+    for b, (seq, p, (n, r)) in enumerate(zip(seqs, pos, spans)):
+        ids[b, :len(seq)] = torch.tensor(seq)
+        position_ids[b, :len(p)] = torch.tensor(p)
+        allowed[b, 0] = hybrid_mask(n, r, length)
+    mask = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    rows = [b for b, ps in enumerate(positions) for _ in ps]
+    d_index = [spans[b][0] + 2 * i for b, ps in enumerate(positions) for i in ps]
+    batch.input_ids, batch.position_ids, batch.mask = ids, position_ids, mask
+    batch.rows, batch.d_index = torch.tensor(rows), torch.tensor(d_index)
+    batch.t_index = batch.d_index + 1
+    return batch
+
+
+def load_draft_backbone(draft: str | Path):
+    """The draft's transformer (embedding, blocks, final norm) in float32: from its GGUF
+    (dequantized: the weights llama.cpp computes with, what an arbiter should be trained on), or
+    from a Hugging Face folder (config.json + model.safetensors, e.g. the demo checkpoints)."""
+    if Path(draft).is_dir():
+        from transformers import LlamaForCausalLM
+
+        model = LlamaForCausalLM.from_pretrained(draft, torch_dtype=torch.float32)
+    else:
+        from converters.gguf_to_torch import load_llama_gguf
+
+        model = load_llama_gguf(draft)
+    backbone = model.model
+    backbone.config._attn_implementation = "sdpa"
+    return backbone
+
+
+class LoraArbiter(nn.Module):
+    kind = "lora"
+
+    def __init__(self, backbone, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0, hidden: int = 64,
+                 n_layers: int = 2):
+        super().__init__()
+        from peft import LoraConfig, get_peft_model
+
+        for p in backbone.parameters():
+            p.requires_grad_(False)
+        config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(LORA_TARGETS),
+                            bias="none")
+        self.backbone = get_peft_model(backbone, config)
+        self.n_embd = backbone.config.hidden_size
+        self.rank, self.alpha = rank, alpha
+        self.head = Head(2 * self.n_embd + N_FEATURES, hidden, n_layers)
+
+    def hidden(self, batch: Batch) -> torch.Tensor:
+        """Final-norm hidden states (B, L, n_embd), what llama.cpp returns as embeddings."""
+        out = self.backbone(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=batch.mask,
+                            use_cache=False)
+        return out.last_hidden_state
+
+    def head_inputs(self, batch: Batch) -> torch.Tensor:
+        h = self.hidden(batch)
+        return torch.cat([h[batch.rows, batch.d_index], h[batch.rows, batch.t_index], batch.features], dim=-1)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        return self.head(self.head_inputs(batch))
+
+    def lora_weights(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """{llama.cpp tensor name: (A (r, n_in), B (n_out, r))} in Hugging Face's row order."""
+        out = {}
+        for name, module in self.backbone.named_modules():
+            if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):
+                layer = int(name.split("layers.")[1].split(".")[0])
+                proj = name.rsplit(".", 1)[1]
+                a = module.lora_A["default"].weight.detach().cpu().numpy().astype(np.float32)
+                b = module.lora_B["default"].weight.detach().cpu().numpy().astype(np.float32)
+                out[f"blk.{layer}.{LORA_TARGETS[proj]}.weight"] = (a, b)
+        return out
+
+
+def load_arbiter(folder: str | Path, draft_gguf: str | Path):
+    """An exported arbiter folder back in torch (to check parity, or to go on training it):
+    the head from arbiter.gguf and, for `lora`, the adapter from adapter.gguf on the draft."""
+    import gguf
+
+    from converters.arbiter_export import KEY, draft_heads
+    from converters.gguf_to_torch import unpermute_qk
+
+    folder = Path(folder)
+    reader = gguf.GGUFReader(folder / "arbiter.gguf", "r")
+
+    def meta(key):
+        field = reader.get_field(KEY + key)
+        return None if field is None else field.contents()
+
+    tensors = {t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors}
+    n_layers = int(meta("head_layers"))
+    hidden = tensors["head.0.weight"].shape[0] if n_layers > 1 else 1
+    if meta("kind") == "features":
+        model = FeaturesArbiter(hidden, n_layers)
+    else:
+        adapter = gguf.GGUFReader(folder / meta("adapter"), "r")
+        alpha = float(adapter.get_field(gguf.Keys.Adapter.LORA_ALPHA).contents())
+        lora = {t.name: np.array(t.data, dtype=np.float32) for t in adapter.tensors}
+        rank = next(v for k, v in lora.items() if k.endswith(".lora_a")).shape[0]
+        model = LoraArbiter(load_draft_backbone(draft_gguf), rank, alpha, 0.0, hidden, n_layers)
+        n_head, n_head_kv = draft_heads(Path(draft_gguf))
+        for name, module in model.backbone.named_modules():
+            if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):
+                layer = int(name.split("layers.")[1].split(".")[0])
+                proj = name.rsplit(".", 1)[1]
+                base = f"blk.{layer}.{LORA_TARGETS[proj]}.weight"
+                a, b = lora[base + ".lora_a"], lora[base + ".lora_b"]
+                if proj == "q_proj":
+                    b = unpermute_qk(b, n_head)
+                elif proj == "k_proj":
+                    b = unpermute_qk(b, n_head_kv)
+                module.lora_A["default"].weight.data = torch.from_numpy(np.ascontiguousarray(a))
+                module.lora_B["default"].weight.data = torch.from_numpy(np.ascontiguousarray(b))
+    head = model.head
+    head.in_mean.copy_(torch.from_numpy(tensors["head.in_mean"]))
+    head.in_scale.copy_(torch.from_numpy(tensors["head.in_scale"]))
+    for i, layer in enumerate(head.layers):
+        layer.weight.data = torch.from_numpy(tensors[f"head.{i}.weight"])
+        layer.bias.data = torch.from_numpy(tensors[f"head.{i}.bias"])
+    model.threshold = float(meta("threshold"))
+    return model.eval()

@@ -1,0 +1,171 @@
+"""Branch-oracle states for the arbiter's warm-up.
+
+For each problem, plain speculative decoding (the lossless target arbiter) runs with a
+recording arbiter that sees every block and keeps nothing. Each block whose first mismatch the
+walk actually reaches is a decision state: the prompt and verified tokens, the draft block, the
+target's tokens and the block's features. Both branches then run to the end and are scored:
+
+- reject (emit the target's token t_i): greedy speculative decoding is lossless, so this branch
+  is exactly the recorded run from that state on; its answer is the run's own answer.
+- keep (emit the draft token d_i): speculative decoding continues from context + d_1..d_i.
+
+label = 1 where only the keep branch is right, 0 where only the reject branch is, -1 for ties
+(both right or both wrong). Ties are stored but the warm-up leaves them out of its loss: either
+decision gives the same answer there, so they teach nothing about accuracy.
+
+    python -m cospec_local.train.collect --out runs/arbiter-data --families arith,pyfunc \\
+        --train 3000 --dev 300 --threads 2
+
+Writes OUT/states.jsonl (one decision state a line) and OUT/problems.jsonl (one line per
+problem done: the resume point), and OUT/manifest.json (models and settings; a resumed run with
+other ones is refused). Runs the engine only: never import torch here.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import _cospec
+from ..arbiters import arbiter_from_function
+from ..engine import Engine
+from ..evaluate import model_identity
+from ..params import GenerationParams
+from ..tasks import FAMILY_STOPS, Problem, load_task, score
+
+# Settings of the recorded runs and of their branches (the eval's defaults for these tasks).
+MAX_TOKENS = 256
+
+
+def cut_at_stops(text: str, stops) -> str:
+    ends = [text.find(s) for s in stops if s and s in text]
+    return text[:min(ends)] if ends else text
+
+
+class Collector:
+    def __init__(self, engine: Engine, params: GenerationParams):
+        self.engine = engine
+        self.params = params
+        self._scores: dict[tuple[str, str], bool] = {}
+
+    def text_of(self, tokens) -> str:
+        """The text the engine streams for these tokens: their pieces, end-of-generation excluded."""
+        pieces = b"".join(self.engine._native.token_to_piece(int(t)) for t in tokens if not self.engine.is_eog(int(t)))
+        return pieces.decode("utf-8", errors="replace")
+
+    def score(self, problem: Problem, completion: str) -> bool:
+        key = (problem.id, completion)
+        if key not in self._scores:  # branches often end in the same answer; code runs in a sandbox
+            self._scores[key] = bool(score(problem, completion))
+        return self._scores[key]
+
+    def problem(self, problem: Problem, split: str) -> tuple[dict, list[dict]]:
+        engine, params = self.engine, self.params
+        stops = tuple(FAMILY_STOPS.get(problem.family, ()))
+        prompt = engine.tokenize(problem.prompt)
+        seen: dict[int, dict] = {}
+
+        def decide(block):
+            mismatch = block["mismatch"]
+            seen[block["index"]] = {
+                "context": block["context"].tolist(), "draft": block["draft"].tolist(),
+                "target": block["target"].tolist(), "mismatch": mismatch.astype(int).tolist(),
+                "position": int(np.flatnonzero(mismatch)[0]),
+                "features": _cospec.block_features(block).tolist(),
+            }
+            return np.zeros(block["n_draft"], dtype=np.float32)
+
+        applied: list[int] = []
+
+        def taken(block, decisions):
+            applied.extend(d[0] for d in decisions)
+
+        recorder = arbiter_from_function(decide, "recorder", taken=taken)
+        engine.reset()
+        run = engine.generate(prompt, params, arbiter=recorder, stop=stops)
+        reject_correct = self.score(problem, run.text)
+        states = []
+        for index in applied:
+            s = seen[index]
+            i = s["position"]
+            generated = s["context"][len(prompt):]
+            kept = s["draft"][:i + 1]
+            prefix = self.text_of(generated + kept)
+            if engine.is_eog(kept[-1]) or any(stop in prefix for stop in stops):
+                completion = prefix
+            else:
+                budget = params.max_tokens - len(generated) - len(kept)
+                cont = "" if budget <= 0 else engine.generate(s["context"] + kept, params, arbiter="target",
+                                                               max_tokens=budget, stop=stops).text
+                completion = prefix + cont
+            completion = cut_at_stops(completion, stops)
+            keep_correct = self.score(problem, completion)
+            label = -1 if keep_correct == reject_correct else int(keep_correct)
+            states.append({"problem_id": problem.id, "family": problem.family, "split": split,
+                           "prompt_len": len(prompt), **s, "keep_correct": keep_correct,
+                           "reject_correct": reject_correct, "label": label, "keep_completion": completion})
+        summary = {"problem_id": problem.id, "family": problem.family, "split": split, "correct": reject_correct,
+                   "tokens": len(run.tokens), "states": len(states)}
+        return summary, states
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path, help="Folder for states.jsonl, problems.jsonl, manifest.json.")
+    ap.add_argument("-m", "--model", default="demo-target", help="Target model (named or GGUF path).")
+    ap.add_argument("-md", "--model-draft", default="demo-draft", help="Draft model (named or GGUF path).")
+    ap.add_argument("--families", default="arith,pyfunc", help="Comma-separated task families.")
+    ap.add_argument("--train", type=int, default=3000, help="Train-split problems per family.")
+    ap.add_argument("--dev", type=int, default=300, help="Dev-split problems per family.")
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads of the engine.")
+    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="Most tokens per answer.")
+    args = ap.parse_args(argv)
+
+    from tqdm import tqdm
+
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    args.out.mkdir(parents=True, exist_ok=True)
+    params = GenerationParams(max_tokens=args.max_tokens)
+    with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=args.threads) as engine:
+        manifest = {"target": model_identity(engine.target_path), "draft": model_identity(engine.draft_path),
+                    "draft_fingerprint": _cospec.model_fingerprint(engine.draft_path),
+                    "params": {k: v for k, v in vars(params).items() if k not in ("arbiter", "stop")},
+                    "families": families}
+        manifest_path = args.out / "manifest.json"
+        if manifest_path.is_file() and json.loads(manifest_path.read_text()) != manifest:
+            sys.exit(f"{args.out} holds states of other models or settings; use another --out")
+        manifest_path.write_text(json.dumps(manifest, indent=1))
+        done = {row["problem_id"] for row in read_jsonl(args.out / "problems.jsonl")}
+        todo = [(p, split) for split, n in (("dev", args.dev), ("train", args.train)) if n > 0
+                for f in families for p in load_task(f, split, n) if p.id not in done]
+        collector = Collector(engine, params)
+        t0 = time.time()
+        with (args.out / "states.jsonl").open("a", encoding="utf-8") as states_log, \
+                (args.out / "problems.jsonl").open("a", encoding="utf-8") as problems_log:
+            bar = tqdm(todo, desc="collecting", unit="problem", file=sys.stderr)
+            n_states = n_decisive = 0
+            for problem, split in bar:
+                summary, states = collector.problem(problem, split)
+                for s in states:
+                    states_log.write(json.dumps(s) + "\n")
+                    n_decisive += s["label"] >= 0
+                n_states += len(states)
+                states_log.flush()
+                problems_log.write(json.dumps(summary) + "\n")  # after its states: the resume point
+                problems_log.flush()
+                bar.set_postfix(states=n_states, decisive=n_decisive)
+    print(f"collected {len(todo)} problems, {n_states} states ({n_decisive} decisive) in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

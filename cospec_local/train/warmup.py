@@ -1,0 +1,208 @@
+"""Supervised warm-up of the two learned arbiters on branch-oracle states (collect.py).
+
+    python -m cospec_local.train.warmup --data runs/arbiter-data --out runs/arbiters
+
+Both arbiters learn P(keep) at a block's first mismatch from the decisive states (exactly one
+branch ends right) with class-balanced binary cross-entropy; ties are left out (either decision
+gives the same answer there). The checkpoint of the epoch with the lowest dev loss is kept. The
+keep threshold is then chosen on the dev states to maximise (right keeps - wrong keeps): a right
+keep recovers an answer only the draft gets, a wrong one loses an answer the target gets. Reported
+on the dev split: precision and recall of "keep" on decisive states, and the share of all states
+(ties included) each arbiter keeps.
+
+Writes OUT/features and OUT/lora (the arbiter folders the engine loads; converters/arbiter_export)
+and OUT/warmup_log.json. Run data collection first, in its own process (collect.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .config import option, parse_config
+
+
+@dataclass
+class WarmupConfig:
+    """Supervised warm-up of the features and LoRA arbiters on branch-oracle states."""
+
+    data: Path = option(None, "Folder written by cospec_local.train.collect (states.jsonl, manifest.json).")
+    out: Path = option(None, "Folder for the arbiters (features/, lora/) and warmup_log.json.")
+    draft: str = option("demo-draft", "The draft GGUF the states were collected with (named model or path); the "
+                                      "arbiters are bound to its fingerprint.")
+    arbiters: str = option("features,lora", "Which arbiters to train.")
+    seed: int = option(0, "Seed of initialisation and data order.")
+    threads: int = option(2, "torch threads.")
+    head_hidden: int = option(64, "Width of the head's hidden layer.")
+    head_layers: int = option(2, "Linear layers of the head.")
+    features_epochs: int = option(200, "Epochs of the features arbiter (full batch).")
+    features_lr: float = option(3e-3, "Learning rate of the features arbiter.")
+    lora_rank: int = option(8, "LoRA rank r.")
+    lora_alpha: float = option(16.0, "LoRA alpha (scale alpha / r, as PEFT and llama.cpp apply it).")
+    lora_epochs: int = option(12, "Epochs of the LoRA arbiter.")
+    lora_lr: float = option(1e-3, "Learning rate of the LoRA arbiter (adapter and head).")
+    batch_size: int = option(16, "States per step of the LoRA arbiter.")
+    weight_decay: float = option(0.01, "AdamW weight decay.")
+    min_threshold: float = option(0.5, "Lowest keep threshold the dev search may choose.")
+
+
+def load_states(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "states.jsonl").read_text().splitlines() if line.strip()]
+
+
+def choose_threshold(probs: list[float], labels: list[int], floor: float) -> float:
+    """The threshold maximising right keeps minus wrong keeps on decisive states (ties broken
+    towards the higher threshold: fewer keeps for the same net gain)."""
+    best, best_gain = 1.0, 0
+    for t in sorted({p for p in probs if p >= floor} | {floor}, reverse=True):
+        gain = sum((1 if y == 1 else -1) for p, y in zip(probs, labels) if p >= t)
+        if gain > best_gain:
+            best, best_gain = t, gain
+    return float(best)
+
+
+def report(probs_all: list[float], states: list[dict], threshold: float) -> dict:
+    keep = [p >= threshold for p in probs_all]
+    decisive = [(k, s["label"]) for k, s in zip(keep, states) if s["label"] >= 0]
+    tp = sum(1 for k, y in decisive if k and y == 1)
+    fp = sum(1 for k, y in decisive if k and y == 0)
+    fn = sum(1 for k, y in decisive if not k and y == 1)
+    return {"threshold": threshold, "states": len(states), "decisive": len(decisive),
+            "keep_better": sum(1 for _, y in decisive if y == 1),
+            "precision": tp / (tp + fp) if tp + fp else None, "recall": tp / (tp + fn) if tp + fn else None,
+            "right_keeps": tp, "wrong_keeps": fp, "keep_share": sum(keep) / len(keep) if keep else 0.0}
+
+
+def predict(model, states, make_batch, with_tokens: bool, batch_size: int = 64) -> list[float]:
+    import torch
+
+    out = []
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(states), batch_size):
+            chunk = states[i:i + batch_size]
+            out += torch.sigmoid(model(make_batch(chunk, with_tokens=with_tokens))).tolist()
+    return out
+
+
+def train(model, train_states, dev_states, cfg: WarmupConfig, epochs: int, lr: float, batch_size: int,
+          with_tokens: bool, log: list) -> None:
+    """Class-balanced BCE on decisive states; keeps the weights of the best dev epoch."""
+    import copy
+
+    import torch
+    from tqdm import tqdm
+
+    from .arbiter_model import make_batch
+
+    decisive = [s for s in train_states if s["label"] >= 0]
+    dev_decisive = [s for s in dev_states if s["label"] >= 0]
+    labels = torch.tensor([float(s["label"]) for s in decisive])
+    n_pos = float(labels.sum())
+    pos_weight = (len(decisive) - n_pos) / max(n_pos, 1.0)
+    with torch.no_grad():  # standardise the head's inputs from the training states
+        model.eval()
+        inputs = torch.cat([model.head_inputs(make_batch(decisive[i:i + 64], with_tokens=with_tokens))
+                            for i in range(0, len(decisive), 64)])
+        model.head.standardise_from(inputs)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
+    rng = random.Random(cfg.seed)
+    best, best_loss = None, math.inf
+    dev_labels = torch.tensor([float(s["label"]) for s in dev_decisive])
+    dev_pos_weight = (len(dev_decisive) - float(dev_labels.sum())) / max(float(dev_labels.sum()), 1.0)
+    for epoch in tqdm(range(epochs), desc=f"warm-up {model.kind}", unit="epoch", file=sys.stderr):
+        model.train()
+        order = list(range(len(decisive)))
+        rng.shuffle(order)
+        total = 0.0
+        for i in range(0, len(order), batch_size):
+            idx = order[i:i + batch_size]
+            logits = model(make_batch([decisive[j] for j in idx], with_tokens=with_tokens))
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                logits, labels[idx], pos_weight=torch.tensor(pos_weight))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += float(loss.detach()) * len(idx)
+        dev_probs = torch.tensor(predict(model, dev_decisive, make_batch, with_tokens)).clamp(1e-6, 1 - 1e-6)
+        dev_loss = float(torch.nn.functional.binary_cross_entropy(
+            dev_probs, dev_labels, weight=torch.where(dev_labels > 0, dev_pos_weight, 1.0)))
+        log.append({"arbiter": model.kind, "epoch": epoch, "train_loss": total / len(decisive), "dev_loss": dev_loss})
+        if dev_loss < best_loss:
+            best_loss, best = dev_loss, copy.deepcopy(model.state_dict())
+    model.load_state_dict(best)
+    model.eval()
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_config(WarmupConfig, argv, __doc__.split("\n\n")[0])
+    if cfg.data is None or cfg.out is None:
+        sys.exit("--data and --out are required")
+    import torch
+
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    from converters.arbiter_export import write_arbiter
+    from cospec_local import _cospec
+    from cospec_local.models import resolve_model
+
+    from .arbiter_model import N_FEATURES, FeaturesArbiter, LoraArbiter, load_draft_backbone, make_batch
+
+    assert N_FEATURES == _cospec.N_FEATURES
+    draft = resolve_model(cfg.draft)
+    manifest = json.loads((cfg.data / "manifest.json").read_text())
+    if manifest["draft_fingerprint"] != _cospec.model_fingerprint(str(draft)):
+        sys.exit(f"{cfg.data} was collected with another draft than {draft}")
+    states = load_states(cfg.data)
+    train_states = [s for s in states if s["split"] == "train"]
+    dev_states = [s for s in states if s["split"] == "dev"]
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    log: list = []
+    results = {"config": {k: str(v) for k, v in asdict(cfg).items()}, "data": manifest,
+               "train_states": len(train_states), "train_decisive": sum(s["label"] >= 0 for s in train_states),
+               "train_keep_better": sum(s["label"] == 1 for s in train_states), "arbiters": {}}
+    for kind in [k.strip() for k in cfg.arbiters.split(",") if k.strip()]:
+        t0 = time.time()
+        torch.manual_seed(cfg.seed)
+        if kind == "features":
+            model = FeaturesArbiter(cfg.head_hidden, cfg.head_layers)
+            train(model, train_states, dev_states, cfg, cfg.features_epochs, cfg.features_lr, 1 << 30, False, log)
+            extra = {}
+        elif kind == "lora":
+            model = LoraArbiter(load_draft_backbone(draft), cfg.lora_rank, cfg.lora_alpha, 0.0, cfg.head_hidden,
+                                cfg.head_layers)
+            train(model, train_states, dev_states, cfg, cfg.lora_epochs, cfg.lora_lr, cfg.batch_size, True, log)
+            extra = dict(lora=model.lora_weights(), lora_alpha=model.alpha, n_embd=model.n_embd)
+        else:
+            sys.exit(f"unknown arbiter {kind!r}")
+        wall = time.time() - t0
+        with_tokens = kind == "lora"
+        dev_probs = predict(model, dev_states, make_batch, with_tokens)
+        dev_decisive = [(p, s["label"]) for p, s in zip(dev_probs, dev_states) if s["label"] >= 0]
+        threshold = choose_threshold([p for p, _ in dev_decisive], [y for _, y in dev_decisive], cfg.min_threshold)
+        measured = {"dev": report(dev_probs, dev_states, threshold),
+                    "dev_at_0.5": report(dev_probs, dev_states, 0.5),
+                    "train": report(predict(model, train_states, make_batch, with_tokens), train_states, threshold),
+                    "train_seconds": round(wall, 1)}
+        results["arbiters"][kind] = measured
+        info = {"warmup": measured, "data": {"draft": manifest["draft"], "target": manifest["target"],
+                                             "train_states": results["train_states"]},
+                "config": results["config"]}
+        name = f"{Path(draft).stem.split('-q')[0]}-{kind}"
+        description = {"features": "MLP over the block's features, warm-up on branch-oracle labels",
+                       "lora": "draft + LoRA adapter, head over hidden states and features, warm-up on "
+                               "branch-oracle labels"}[kind]
+        write_arbiter(cfg.out / kind, kind=kind, head=model.head, draft_gguf=draft, threshold=threshold, name=name,
+                      description=description, info=info, **extra)
+        print(f"{kind}: {json.dumps(measured['dev'])}", file=sys.stderr)
+    results["log"] = log
+    (cfg.out / "warmup_log.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

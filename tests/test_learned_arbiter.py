@@ -1,0 +1,281 @@
+"""Learned arbiters end to end: the torch models, their export (LoRA adapter GGUF, head GGUF,
+head.onnx), native execution inside the engine, and the bundled demo arbiters.
+
+Parity, as the engine runs them:
+- hidden states of the LoRA arbiter's hybrid-mask pass, llama.cpp vs torch, f32 weights: <= 1e-3;
+- the head under ONNX Runtime vs torch: <= 1e-5; the native head vs ONNX Runtime likewise;
+- P(keep) of the shipped (Q8_0 draft) arbiters, torch vs native, on recorded states: >= 99% of
+  decisions the same at the threshold.
+"""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from converters.arbiter_export import write_arbiter
+from converters.llama_to_gguf import convert
+from cospec_local import AdapterError, ArbiterError, Engine, GenerationParams, InvalidArgumentError, NoDraftError, _cospec
+from cospec_local.arbiters import NAMED_ARBITERS, onnx_head
+from cospec_local.models import DEMO_DIR, demo_checkpoint, demo_model
+from cospec_local.params import DEFAULTS
+from cospec_local.tasks import load_task
+from cospec_local.train.arbiter_model import (FeaturesArbiter, LoraArbiter, load_arbiter, load_draft_backbone,
+                                              make_batch)
+from cospec_local.train.collect import Collector
+
+torch.set_num_threads(1)  # before torch's first op: llama.cpp in this process stays fast
+
+
+@pytest.fixture(scope="module")
+def demo_engine():
+    with Engine.open_default(n_ctx=1024, n_threads=1) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def states(demo_engine):
+    """Decision states recorded by the branch-oracle collector on a few dev problems."""
+    collector = Collector(demo_engine, GenerationParams(max_tokens=200))
+    out = []
+    for problem in load_task("arith", "dev", 16) + load_task("pyfunc", "dev", 8):
+        out += collector.problem(problem, "dev")[1]
+    assert len(out) >= 8
+    return out
+
+
+@pytest.fixture(scope="module")
+def f32_draft(tmp_path_factory):
+    path = tmp_path_factory.mktemp("draft") / "demo-draft-f32.gguf"
+    return convert(demo_checkpoint("draft"), DEMO_DIR / "tokenizer.model", path, "f32")
+
+
+def random_lora_arbiter(draft_gguf, seed=0) -> LoraArbiter:
+    torch.manual_seed(seed)
+    model = LoraArbiter(load_draft_backbone(draft_gguf))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # PEFT starts B at zero: a no-op adapter would check nothing
+            torch.nn.init.normal_(p, std=0.05)
+    return model.eval()
+
+
+def export(model, folder, draft_gguf, threshold=0.5):
+    extra = dict(lora=model.lora_weights(), lora_alpha=model.alpha, n_embd=model.n_embd) if model.kind == "lora" else {}
+    return write_arbiter(folder, kind=model.kind, head=model.head, draft_gguf=draft_gguf, threshold=threshold,
+                         name=f"test-{model.kind}", **extra)
+
+
+def block_of(engine, state, logits=True) -> dict:
+    """The block a state was decided on, its logits rebuilt by teacher forcing."""
+    ctx, draft, target = state["context"], state["draft"], state["target"]
+    n, k = len(ctx), len(draft)
+    b = {"draft": np.array(draft, np.int32), "target": np.array(target, np.int32),
+         "mismatch": np.array(state["mismatch"], np.uint8), "context": np.array(ctx, np.int32)}
+    if logits:
+        b["target_logits"] = engine.score(ctx + draft, "target")[n - 1:n + k]
+        b["draft_logits"] = engine.score(ctx + draft, "draft")[n - 1:n - 1 + k]
+    else:
+        b["target_logits"] = np.zeros((k + 1, engine.n_vocab), np.float32)
+        b["draft_logits"] = np.zeros((k, engine.n_vocab), np.float32)
+    return b
+
+
+def test_generation_params_defaults_are_the_native_ones():
+    native = _cospec.GenerateParams()
+    assert (DEFAULTS.max_tokens, DEFAULTS.draft_max, DEFAULTS.adaptive_draft, DEFAULTS.sample_arbiter) == \
+        (native.n_predict, native.n_draft, native.adaptive_draft, native.sample_arbiter)
+    assert DEFAULTS.fly_window == _cospec.FLY_DEFAULTS["window"]
+
+
+def test_collector_reject_branch_is_the_recorded_run(demo_engine, states):
+    """The collector scores the reject branch with the recorded run's own answer: greedy
+    speculative decoding is lossless, so continuing after the target's token gives that run."""
+    collector = Collector(demo_engine, GenerationParams(max_tokens=200))
+    problems = {p.id: p for p in load_task("arith", "dev", 16) + load_task("pyfunc", "dev", 8)}
+    for s in states[:6]:
+        from cospec_local.tasks import FAMILY_STOPS
+
+        problem = problems[s["problem_id"]]
+        stops = tuple(FAMILY_STOPS[problem.family])
+        full = demo_engine.generate(problem.prompt, max_tokens=200, stop=stops).text
+        i = s["position"]
+        prefix = s["context"] + s["draft"][:i] + [s["target"][i]]
+        generated = prefix[s["prompt_len"]:]
+        cont = demo_engine.generate(prefix, max_tokens=200 - len(generated), stop=stops).text
+        assert collector.text_of(generated) + cont == full
+        assert s["label"] in (-1, 0, 1) and (s["label"] == -1) == (s["keep_correct"] == s["reject_correct"])
+
+
+def test_lora_hidden_states_match_torch(f32_draft, states, tmp_path):
+    """The engine's region pass (prefix causal, region one non-causal batch) is the torch model's
+    hybrid mask: same hidden states for every d_i and t_i of real blocks."""
+    model = random_lora_arbiter(f32_draft)
+    folder = export(model, tmp_path / "lora", f32_draft)
+    with Engine(demo_model("target"), f32_draft, n_ctx=1024, n_threads=1) as engine:
+        arbiter = engine.arbiter(str(folder))
+        d = model.n_embd
+        worst = 0.0
+        for s in states[:10]:
+            k = len(s["draft"])
+            native = arbiter.head_inputs(block_of(engine, s, logits=False))
+            with torch.no_grad():
+                h = model.hidden(make_batch([s], [list(range(k))]))[0].numpy()
+            n = len(s["context"])
+            worst = max(worst, np.abs(native[:, :d] - h[n:n + 2 * k:2]).max(),
+                        np.abs(native[:, d:2 * d] - h[n + 1:n + 2 * k:2]).max())
+        assert worst <= 1e-3, worst
+        # The region attends both ways: changing the last target token moves the first draft token's state.
+        s = states[0]
+        b = block_of(engine, s, logits=False)
+        before = arbiter.head_inputs(b)[0, :d].copy()
+        b["target"] = b["target"].copy()
+        b["target"][len(s["draft"]) - 1] = (b["target"][len(s["draft"]) - 1] + 7) % 500
+        assert np.abs(arbiter.head_inputs(b)[0, :d] - before).max() > 1e-3
+        # ... and the region leaves no trace: the original block scores as before.
+        assert np.allclose(arbiter.head_inputs(block_of(engine, s, logits=False))[0, :d], before, atol=1e-6)
+
+
+def test_onnx_head_matches_torch_and_native(tmp_path, demo_engine, states):
+    torch.manual_seed(1)
+    model = FeaturesArbiter()
+    for p in model.head.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    folder = export(model, tmp_path / "features", demo_model("draft"))
+    rows = np.random.default_rng(0).normal(0, 3, (64, _cospec.N_FEATURES)).astype(np.float32)
+    with torch.no_grad():
+        expected = torch.sigmoid(model.head(torch.from_numpy(rows))).numpy()
+    assert np.abs(onnx_head(folder)(rows) - expected).max() <= 1e-5
+    native = demo_engine.arbiter(str(folder))
+    via_onnx = demo_engine.arbiter(str(folder), head="onnx")
+    for s in states[:8]:
+        b = block_of(demo_engine, s)
+        p_native, p_onnx = native.score(b), via_onnx.score(b)
+        assert np.abs(p_native - p_onnx).max() <= 1e-5
+        feats = native.head_inputs(b)
+        assert np.allclose(feats, _cospec.block_features(b))  # the features arbiter reads exactly the features
+        with torch.no_grad():
+            p_torch = torch.sigmoid(model.head(torch.from_numpy(feats))).numpy()
+        mismatch = b["mismatch"].astype(bool)
+        assert np.abs(p_native[mismatch] - p_torch[mismatch]).max() <= 1e-5
+        assert (p_native[~mismatch] == 0).all()
+    prompt = load_task("arith", "test", 1)[0].prompt
+    a = demo_engine.generate(prompt, arbiter=str(folder), max_tokens=120)
+    b = demo_engine.generate(prompt, arbiter=str(folder), arbiter_head="onnx", max_tokens=120)
+    assert a.tokens == b.tokens and a.decisions == b.decisions
+
+
+@pytest.mark.parametrize("name", ["demo-features", "demo-lora"])
+def test_shipped_arbiter_matches_its_torch_model(demo_engine, states, name):
+    """The bundled arbiter (Q8_0 draft) decides like its torch model on recorded states."""
+    folder = NAMED_ARBITERS[name].path
+    model = load_arbiter(folder, demo_model("draft"))
+    arbiter = demo_engine.arbiter(name)
+    same = total = 0
+    for s in states:
+        b = block_of(demo_engine, s)
+        native_p = arbiter.score(b)
+        inputs = arbiter.head_inputs(b)
+        k = len(s["draft"])
+        with torch.no_grad():
+            if model.kind == "lora":
+                batch = make_batch([s], [list(range(k))])
+                batch.features = torch.from_numpy(inputs[:, -_cospec.N_FEATURES:])
+                torch_p = torch.sigmoid(model(batch)).numpy()
+            else:
+                torch_p = torch.sigmoid(model.head(torch.from_numpy(inputs))).numpy()
+        for i in np.flatnonzero(b["mismatch"]):
+            same += (native_p[i] >= arbiter.threshold) == (torch_p[i] >= arbiter.threshold)
+            total += 1
+    assert total >= 8 and same >= 0.99 * total, (same, total)
+
+
+@pytest.mark.parametrize("name", ["demo-features", "demo-lora"])
+def test_shipped_arbiter_runs_and_records_decisions(demo_engine, name):
+    prompts = [p.prompt for p in load_task("arith", "test", 6)]
+    n_decisions = 0
+    for prompt in prompts:
+        r = demo_engine.generate(prompt, arbiter=name, max_tokens=160, stop="\n\n")
+        assert r.label == f"speculative/{name}"
+        assert [d.token_index for d in r.decisions if d.keep] == [i for i, p in enumerate(r.provenance) if p == "kept"]
+        assert all(0.0 <= d.p_keep <= 1.0 for d in r.decisions)
+        again = demo_engine.generate(prompt, arbiter=name, max_tokens=160, stop="\n\n")
+        assert again.tokens == r.tokens and again.decisions == r.decisions
+        n_decisions += len(r.decisions)
+    assert n_decisions > 0
+
+
+def test_sampled_decisions_follow_the_seed(demo_engine, tmp_path):
+    """With sample_arbiter each decision is Bernoulli(P(keep)) from the generation's seed."""
+    seen = []
+
+    def half(block):
+        return np.where(block["mismatch"], 0.5, 0.0)
+
+    from cospec_local import arbiter_from_function
+
+    coin = arbiter_from_function(half, "coin")
+    prompt = load_task("arith", "test", 3)[2].prompt
+    runs = {seed: demo_engine.generate(prompt, arbiter=coin, sample_arbiter=True, seed=seed, max_tokens=120,
+                                       adaptive_draft=False) for seed in range(8)}
+    again = demo_engine.generate(prompt, arbiter=coin, sample_arbiter=True, seed=3, max_tokens=120,
+                                 adaptive_draft=False)
+    assert again.tokens == runs[3].tokens and again.decisions == runs[3].decisions
+    keeps = [d.keep for r in runs.values() for d in r.decisions]
+    seen.extend(keeps)
+    assert 0 < sum(seen) < len(seen), "P = 0.5 must sometimes keep and sometimes not"
+    assert len({tuple(r.tokens) for r in runs.values()}) > 1
+
+
+def test_bad_arbiter_files_are_clear_errors(demo_engine, f32_draft, tmp_path):
+    good = export(random_lora_arbiter(demo_model("draft")), tmp_path / "good", demo_model("draft"))
+    assert demo_engine.arbiter(str(good)).name == "test-lora"
+
+    # made for another draft: the fingerprint differs
+    with Engine(demo_model("target"), f32_draft, n_ctx=512, n_threads=1) as other:
+        with pytest.raises(ArbiterError, match="made for another draft"):
+            other.arbiter(str(good))
+        with pytest.raises(ArbiterError, match="made for another draft"):
+            other.arbiter("demo-lora")
+        assert other.generate("Hi", max_tokens=3, ignore_eos=True).tokens
+
+    def variant(name, change):
+        folder = shutil.copytree(good, tmp_path / name)
+        change(folder)
+        return str(folder)
+
+    truncated = variant("truncated", lambda f: (f / "arbiter.gguf").write_bytes((f / "arbiter.gguf").read_bytes()[:900]))
+    garbage = variant("garbage", lambda f: (f / "arbiter.gguf").write_bytes(b"GGUF" + b"\xff" * 400))
+    no_adapter = variant("no-adapter", lambda f: (f / "adapter.gguf").unlink())
+    cut_adapter = variant("cut-adapter", lambda f: (f / "adapter.gguf").write_bytes(
+        (f / "adapter.gguf").read_bytes()[:-1000]))
+    for path, pattern in [(truncated, "truncated|corrupt"), (garbage, "corrupt|truncated"),
+                          (no_adapter, "file not found"), (cut_adapter, "truncated|corrupt"),
+                          (str(tmp_path / "missing"), "file not found"), (demo_model("draft"), "not an arbiter")]:
+        with pytest.raises(ArbiterError, match=pattern):
+            demo_engine.arbiter(path)
+
+    # a LoRA whose shapes do not fit the draft: llama.cpp refuses it, the engine says so
+    wrong = random_lora_arbiter(demo_model("draft"))
+    weights = {name: (np.zeros((8, a.shape[1] * 2), np.float32), b) for name, (a, b) in wrong.lora_weights().items()}
+    folder = write_arbiter(tmp_path / "wrong-shape", kind="lora", head=wrong.head, draft_gguf=demo_model("draft"),
+                           threshold=0.5, name="wrong", lora=weights, lora_alpha=16.0, n_embd=wrong.n_embd)
+    with pytest.raises(AdapterError, match="does not fit the draft"):
+        demo_engine.arbiter(str(folder))
+    with pytest.raises(InvalidArgumentError):
+        demo_engine.generate("Hi", arbiter=str(good), arbiter_threshold=2.0)
+    with Engine(demo_model("target"), n_ctx=256) as target_only:
+        with pytest.raises(NoDraftError):
+            target_only.arbiter(str(good))
+    assert demo_engine.generate(load_task("arith", "test", 1)[0].prompt, arbiter=str(good), max_tokens=40).tokens
+
+
+def test_arbiter_is_closed_with_its_engine(f32_draft, tmp_path):
+    folder = export(random_lora_arbiter(f32_draft), tmp_path / "lora", f32_draft)
+    engine = Engine(demo_model("target"), f32_draft, n_ctx=512, n_threads=1)
+    arbiter = engine.arbiter(str(folder))
+    engine.close()
+    assert arbiter.closed
+    with pytest.raises(_cospec.CospecError, match="closed"):
+        arbiter.score({"draft": [1], "target": [1, 2], "target_logits": np.zeros((2, 512), np.float32)})
