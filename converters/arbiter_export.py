@@ -75,7 +75,7 @@ def write_onnx(path: Path, head) -> Path:
     n_in = head.in_mean.shape[0]
     example = torch.zeros(2, n_in)
     torch.onnx.export(model, (example,), str(path), input_names=["inputs"], output_names=["p_keep"],
-                      dynamic_axes={"inputs": {0: "rows"}, "p_keep": {0: "rows"}}, opset_version=17, dynamo=False)
+                      dynamic_shapes={"x": {0: torch.export.Dim("rows")}}, dynamo=True, verbose=False)
     onnx.checker.check_model(onnx.load(str(path)), full_check=True)
     return path
 

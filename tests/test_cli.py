@@ -1,6 +1,7 @@
 """The `cospec-local` command line, run as a user runs it."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -123,3 +124,23 @@ def test_models_lists_named_models(tmp_path):
     assert demo_target["architecture"] == demo_draft["architecture"] == "llama"
     assert demo_target["vocabulary"] == demo_draft["vocabulary"] == 512
     assert demo_target["layers"] > demo_draft["layers"]
+
+
+def test_chat_with_the_learned_arbiter_colours_kept_tokens():
+    """`chat --arbiter demo-lora --color` on the demo pair: the arbiter keeps a draft token on this
+    problem (found by its recorded decisions), shown in magenta, and the answer stays right."""
+    from cospec_local.tasks import load_task
+
+    problem = load_task("arith", "test", 2)[1]
+    env = dict(os.environ, TERM="dumb", PYTHONUNBUFFERED="1")
+    child = pexpect.spawn(sys.executable, [*CLI[1:], "chat", "--arbiter", "demo-lora", "--color", "-t", "1"], env=env,
+                          encoding="utf-8", timeout=120)
+    child.expect_exact(">>> ")
+    child.sendline(problem.prompt)
+    child.expect(r"arbiter demo-lora \| drafted \d+, accepted \d+ \(\d+%\), arbiter keeps [1-9]")
+    reply = child.before
+    assert "\x1b[35;1m" in reply  # a kept draft token
+    assert f"#### {problem.answer}" in re.sub(r"\x1b\[[0-9;]*m", "", reply)
+    child.expect_exact(">>> ")
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)

@@ -87,7 +87,7 @@ def test_runs_that_keep_mismatches_are_reproducible(tmp_path):
     whose arbiter keeps mismatches: no block length or decision depends on timing or on what
     ran before."""
     problems = load_task("arith", "test", limit=12)
-    runs = parse_runs("fly,sps")
+    runs = parse_runs("fly,sps,cospec:demo-lora,cospec:demo-features")
     params = GenerationParams(max_tokens=160)
     a, b = tmp_path / "a", tmp_path / "b"
     with Engine.open_default(n_threads=1) as engine:
@@ -104,4 +104,5 @@ def test_runs_that_keep_mismatches_are_reproducible(tmp_path):
     second = [reproducible_part(json.loads(line)) for line in (b / "records.jsonl").read_text().splitlines()]
     key = lambda r: (r["problem_id"], r["run"])  # noqa: E731
     assert sorted(first, key=key) == sorted(second, key=key)
-    assert sum(r["kept"] for r in first if r["run"] == "fly") > 0, "FLy should keep something on this pair"
+    for run in ("fly", "cospec:demo-lora", "cospec:demo-features"):
+        assert sum(r["kept"] for r in first if r["run"] == run) > 0, f"{run} should keep something on this pair"
