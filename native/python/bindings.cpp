@@ -6,14 +6,83 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <thread>
 #include <string>
 #include <vector>
 
 namespace py = pybind11;
 
 namespace {
+
+// Every llama.cpp computation of this process runs on one long-lived thread.
+// ggml's CPU backend parallelises with OpenMP, whose thread teams belong to
+// the OS thread that starts them: once a second long-lived thread has run a
+// parallel region (the main thread, a pool's thread), regions started from
+// the others ran 10-20x slower (the demo draft: 0.08 -> 1.9 ms a token after
+// one Engine.score on the main thread). Callers wait here with the GIL
+// released; callbacks into Python take it back on this thread.
+class compute_thread {
+  public:
+    static compute_thread & get() {
+        static compute_thread * instance = new compute_thread(); // never destroyed: it may outlive interpreter exit
+        return *instance;
+    }
+
+    void run(const std::function<void()> & work) {
+        if (std::this_thread::get_id() == worker.get_id()) {
+            work(); // a callback already on this thread (e.g. an arbiter that scores)
+            return;
+        }
+        std::packaged_task<void()> task(work);
+        std::future<void> done = task.get_future();
+        {
+            std::lock_guard<std::mutex> lock(mutex);
+            queue.push_back(&task);
+        }
+        ready.notify_one();
+        done.get(); // rethrows what the work threw
+    }
+
+  private:
+    compute_thread() : worker([this] { loop(); }) { worker.detach(); }
+
+    void loop() {
+        for (;;) {
+            std::packaged_task<void()> * task;
+            {
+                std::unique_lock<std::mutex> lock(mutex);
+                ready.wait(lock, [this] { return !queue.empty(); });
+                task = queue.front();
+                queue.pop_front();
+            }
+            (*task)();
+        }
+    }
+
+    std::mutex mutex;
+    std::condition_variable ready;
+    std::deque<std::packaged_task<void()> *> queue;
+    std::thread worker;
+};
+
+// Run native work on the compute thread with the GIL released; returns the
+// status and the message cospec_last_error() left there (it is per thread).
+int32_t compute(const std::function<int32_t()> & work, std::string & message) {
+    int32_t status = COSPEC_ERR_INTERNAL;
+    py::gil_scoped_release release;
+    compute_thread::get().run([&] {
+        status = work();
+        message = status < 0 ? cospec_last_error() : "";
+    });
+    return status;
+}
 
 // Raised as _cospec.CospecError(status, status_name, message).
 struct native_error {
@@ -274,8 +343,10 @@ class Arbiter {
 
     void close() {
         if (handle != nullptr) {
-            cospec_arbiter_free(handle);
+            cospec_arbiter * h = handle;
             handle = nullptr;
+            std::string message;
+            compute([&] { cospec_arbiter_free(h); return COSPEC_OK; }, message); // after any generation using it
         }
         if (state || head_state) {
             py::gil_scoped_acquire gil;
@@ -298,14 +369,13 @@ class Arbiter {
     py::array_t<float> score(const py::dict & block) {
         python_block pb(block);
         py::array_t<float> out(pb.b.n_draft);
-        int32_t status;
-        {
-            py::gil_scoped_release release;
-            status = cospec_arbiter_score(get(), &pb.b, out.mutable_data());
-        }
+        cospec_arbiter * a = get();
+        float * data = out.mutable_data();
+        std::string message;
+        const int32_t status = compute([&] { return cospec_arbiter_score(a, &pb.b, data); }, message);
         rethrow_callback_error();
         if (status != COSPEC_OK) {
-            raise_status(status);
+            throw native_error {status, message};
         }
         return out;
     }
@@ -314,14 +384,12 @@ class Arbiter {
     py::array_t<float> head_inputs(const py::dict & block) {
         python_block pb(block);
         std::vector<float> buf((size_t) std::max(pb.b.n_draft, 1) * (size_t) (1 << 16));
-        int32_t cols;
-        {
-            py::gil_scoped_release release;
-            cols = cospec_arbiter_head_inputs(get(), &pb.b, buf.data(), buf.size());
-        }
+        cospec_arbiter * a = get();
+        std::string message;
+        const int32_t cols = compute([&] { return cospec_arbiter_head_inputs(a, &pb.b, buf.data(), buf.size()); }, message);
         rethrow_callback_error();
         if (cols < 0) {
-            raise_status(cols);
+            throw native_error {cols, message};
         }
         py::array_t<float> out({(py::ssize_t) pb.b.n_draft, (py::ssize_t) cols});
         std::copy(buf.begin(), buf.begin() + (size_t) pb.b.n_draft * cols, out.mutable_data());
@@ -400,13 +468,8 @@ class Engine {
             p.progress_callback = python_progress;
             p.progress_user_data = &ps;
         }
-        int32_t status;
         std::string message;
-        {
-            py::gil_scoped_release release;
-            status = cospec_engine_open(&p, &handle);
-            message = cospec_last_error();
-        }
+        const int32_t status = compute([&] { return cospec_engine_open(&p, &handle); }, message);
         if (ps.error) {
             throw std::move(*ps.error);
         }
@@ -418,7 +481,13 @@ class Engine {
     ~Engine() { close(); }
 
     // Learned arbiters share the draft model: they go first.
+    // Learned arbiters share the draft model, so they go first. A running
+    // generation is asked to stop, and the engine is freed on the compute
+    // thread after it: never under a running generation.
     void close() {
+        if (handle != nullptr) {
+            cospec_engine_abort(handle);
+        }
         for (auto & weak : arbiters) {
             if (auto a = weak.lock()) {
                 a->close();
@@ -426,8 +495,10 @@ class Engine {
         }
         arbiters.clear();
         if (handle != nullptr) {
-            cospec_engine_free(handle);
+            cospec_engine * e = handle;
             handle = nullptr;
+            std::string message;
+            compute([&] { cospec_engine_free(e); return COSPEC_OK; }, message);
         }
     }
 
@@ -451,13 +522,11 @@ class Engine {
         py::array_t<float> out({(py::ssize_t) tokens.size(), (py::ssize_t) n_vocab});
         float * data = out.mutable_data();
         const size_t size = tokens.size() * (size_t) n_vocab;
-        int32_t status;
-        {
-            py::gil_scoped_release release;
-            status = cospec_score(e, which, tokens.data(), (int32_t) tokens.size(), data, size);
-        }
+        std::string message;
+        const int32_t status = compute([&] { return cospec_score(e, which, tokens.data(), (int32_t) tokens.size(), data, size); },
+                                       message);
         if (status != COSPEC_OK) {
-            throw native_error {status, cospec_last_error()};
+            throw native_error {status, message};
         }
         return out;
     }
@@ -516,13 +585,9 @@ class Engine {
         p.token_user_data = &ss;
         cospec_engine * e = get();
         cospec_result * res = nullptr;
-        int32_t status;
         std::string message;
-        {
-            py::gil_scoped_release release;
-            status = cospec_generate(e, prompt.data(), (int32_t) prompt.size(), &p, &res);
-            message = cospec_last_error();
-        }
+        const int32_t status = compute([&] { return cospec_generate(e, prompt.data(), (int32_t) prompt.size(), &p, &res); },
+                                       message);
         std::unique_ptr<cospec_result, decltype(&cospec_result_free)> owned(res, cospec_result_free);
         // A Python exception from a callback travels in the result, so the
         // caller gets both the exception and the tokens produced before it.
@@ -573,13 +638,8 @@ std::shared_ptr<Arbiter> Arbiter::load(Engine & engine, py::object engine_ref, c
     }
     cospec_engine * e = engine.get();
     cospec_arbiter * a = nullptr;
-    int32_t status;
     std::string message;
-    {
-        py::gil_scoped_release release;
-        status = cospec_arbiter_load(e, &p, &a);
-        message = cospec_last_error();
-    }
+    const int32_t status = compute([&] { return cospec_arbiter_load(e, &p, &a); }, message);
     if (status != COSPEC_OK) {
         throw native_error {status, message};
     }
@@ -705,7 +765,11 @@ PYBIND11_MODULE(_cospec, m) {
              py::arg("key"))
         .def("score", &Arbiter::score, py::arg("block"))
         .def("head_inputs", &Arbiter::head_inputs, py::arg("block"))
-        .def("reset", [](Arbiter & a) { cospec_arbiter_reset(a.get()); })
+        .def("reset", [](Arbiter & a) {
+            cospec_arbiter * h = a.get();
+            std::string message;
+            compute([&] { cospec_arbiter_reset(h); return COSPEC_OK; }, message);
+        })
         .def("close", &Arbiter::close);
 
     py::class_<Engine>(m, "Engine")
@@ -715,7 +779,11 @@ PYBIND11_MODULE(_cospec, m) {
              py::arg("n_gpu_layers_draft") = -1, py::arg("progress") = py::none())
         .def("close", &Engine::close)
         .def("abort", [](Engine & e) { cospec_engine_abort(e.handle); })
-        .def("reset", [](Engine & e) { cospec_engine_reset(e.get()); })
+        .def("reset", [](Engine & e) {
+            cospec_engine * h = e.get();
+            std::string message;
+            compute([&] { cospec_engine_reset(h); return COSPEC_OK; }, message);
+        })
         .def_property_readonly("closed", [](const Engine & e) { return e.handle == nullptr; })
         .def_property_readonly("has_draft", [](const Engine & e) { return cospec_engine_has_draft(e.get()); })
         .def_property_readonly("n_ctx", [](const Engine & e) { return cospec_engine_n_ctx(e.get()); })
