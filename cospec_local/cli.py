@@ -5,6 +5,7 @@ Flags follow llama.cpp's where one exists (-m, -md, -p, -n, -c, -t, --temp, --se
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from dataclasses import MISSING, fields
 
@@ -16,6 +17,8 @@ from .errors import CospecError
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, NAMED_MODELS, resolve_model
 from .params import GenerationParams
 
+MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS; the engine refuses more
+
 
 def model_options(fn):
     """Options shared by every command that opens an engine."""
@@ -24,9 +27,11 @@ def model_options(fn):
                      help="Target GGUF file or named model."),
         click.option("-md", "--model-draft", "draft", default=DEFAULT_DRAFT, show_default=True,
                      help="Draft GGUF file or named model."),
-        click.option("-c", "--ctx-size", "n_ctx", default=4096, show_default=True, help="Context window in tokens."),
-        click.option("-t", "--threads", "n_threads", default=0, help="CPU threads (0: all cores)."),
-        click.option("-ngl", "--gpu-layers", "n_gpu_layers", default=-1,
+        click.option("-c", "--ctx-size", "n_ctx", default=4096, show_default=True, type=click.IntRange(0, 1 << 24),
+                     help="Context window in tokens."),
+        click.option("-t", "--threads", "n_threads", default=0, type=click.IntRange(0, MAX_THREADS),
+                     help="CPU threads (0: all cores)."),
+        click.option("-ngl", "--gpu-layers", "n_gpu_layers", default=-1, type=click.IntRange(-1, 1 << 16),
                      help="Layers to offload with a GPU build of llama.cpp (-1: all)."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's own log."),
     ]
@@ -50,7 +55,10 @@ def generation_options(exclude: tuple[str, ...] = (), **defaults):
             try:
                 params.validate()
             except ValueError as exc:
-                raise click.BadParameter(str(exc)) from None
+                field = getattr(exc, "field", None)
+                flags = next((f.metadata["flags"] for f in chosen if f.name == field), None)
+                why = str(exc).split(": ", 1)[-1] if field else str(exc)
+                raise click.BadParameter(why, param_hint=list(flags) if flags else None) from None
             return fn(params=params, **kwargs)
 
         wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
@@ -130,7 +138,11 @@ def generate(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, pro
             click.echo()
             click.echo(stats_line(engine.last_result), err=True)
         except KeyboardInterrupt:
-            click.echo("\n[interrupted]", err=True)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the partial output short
+            if as_json and engine.last_result is not None:
+                click.echo(json.dumps(engine.last_result.to_json(), ensure_ascii=False))
+            else:
+                click.echo("\n[interrupted]", err=True)
             sys.exit(130)
         except (CospecError, FileNotFoundError) as exc:
             raise click.ClickException(str(exc)) from None
@@ -143,8 +155,6 @@ def generate(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, pro
 @click.option("--color", is_flag=True, help="Colour draft tokens: green matched, magenta kept by the arbiter.")
 def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, system, color):
     """Talk with the model pair. /? for help."""
-    import signal
-
     from .chat_session import ChatSession
 
     if sys.stdin.isatty():
@@ -304,5 +314,19 @@ def models(as_json):
         click.echo(f"{a.name:<20} for {a.draft}: {a.description}\n{'':<20} {a.path}")
 
 
+def run() -> None:
+    """The console entry point: click's own handling, except that an interrupt anywhere
+    (loading, a second Ctrl-C) exits 130 quietly, as a shell expects, not "Aborted!" and 1."""
+    try:
+        main.main(standalone_mode=False)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        sys.exit(130)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+
+
 if __name__ == "__main__":
-    main()
+    run()

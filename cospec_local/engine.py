@@ -8,6 +8,7 @@ native loop, and what was generated so far is kept in `Engine.last_result`.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
 import queue
 import threading
@@ -185,20 +186,30 @@ class Engine:
                  n_gpu_layers_draft: int = -1, progress: Callable[[str, float], object] | None = None,
                  verbose: bool = False):
         _cospec.set_llama_log(verbose)
-        native_progress = None
-        if progress is not None:
-            def native_progress(which: int, value: float):
-                return progress("target" if which == 0 else "draft", value)
+        cancel = threading.Event()  # set by Ctrl-C while loading: the loader stops at its next step
+
+        def native_progress(which: int, value: float):
+            if cancel.is_set():
+                return False
+            return True if progress is None else progress("target" if which == 0 else "draft", value)
+
         # Named models ("smollm2-135m") resolve to files; anything else is a path.
         self.target_path = os.fspath(resolve_model(target))
         self.draft_path = os.fspath(resolve_model(draft)) if draft is not None else None
+        # Loading runs beside this thread so that Ctrl-C here cancels it.
+        loading = _Background("cospec-load", lambda: _cospec.Engine(
+            self.target_path, self.draft_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+            n_threads_batch=n_threads_batch, n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
+            progress=native_progress))
         try:
-            self._native = _cospec.Engine(self.target_path, self.draft_path, n_ctx=n_ctx, n_batch=n_batch,
-                                          n_threads=n_threads, n_threads_batch=n_threads_batch,
-                                          n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
-                                          progress=native_progress)
-        except _cospec.CospecError as exc:
-            raise from_native(exc) from None
+            loading.wait()
+        except BaseException:
+            cancel.set()
+            loading.wait_ignoring_interrupts()
+            if loading.result is not None:
+                loading.result.close()
+            raise
+        self._native = loading.outcome()
         self.last_result: Generation | None = None
         self._chat_template: ChatTemplate | None = None
         # Learned arbiters loaded for this engine, by (path, threshold, head): a LoRA
@@ -214,7 +225,9 @@ class Engine:
     # ------------------------------------------------------------ lifetime
 
     def close(self) -> None:
-        self._native.close()
+        """Free the models (a running generation is stopped first; safe from any thread)."""
+        with _native_errors():
+            self._native.close()
 
     def __enter__(self) -> "Engine":
         return self
@@ -223,32 +236,42 @@ class Engine:
         self.close()
 
     @property
+    def closed(self) -> bool:
+        return self._native.closed
+
+    @property
     def n_ctx(self) -> int:
-        return self._native.n_ctx
+        with _native_errors():
+            return self._native.n_ctx
 
     @property
     def n_vocab(self) -> int:
         """The target's vocabulary size (rows of its logits)."""
-        return self._native.n_vocab
+        with _native_errors():
+            return self._native.n_vocab
 
     @property
     def has_draft(self) -> bool:
-        return self._native.has_draft
+        with _native_errors():
+            return self._native.has_draft
 
     def abort(self) -> None:
         """Stop the running generation (thread-safe); it returns what it has."""
         self._native.abort()
 
     def reset(self) -> None:
-        """Forget the cached prompt prefix of both models and of the learned arbiters loaded here."""
-        self._native.reset()
-        for arbiter in self._learned.values():
-            arbiter.reset()
+        """Forget the cached prompt prefix of both models and of the learned arbiters loaded here
+        (a running generation is stopped first)."""
+        with _native_errors():
+            self._native.reset()
+            for arbiter in self._learned.values():
+                arbiter.reset()
 
     # ------------------------------------------------------------ vocabulary
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return self._native.tokenize(text.encode("utf-8"), add_special, parse_special)
+        with _native_errors():
+            return self._native.tokenize(text.encode("utf-8"), add_special, parse_special)
 
     def detokenize(self, tokens: Sequence[int], render_special: bool = False) -> str:
         try:
@@ -258,13 +281,16 @@ class Engine:
         return raw.decode("utf-8", errors="replace")
 
     def is_eog(self, token: int) -> bool:
-        return self._native.is_eog(token)
+        with _native_errors():
+            return self._native.is_eog(token)
 
     def meta(self, key: str, which: str = "target") -> str | None:
-        return self._native.meta(0 if which == "target" else 1, key)
+        with _native_errors():
+            return self._native.meta(0 if which == "target" else 1, key)
 
     def model_desc(self, which: str = "target") -> str | None:
-        return self._native.model_desc(0 if which == "target" else 1)
+        with _native_errors():
+            return self._native.model_desc(0 if which == "target" else 1)
 
     def score(self, tokens: Sequence[int], which: str = "target"):
         """Teacher-forced logits: a float32 array (len(tokens), n_vocab) whose row i is the model's
@@ -340,30 +366,17 @@ class Engine:
         return self._native.generate(request.prompt, p.native(), request.arbiter, list(p.stop), on_token)
 
     def _run(self, request: _Request, on_token=None) -> dict:
-        """Run the native loop on a worker thread; Ctrl-C here aborts it."""
-        box: dict = {}
-
-        def work():
-            try:
-                box["raw"] = self._native_generate(request, on_token)
-            except BaseException as exc:  # handed to the caller's thread below
-                box["exc"] = exc
-
-        worker = threading.Thread(target=work, name="cospec-generate", daemon=True)
-        worker.start()
+        """Run the native loop beside this thread; Ctrl-C here aborts it and keeps what it made."""
+        generation = _Background("cospec-generate", lambda: self._native_generate(request, on_token))
         try:
-            while worker.is_alive():
-                worker.join(0.05)
+            generation.wait()
         except BaseException:
             self._native.abort()
-            _join_ignoring_interrupts(worker)
-            if "raw" in box:
-                self._finish(box["raw"], request)
+            generation.wait_ignoring_interrupts()
+            if generation.result is not None:
+                self._finish(generation.result, request)
             raise
-        if "exc" in box:
-            exc = box["exc"]
-            raise from_native(exc) if isinstance(exc, _cospec.CospecError) else exc
-        return box["raw"]
+        return generation.outcome()
 
     def generate(self, prompt: str | Sequence[int], params: GenerationParams | None = None, **overrides) -> Generation:
         """Generate from a prompt (text, tokenized with the target's tokenizer, or token ids).
@@ -388,20 +401,14 @@ class Engine:
             events.put((token, provenance, text))
             return not stop_flag.is_set()
 
-        box: dict = {}
-
         def work():
             try:
-                # Already off the caller's thread: call the native loop directly.
-                box["raw"] = self._native_generate(request, on_token)
-            except BaseException as exc:
-                box["exc"] = from_native(exc) if isinstance(exc, _cospec.CospecError) else exc
+                return self._native_generate(request, on_token)
             finally:
                 events.put(done)
 
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        worker = threading.Thread(target=work, name="cospec-stream", daemon=True)
-        worker.start()
+        generation = _Background("cospec-stream", work)
         try:
             while True:
                 try:
@@ -417,23 +424,22 @@ class Engine:
             # KeyboardInterrupt or the consumer closed the iterator: stop the native loop.
             stop_flag.set()
             self._native.abort()
-            _join_ignoring_interrupts(worker)
-            if "raw" in box:
-                self._finish(box["raw"], request)
+            generation.wait_ignoring_interrupts()
+            if generation.result is not None:
+                self._finish(generation.result, request)
             raise
-        worker.join()
-        if "exc" in box:
-            raise box["exc"]
-        self._finish(box["raw"], request)
+        generation.wait_ignoring_interrupts()
+        self._finish(generation.outcome(), request)
 
     # ------------------------------------------------------------ chat
 
     @property
     def chat_template(self) -> ChatTemplate:
         if self._chat_template is None:
-            source = self._native.chat_template(0)
-            bos = self._piece(self._native.bos)
-            eos = self._piece(self._native.eos)
+            with _native_errors():
+                source = self._native.chat_template(0)
+                bos = self._piece(self._native.bos)
+                eos = self._piece(self._native.eos)
             self._chat_template = from_gguf_metadata(source, bos, eos)
         return self._chat_template
 
@@ -444,7 +450,8 @@ class Engine:
         """Apply the target's chat template (sandboxed Jinja) and tokenize the result."""
         text = self.chat_template.render(list(messages), add_generation_prompt=add_generation_prompt)
         tokens = self.tokenize(text, add_special=True, parse_special=True)
-        bos = self._native.bos
+        with _native_errors():
+            bos = self._native.bos
         if len(tokens) >= 2 and tokens[0] == bos and tokens[1] == bos:
             tokens = tokens[1:]  # the template wrote BOS itself
         return tokens
@@ -488,14 +495,52 @@ class Engine:
         yield final
 
 
-def _join_ignoring_interrupts(thread: threading.Thread) -> None:
-    """Wait for a worker that was asked to abort; a second Ctrl-C must not
-    leave it running with the engine still busy."""
-    while thread.is_alive():
-        try:
-            thread.join(0.05)
-        except KeyboardInterrupt:
+@contextlib.contextmanager
+def _native_errors():
+    """The extension's errors as this package's typed ones (a closed engine: InvalidArgumentError)."""
+    try:
+        yield
+    except _cospec.CospecError as exc:
+        raise from_native(exc) from None
+
+
+class _Background:
+    """Native work on a daemon thread while the caller's thread waits in short steps, so that
+    Ctrl-C reaches the caller. Completion is an Event, not Thread.join: a join interrupted by
+    KeyboardInterrupt can leave the thread marked as finished while it still runs (Python 3.11),
+    which lost the partial result and left a generation running."""
+
+    def __init__(self, name: str, work: Callable):
+        self.result = None
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+
+        def run():
+            try:
+                self.result = work()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                self.error = exc
+            finally:
+                self._done.set()
+
+        threading.Thread(target=run, name=name, daemon=True).start()
+
+    def wait(self) -> None:
+        while not self._done.wait(0.05):
             pass
+
+    def wait_ignoring_interrupts(self) -> None:
+        """After asking the work to stop: a second Ctrl-C must not leave it running."""
+        while not self._done.is_set():
+            try:
+                self._done.wait(0.05)
+            except KeyboardInterrupt:
+                pass
+
+    def outcome(self):
+        if self.error is not None:
+            raise from_native(self.error) if isinstance(self.error, _cospec.CospecError) else self.error
+        return self.result
 
 
 def _usage(n_prompt: int, result: Generation) -> dict:

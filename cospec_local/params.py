@@ -80,7 +80,9 @@ class GenerationParams:
         from .errors import InvalidArgumentError
 
         def bad(name: str, why: str):
-            raise InvalidArgumentError(f"{name}: {why}")
+            error = InvalidArgumentError(f"{name}: {why}")
+            error.field = name  # the CLI names its flag
+            raise error
 
         if self.mode not in MODES:
             bad("mode", f"{self.mode!r} is not one of {', '.join(MODES)}")

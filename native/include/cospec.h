@@ -318,7 +318,7 @@ struct cospec_generate_params {
     // must not depend on timing: the length then comes from this call's
     // acceptance counts and a cost model of the pair's sizes, never from clocks.
     bool    adaptive_draft;
-    float   temperature;       // 0 = greedy
+    float   temperature;       // 0 = greedy (so is anything below 1e-4)
     int32_t top_k;             // 0 = off
     float   top_p;             // 1 = off
     uint64_t seed;

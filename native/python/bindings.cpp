@@ -36,7 +36,7 @@ class compute_thread {
     }
 
     void run(const std::function<void()> & work) {
-        if (std::this_thread::get_id() == worker.get_id()) {
+        if (on_this_thread()) {
             work(); // a callback already on this thread (e.g. an arbiter that scores)
             return;
         }
@@ -50,8 +50,13 @@ class compute_thread {
         done.get(); // rethrows what the work threw
     }
 
+    bool on_this_thread() const { return std::this_thread::get_id() == worker_id; }
+
   private:
-    compute_thread() : worker([this] { loop(); }) { worker.detach(); }
+    compute_thread() : worker([this] { loop(); }) {
+        worker_id = worker.get_id(); // a detached std::thread no longer knows its id
+        worker.detach();
+    }
 
     void loop() {
         for (;;) {
@@ -70,6 +75,7 @@ class compute_thread {
     std::condition_variable ready;
     std::deque<std::packaged_task<void()> *> queue;
     std::thread worker;
+    std::thread::id worker_id;
 };
 
 // Run native work on the compute thread with the GIL released; returns the
@@ -478,13 +484,22 @@ class Engine {
         }
     }
 
-    ~Engine() { close(); }
+    ~Engine() { close(true); }
 
     // Learned arbiters share the draft model: they go first.
     // Learned arbiters share the draft model, so they go first. A running
     // generation is asked to stop, and the engine is freed on the compute
     // thread after it: never under a running generation.
-    void close() {
+    void close(bool from_destructor = false) {
+        if (handle != nullptr && compute_thread::get().on_this_thread()) {
+            // Inside a callback of a generation: freeing here would free under it.
+            if (from_destructor) {
+                handle = nullptr; // collected inside a callback: leak rather than free a running engine
+                return;
+            }
+            throw native_error {COSPEC_ERR_INVALID_ARGUMENT, "close() cannot run inside a generation's callback; "
+                                                             "call abort() there and close the engine afterwards"};
+        }
         if (handle != nullptr) {
             cospec_engine_abort(handle);
         }
@@ -777,10 +792,14 @@ PYBIND11_MODULE(_cospec, m) {
              py::arg("target_path"), py::arg("draft_path") = py::none(), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512,
              py::arg("n_threads") = 0, py::arg("n_threads_batch") = 0, py::arg("n_gpu_layers") = -1,
              py::arg("n_gpu_layers_draft") = -1, py::arg("progress") = py::none())
-        .def("close", &Engine::close)
+        .def("close", [](Engine & e) { e.close(); })
         .def("abort", [](Engine & e) { cospec_engine_abort(e.handle); })
         .def("reset", [](Engine & e) {
             cospec_engine * h = e.get();
+            if (compute_thread::get().on_this_thread()) {
+                throw native_error {COSPEC_ERR_INVALID_ARGUMENT, "reset() cannot run inside a generation's callback"};
+            }
+            cospec_engine_abort(h); // a running generation stops; the reset runs after it
             std::string message;
             compute([&] { cospec_engine_reset(h); return COSPEC_OK; }, message);
         })

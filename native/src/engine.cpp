@@ -2,6 +2,7 @@
 // vocabulary compatibility check, tokenizer and metadata access.
 #include "engine.h"
 
+#include "ggml.h"
 #include "gguf.h"
 
 #include <algorithm>
@@ -319,9 +320,14 @@ static int32_t check_vocab_compatible(const model_slot & tgt, const model_slot &
                                                    " id=" + std::to_string(llama_vocab_bos(vt)) + ", draft add_bos=" +
                                                    std::to_string(llama_vocab_get_add_bos(vd)) + " id=" + std::to_string(llama_vocab_bos(vd)) + ")");
     }
-    if (llama_vocab_get_add_eos(vt) != llama_vocab_get_add_eos(vd) || llama_vocab_eos(vt) != llama_vocab_eos(vd)) {
+    if (llama_vocab_eos(vt) != llama_vocab_eos(vd)) {
         return fail(COSPEC_ERR_VOCAB_MISMATCH, head + "EOS differs (target id=" + std::to_string(llama_vocab_eos(vt)) +
                                                    ", draft id=" + std::to_string(llama_vocab_eos(vd)) + ")");
+    }
+    if (llama_vocab_get_add_eos(vt) != llama_vocab_get_add_eos(vd)) {
+        return fail(COSPEC_ERR_VOCAB_MISMATCH, head + "one tokenizer appends EOS to every text and the other does not (target "
+                                                   "add_eos=" + std::to_string(llama_vocab_get_add_eos(vt)) + ", draft add_eos=" +
+                                                   std::to_string(llama_vocab_get_add_eos(vd)) + ")");
     }
     const int32_t diff = std::abs(tgt.n_vocab - dft.n_vocab);
     if (diff > MAX_VOCAB_SIZE_DIFFERENCE) {
@@ -433,6 +439,10 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
     }
     if (params->n_ctx < 0 || params->n_batch < 0 || params->n_threads < 0 || params->n_threads_batch < 0) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "n_ctx, n_batch and thread counts must not be negative");
+    }
+    if (params->n_threads > GGML_MAX_N_THREADS || params->n_threads_batch > GGML_MAX_N_THREADS) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "thread counts must be at most " + std::to_string(GGML_MAX_N_THREADS) +
+                                                     " (ggml's limit)");
     }
     init_backend();
     try {

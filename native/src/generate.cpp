@@ -50,7 +50,9 @@ class generation {
     generation(cospec_engine & engine, const cospec_generate_params & params, cospec_result & result)
         : e(engine), p(params), r(result), st(result.stats), rng(params.seed),
           arbiter_rng(params.seed ^ ARBITER_SEED_SALT) {
-        greedy = p.temperature <= 0.0f;
+        // Below this, softmax(logits / T) is the argmax anyway, and 1 / T overflows
+        // float (0 * inf turned the top logit into NaN and sampling into token 0).
+        greedy = !(p.temperature >= cospec::MIN_SAMPLING_TEMPERATURE);
         arbiter_can_keep = p.mode == COSPEC_MODE_SPECULATIVE && p.arbiter != nullptr && p.arbiter->can_keep();
         keep_draft_logits = arbiter_can_keep && p.arbiter->needs_draft_logits();
         keep_threshold = p.arbiter != nullptr ? p.arbiter->threshold() : 0.5f;
@@ -79,6 +81,9 @@ class generation {
     int32_t run(const cospec_token * prompt, int32_t n_prompt) {
         seq.assign(prompt, prompt + n_prompt);
         const size_t n_before_last = seq.size() - 1;
+        for (int32_t i = 0; i < n_prompt && e.has_draft; ++i) {
+            draft_can_read = draft_can_read && prompt[i] < e.draft.n_vocab;
+        }
 
         // Prompt: every token but the last goes into the caches now; the last
         // one is the first input of the first step.
@@ -89,7 +94,7 @@ class generation {
             status = sync(e.draft, n_before_last, false, st.t_draft_ms, &reused);
         } else {
             status = sync(e.target, n_before_last, false, st.t_verify_ms, &reused);
-            if (status == COSPEC_OK && stop == COSPEC_STOP_NONE && p.mode == COSPEC_MODE_SPECULATIVE) {
+            if (status == COSPEC_OK && stop == COSPEC_STOP_NONE && p.mode == COSPEC_MODE_SPECULATIVE && draft_can_read) {
                 status = sync(e.draft, n_before_last, false, st.t_draft_ms, nullptr);
             }
         }
@@ -133,6 +138,10 @@ class generation {
     std::mt19937_64 arbiter_rng; // its own stream: sampled decisions never shift token sampling
     cospec::sampler_config scfg;
     bool arbiter_can_keep = false;
+    // False once the sequence holds a token beyond the draft's vocabulary (a
+    // draft may lack a few of the target's padding tokens): from then on the
+    // steps are plain target steps, still the target's output.
+    bool draft_can_read = true;
     bool keep_draft_logits = false;
     float keep_threshold = 0.5f;
     cospec::draft_tuner call_tuner;
@@ -242,6 +251,7 @@ class generation {
         r.tokens.push_back(tok);
         r.provenance.push_back(provenance);
         st.n_generated += 1;
+        draft_can_read = draft_can_read && (!e.has_draft || tok < e.draft.n_vocab);
         switch (provenance) {
             case COSPEC_PROV_MATCH:    st.n_accepted += 1; break;
             case COSPEC_PROV_KEPT:     st.n_kept += 1; break;
@@ -581,7 +591,7 @@ class generation {
             stop = COSPEC_STOP_CONTEXT_FULL;
             return COSPEC_OK;
         }
-        const int32_t k = block_length(n_past);
+        const int32_t k = draft_can_read ? block_length(n_past) : 0;
         if (k == 0) {
             // Nothing to draft: a plain target step, not a block.
             const double before = st.t_verify_ms;
@@ -648,6 +658,15 @@ int32_t check_params(const cospec_engine * e, const cospec_token * prompt, int32
         if (prompt[i] < 0 || prompt[i] >= e->target.n_vocab) {
             return fail(COSPEC_ERR_INVALID_ARGUMENT, "prompt token " + std::to_string(prompt[i]) + " at index " + std::to_string(i) +
                                                          " is outside the vocabulary (size " + std::to_string(e->target.n_vocab) + ")");
+        }
+    }
+    if (p->mode == COSPEC_MODE_DRAFT_ONLY) {
+        for (int32_t i = 0; i < n_prompt; ++i) {
+            if (prompt[i] >= e->draft.n_vocab) {
+                return fail(COSPEC_ERR_INVALID_ARGUMENT, "prompt token " + std::to_string(prompt[i]) + " at index " + std::to_string(i) +
+                                                             " is outside the draft's vocabulary (size " +
+                                                             std::to_string(e->draft.n_vocab) + ")");
+            }
         }
     }
     if (n_prompt >= e->n_ctx) {

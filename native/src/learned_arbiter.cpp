@@ -547,7 +547,7 @@ int32_t cospec_arbiter_load(cospec_engine * engine, const cospec_learned_arbiter
     if (!engine->has_draft) {
         return fail(COSPEC_ERR_NO_DRAFT, "a learned arbiter runs on the draft model, but the engine was opened without one");
     }
-    if (!(params->threshold <= 1.0f) || params->n_threads < 0) {
+    if (!(params->threshold <= 1.0f) || params->n_threads < 0 || params->n_threads > GGML_MAX_N_THREADS) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "arbiter threshold must be <= 1 (< 0: the arbiter's own) and n_threads >= 0");
     }
     try {

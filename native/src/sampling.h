@@ -8,6 +8,9 @@
 
 namespace cospec {
 
+// Temperatures below this decode greedily.
+constexpr float MIN_SAMPLING_TEMPERATURE = 1e-4f;
+
 struct sampler_config {
     float   temperature = 0.0f; // <= 0: greedy
     int32_t top_k       = 0;    // 0: off
