@@ -232,17 +232,49 @@ class ChatTemplate:
         return "".join(chunks)
 
 
-def fallback_template(bos_token: str = "", eos_token: str = "") -> ChatTemplate:
+def fallback_template(bos_token: str = "", eos_token: str = "", factory=None) -> ChatTemplate:
     """Plain ChatML, used when the model file carries no usable template."""
-    return ChatTemplate(CHATML_TEMPLATE, bos_token, eos_token)
+    return (factory or ChatTemplate)(CHATML_TEMPLATE, bos_token, eos_token)
 
 
-def from_gguf_metadata(template_source: str | None, bos_token: str, eos_token: str) -> ChatTemplate:
-    """The model's own template, or ChatML when it has none or it does not compile."""
+def from_gguf_metadata(template_source: str | None, bos_token: str, eos_token: str, factory=None):
+    """The model's own template, or ChatML when it has none or it does not compile; `factory`
+    builds the template (default: in this process). When the model's template was set aside,
+    the result's `fallback_reason` says why (the CLI tells the user once)."""
+    make = factory or ChatTemplate
     if not template_source or not template_source.strip():
-        return fallback_template(bos_token, eos_token)
+        return fallback_template(bos_token, eos_token, make)
     try:
-        return ChatTemplate(template_source, bos_token, eos_token)
+        return make(template_source, bos_token, eos_token)
     except ChatTemplateError as e:
         log.warning("ignoring the model's chat template (%s); using ChatML", e)
-        return fallback_template(bos_token, eos_token)
+        template = fallback_template(bos_token, eos_token, make)
+        template.fallback_reason = str(e)
+        return template
+
+
+def serve_requests() -> None:
+    """The isolated renderer's loop (template_process.py starts it in a child process with
+    hard limits): one JSON request a line on stdin, one JSON answer a line on stdout."""
+    import sys
+
+    compiled: dict[tuple, ChatTemplate] = {}
+    for line in sys.stdin.buffer:
+        try:
+            req = json.loads(line)
+            key = (req["source"], req["bos"], req["eos"])
+            if key not in compiled:
+                compiled.clear()  # one model's template at a time is the normal case
+                compiled[key] = ChatTemplate(*key)
+            text = "" if req["compile_only"] else compiled[key].render(
+                req["messages"], add_generation_prompt=req["add_generation_prompt"])
+            out = {"text": text}
+        except ChatTemplateError as exc:
+            out = {"error": str(exc)[:2000]}
+        except MemoryError:
+            compiled.clear()
+            out = {"error": "chat template exhausted the renderer's memory"}
+        except Exception as exc:  # noqa: BLE001 - a bad request must not end the renderer
+            out = {"error": f"chat template renderer: {type(exc).__name__}: {str(exc)[:500]}"}
+        sys.stdout.write(json.dumps(out) + "\n")
+        sys.stdout.flush()

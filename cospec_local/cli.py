@@ -11,6 +11,7 @@ from dataclasses import MISSING, fields
 
 import click
 
+from .chat_template import ChatTemplateError
 from .display import colored, stats_line
 from .engine import Engine
 from .errors import CospecError
@@ -105,6 +106,13 @@ def open_engine(target: str, draft: str | None, n_ctx: int, n_threads: int, n_gp
         raise click.ClickException(str(exc)) from None
 
 
+def template_notice(engine: Engine) -> None:
+    """Say once that the model's own chat template was set aside (it did not compile)."""
+    reason = getattr(engine.chat_template, "fallback_reason", None)
+    if reason:
+        click.echo(f"note: the model's chat template cannot be used ({reason}); using ChatML instead", err=True)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="cospec-local")
 def main():
@@ -125,7 +133,12 @@ def generate(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, pro
     engine = open_engine(target, draft if needs_draft else None, n_ctx, n_threads, n_gpu_layers, verbose,
                          quiet=as_json)
     with engine:
-        tokens = engine.render_chat([{"role": "user", "content": prompt}]) if as_chat else prompt
+        try:
+            tokens = engine.render_chat([{"role": "user", "content": prompt}]) if as_chat else prompt
+        except ChatTemplateError as exc:
+            raise click.ClickException(str(exc)) from None
+        if as_chat:
+            template_notice(engine)
         try:
             if as_json:
                 result = engine.generate(tokens, params)
@@ -169,6 +182,10 @@ def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, system,
             engine.arbiter(params.arbiter, threshold=params.arbiter_threshold, head=params.arbiter_head) \
                 if params.mode == "speculative" else None  # a bad arbiter fails now, not at the first reply
         except (CospecError, FileNotFoundError) as exc:
+            raise click.ClickException(str(exc)) from None
+        try:
+            template_notice(engine)
+        except ChatTemplateError as exc:
             raise click.ClickException(str(exc)) from None
         ChatSession(engine, params, system=system, color=color).run()
 
@@ -231,7 +248,7 @@ def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, draft_
         try:
             report = run_bench(engine, prompts, ks, runs, params, repeat, as_chat,
                                progress=None if as_json else lambda msg: click.echo(msg, err=True))
-        except (CospecError, FileNotFoundError) as exc:
+        except (CospecError, FileNotFoundError, ChatTemplateError) as exc:
             raise click.ClickException(str(exc)) from None
     if as_json:
         click.echo(json.dumps(report, indent=2))

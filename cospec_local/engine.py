@@ -20,6 +20,7 @@ from typing import Callable, Iterator, Sequence
 from . import _cospec
 from .arbiters import NAMED_ARBITERS, Arbiter, onnx_head, resolve_arbiter_path
 from .chat_template import ChatTemplate, from_gguf_metadata
+from .template_process import IsolatedChatTemplate
 from .errors import GenerationError, InvalidArgumentError, from_native
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 from .params import GenerationParams
@@ -440,7 +441,8 @@ class Engine:
                 source = self._native.chat_template(0)
                 bos = self._piece(self._native.bos)
                 eos = self._piece(self._native.eos)
-            self._chat_template = from_gguf_metadata(source, bos, eos)
+            # Rendered out of process, under memory and time limits: model files are untrusted.
+            self._chat_template = from_gguf_metadata(source, bos, eos, IsolatedChatTemplate)
         return self._chat_template
 
     def _piece(self, token: int) -> str:

@@ -176,3 +176,38 @@ def test_cli_interrupt_while_loading_exits_130():
     out, err = child.communicate(timeout=60)
     assert child.returncode == 130, err
     assert "Traceback" not in err and "Aborted!" not in err
+
+
+def target_with_template(tmp_path, name, template):
+    reader = open_gguf(demo_model("target"))
+    return rewrite_gguf(reader, tmp_path / f"{name}.gguf",
+                        kv_edit=lambda key, value: template if key == gguf.Keys.Tokenizer.CHAT_TEMPLATE else value)
+
+
+def test_hostile_chat_templates_are_stopped_by_the_renderer_process(tmp_path):
+    """A render that would run for minutes or take gigabytes ends within the renderer's limits,
+    in its own process: this one's memory does not grow, and the engine goes on."""
+    import resource
+
+    hostile = target_with_template(tmp_path, "hostile", "{{ lipsum(10**7) }}")
+    with Engine(hostile, demo_model("draft"), n_ctx=512, n_threads=1) as engine:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        t0 = time.time()
+        from cospec_local import ChatTemplateError
+
+        with pytest.raises(ChatTemplateError, match="time limit|memory|limits"):
+            engine.render_chat([{"role": "user", "content": "Hi"}])
+        assert time.time() - t0 < 15
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000  # KiB
+        assert engine.generate("Hi", max_tokens=3, ignore_eos=True).tokens
+    out = subprocess.run([*CLI, "generate", "-m", hostile, "--chat", "-p", "Hi", "-n", "4"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 1 and "chat template" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_template_that_does_not_compile_falls_back_to_chatml_and_says_so(tmp_path):
+    broken = target_with_template(tmp_path, "broken", "{% for m in messages %}{{ m.content }")
+    out = subprocess.run([*CLI, "generate", "-m", broken, "--chat", "-p", "Hi", "-n", "4", "--mode", "target-only"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("chat template cannot be used") == 1 and "using ChatML" in out.stderr
