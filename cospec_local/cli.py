@@ -261,17 +261,26 @@ def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, draft_
 @generation_options(exclude=("mode", "arbiter", "stop"), max_tokens=256)
 @click.option("--task", required=True, help="Task family (arith, pyfunc, listops) or a benchmark jsonl file.")
 @click.option("--split", default="test", show_default=True, type=click.Choice(["train", "dev", "test"]))
-@click.option("--limit", default=None, type=int, help="Number of problems (default: 200 for a family, all of a file).")
+@click.option("--limit", default=None, type=click.IntRange(1, None),
+              help="Number of problems (default: 200 for a family, all of a file).")
 @click.option("--runs", "--modes", "runs_text", default="target-only,draft-only,sps,fly", show_default=True,
               help=RUNS_HELP)
 @click.option("--chat", "as_chat", is_flag=True, help="Send each problem through the chat template.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Folder for records.jsonl (resumable), config.json, results.json, results.md and a PNG plot.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--unsafe-code-execution", is_flag=True,
+              help="Where bubblewrap cannot isolate generated code, run it anyway, unisolated (unsafe).")
 def eval_command(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, task, split, limit, runs_text,
-                 as_chat, out_dir, as_json):
+                 as_chat, out_dir, as_json, unsafe_code_execution):
     """Accuracy and speed of each run on a task, with oracle union and recovered non-nested successes."""
+    import os
     from pathlib import Path
+
+    from .sandbox import UNSAFE_ENV, SandboxUnavailableError
+
+    if unsafe_code_execution:
+        os.environ[UNSAFE_ENV] = "1"
 
     from .evaluate import evaluate, markdown
     from .tasks import load_task, score
@@ -292,7 +301,7 @@ def eval_command(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params,
         try:
             summary = evaluate(engine, problems, runs, score, Path(out_dir) if out_dir else None, params, as_chat,
                                title, progress=None if as_json else progress)
-        except (CospecError, ValueError, FileNotFoundError) as exc:
+        except (CospecError, ValueError, FileNotFoundError, SandboxUnavailableError) as exc:
             raise click.ClickException(str(exc)) from None
         except KeyboardInterrupt:
             click.echo("\n[interrupted: rerun the same command to resume]" if out_dir else "\n[interrupted]", err=True)

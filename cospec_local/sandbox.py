@@ -1,40 +1,65 @@
-"""Run untrusted Python (model-written code, benchmark tests) in a limited child process.
+"""Run untrusted Python (model-written code, benchmark tests) in an isolated child process.
 
-Nothing here ever exec()s or eval()s the code in this process. `run_python` writes the code to
-a fresh temporary directory and runs it with `python -I -S` (isolated mode, no site-packages, so
-only the standard library is importable) under resource limits:
+Nothing here ever exec()s or eval()s the code in this process. `run_python` writes the code to a
+fresh temporary directory and runs it with `python -I -S` (isolated mode, no site-packages, so only
+the standard library is importable) inside bubblewrap (Debian's `bubblewrap` package):
 
-- RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE (largest file, stdout/stderr included), RLIMIT_NOFILE,
-  RLIMIT_CORE=0 and RLIMIT_NPROC=0 (no new processes or threads);
-- its own process group (setsid), so a timeout kills everything the program started;
-- an environment holding only PATH, LANG, HOME and TMPDIR;
+- new user, PID, network, IPC, UTS and cgroup namespaces: the program runs as nobody (65534), sees
+  only its own processes, has no network (not even loopback), and dies with its parent;
+- a private filesystem view: /usr and the Python runtime read-only, its own directory as /work
+  (read-write), a private /tmp, /proc of its own PID namespace, a minimal /dev; no /etc, no /root,
+  no home directory, no other file of this machine;
+- an environment of PATH, LANG and HOME only; all capabilities dropped; a session of its own;
+- limits it sets on itself, hard, before the program starts (so the program cannot raise them):
+  RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE (largest file, stdout/stderr included),
+  RLIMIT_NOFILE, RLIMIT_CORE=0; a wall-clock timeout kills the whole namespace;
 - stdout/stderr go to files bounded by RLIMIT_FSIZE and come back capped to `max_output` bytes.
 
-The kernel does not apply RLIMIT_NPROC to root (uid 0 / CAP_SYS_RESOURCE), and dropping to an
-unprivileged user is not always possible (the interpreter may live under a 0700 home directory).
-So a startup audit hook (sys.addaudithook, which the program cannot remove) also refuses process
-creation, signals to other processes, ctypes, sockets, raising rlimits, and writes, deletes or
-renames outside the temporary directory. These are guard rails against mistakes in generated code,
-not a boundary against code written to escape: for that, use a container or an unprivileged user.
+A startup audit hook still refuses process creation, ctypes, sockets and writes outside /work: a
+guard rail against mistakes in generated code. The isolation above is the boundary; the hook can be
+switched off from inside and is not relied on.
+
+Where bubblewrap or namespaces are missing, generated code is not run at all, unless the caller
+explicitly allows the unisolated fallback (`allow_unisolated=True`, the CLI's
+`--unsafe-code-execution`, or COSPEC_UNSAFE_CODE_EXECUTION=1): then only the limits and the hook
+apply, which code written to escape walks through.
+
+Pass or fail is not read from the program's exit code or output alone: tasks/code.py compares the
+values the tested calls return, printed by the child, with expectations the child never sees.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
-import resource
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 
-# Runs inside the child before the program. argv: main.py, run_name, root directory.
+UNSAFE_ENV = "COSPEC_UNSAFE_CODE_EXECUTION"
+WORK = "/work"  # the program's writable directory inside the isolation (a tmpfs)
+SRC = "/src"    # the program itself, read-only
+
+
+class SandboxUnavailableError(RuntimeError):
+    """Generated code would run without OS-level isolation, and the caller did not allow it."""
+
+# Runs inside the child before the program. argv: main.py, run_name, root directory, limits.
 _BOOT = r'''
-import os, sys, runpy
+import os, sys, runpy, resource
 sys.dont_write_bytecode = True
 _path, _run_name, _root = sys.argv[1:4]
+_mem, _cpu, _fsize = (int(x) for x in sys.argv[4:7])
+os.environ["COSPEC_RESULTS_FD"] = sys.argv[7]  # where tasks/code.py's probes write the values they return
+for _r, _v in ((resource.RLIMIT_AS, _mem), (resource.RLIMIT_CPU, _cpu), (resource.RLIMIT_FSIZE, _fsize),
+               (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0)):
+    resource.setrlimit(_r, (_v, _v))  # hard limits: the program cannot raise them again
+del _r, _v, _mem, _cpu, _fsize
 _BLOCKED = {"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
             "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill", "ctypes.dlopen",
             "socket.__new__", "resource.setrlimit", "resource.prlimit", "os.setuid", "os.setgid"}
@@ -77,20 +102,46 @@ class SandboxResult:
     timed_out: bool
     killed_reason: str | None  # "timeout", "memory limit", "cpu limit", "file size limit", "blocked: ...", ...
     elapsed: float = 0.0
+    results: bytes | None = b""  # what it wrote to its results descriptor (None: more than allowed)
+    isolated: bool = True
 
 
-def _limits(timeout: float, memory_mb: int, max_file_bytes: int):
-    cpu = math.ceil(timeout) + 1  # backstop for the wall-clock timeout
+@functools.lru_cache(maxsize=1)
+def _bwrap() -> str | None:
+    """bubblewrap's path, if it can create the namespaces here (probed once)."""
+    path = shutil.which("bwrap")
+    if path is None:
+        return None
+    probe = subprocess.run([path, *_isolation_args(tempfile.gettempdir()), "/bin/true"], capture_output=True,
+                           timeout=30, stdin=subprocess.DEVNULL)
+    return path if probe.returncode == 0 else None
 
-    def apply():  # runs in the child between fork and exec
-        os.setsid()  # own process group: killpg reaches every descendant
-        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))  # ignored by the kernel for root
-    return apply
+
+def isolation_available() -> bool:
+    return _bwrap() is not None
+
+
+WORK_BYTES = 64 << 20  # the program's writable space, a tmpfs: nothing it writes reaches this machine's disk
+
+
+def _isolation_args(root: str) -> list[str]:
+    args = ["--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+            "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8", "--setenv", "HOME", WORK,
+            "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL",
+            "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for top in ("/bin", "/lib", "/lib32", "/lib64", "/sbin"):  # merged-/usr links, or real folders
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    runtime = os.path.realpath(sys.base_prefix)
+    if not runtime.startswith("/usr/"):
+        args += ["--ro-bind", runtime, runtime]
+    return args + ["--ro-bind", root, SRC, "--size", str(WORK_BYTES), "--tmpfs", WORK, "--chdir", WORK]
+
+
+def _allowed_unisolated(allow: bool | None) -> bool:
+    return bool(allow) or os.environ.get(UNSAFE_ENV, "") not in ("", "0")
 
 
 def _read_capped(f, cap: int) -> str:
@@ -122,40 +173,80 @@ def _reason(rc: int | None, stderr: str) -> str | None:
 
 
 def run_python(code: str, timeout: float = 5.0, memory_mb: int = 256, *, pass_code: int = 0,
-               run_name: str = "__main__", max_output: int = 64 << 10,
-               max_file_bytes: int = 1 << 20) -> SandboxResult:
-    """Run `code` as a Python program in a fresh temporary directory; see the module docstring.
+               run_name: str = "__main__", max_output: int = 64 << 10, max_file_bytes: int = 1 << 20,
+               allow_unisolated: bool | None = None, audit_hook: bool = True) -> SandboxResult:
+    """Run `code` as a Python program, isolated; see the module docstring.
 
     `run_name` is the program's __name__: scorers use a name other than "__main__" so that
     `if __name__ == "__main__":` blocks in generated code do not run (as in the HumanEval harness).
-    `pass_code` is the exit status that counts as passing; scorers end their program with
-    `raise SystemExit(pass_code)` so that a stray sys.exit(0) in generated code is not a pass.
+    `pass_code` is the exit status that counts as passing. What the program writes to the file
+    descriptor named by its COSPEC_RESULTS_FD variable comes back in `SandboxResult.results`
+    (at most max_file_bytes). `audit_hook=False` leaves out the in-process guard rail (tests of the
+    isolation itself). Raises SandboxUnavailableError when it cannot isolate and the unisolated
+    fallback is not allowed.
     """
+    bwrap = _bwrap()
+    if bwrap is None and not _allowed_unisolated(allow_unisolated):
+        raise SandboxUnavailableError(
+            "generated code runs only inside bubblewrap (install Debian's or your distribution's `bubblewrap`, "
+            "with user namespaces enabled); to run it without isolation anyway, pass --unsafe-code-execution or "
+            f"set {UNSAFE_ENV}=1 (unsafe: the code can then read and change your files)")
     root = os.path.realpath(tempfile.mkdtemp(prefix="cospec-sbx-"))
-    path = os.path.join(root, "main.py")
-    with open(path, "w", encoding="utf-8") as f:
+    os.chmod(root, 0o755)
+    with open(os.path.join(root, "main.py"), "w", encoding="utf-8") as f:
         f.write(code)
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": root, "TMPDIR": root}
-    argv = [sys.executable, "-I", "-S", "-c", _BOOT, path, run_name, root]
+    work = WORK if bwrap else root
+    cpu = math.ceil(timeout) + 1  # backstop for the wall-clock timeout
+    results_read, results_write = os.pipe()
+    boot = _BOOT if audit_hook else _BOOT.replace("sys.addaudithook(_hook)", "pass")
+    argv = [os.path.realpath(sys.executable), "-I", "-S", "-c", boot,
+            os.path.join(SRC if bwrap else root, "main.py"), run_name, work,
+            str(memory_mb << 20), str(cpu), str(max_file_bytes), str(results_write)]
+    if bwrap:
+        argv = [bwrap, *_isolation_args(root), *argv]
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": root}
     start = time.monotonic()
+    collected = bytearray()
+
+    def collect():  # read while it runs: a full pipe would block the program
+        while True:
+            chunk = os.read(results_read, 1 << 16)
+            if not chunk:
+                return
+            if len(collected) <= max_file_bytes:
+                collected.extend(chunk[:max_file_bytes + 1 - len(collected)])
+
+    reader = threading.Thread(target=collect, daemon=True)
     try:
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            # A session of its own: a timeout kills bubblewrap and with it the whole namespace
+            # (or, unisolated, the program's process group).
             proc = subprocess.Popen(argv, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                    preexec_fn=_limits(timeout, memory_mb, max_file_bytes))
+                                    start_new_session=True, close_fds=True, pass_fds=(results_write,))
+            os.close(results_write)
+            results_write = -1
+            reader.start()
             timed_out = False
             try:
-                proc.wait(timeout=timeout)
+                proc.wait(timeout=timeout + (1.0 if bwrap else 0.0))  # namespace set-up takes a moment
             except subprocess.TimeoutExpired:
                 timed_out = True
-            try:  # the whole group: anything the program started dies with it
+            try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             rc = proc.wait()
+            reader.join(5)  # every writer is gone once the namespace is
             elapsed = time.monotonic() - start
             stdout, stderr = _read_capped(out, max_output), _read_capped(err, max_output)
     finally:
+        if results_write >= 0:
+            os.close(results_write)
+        if not reader.is_alive():  # (a reader still blocked keeps its descriptor: never close under it)
+            os.close(results_read)
         shutil.rmtree(root, ignore_errors=True)
     reason = "timeout" if timed_out else _reason(rc, stderr)
-    return SandboxResult(passed=not timed_out and rc == pass_code, returncode=rc,
-                         stdout=stdout, stderr=stderr, timed_out=timed_out, killed_reason=reason, elapsed=elapsed)
+    return SandboxResult(passed=not timed_out and rc == pass_code, returncode=rc, stdout=stdout, stderr=stderr,
+                         timed_out=timed_out, killed_reason=reason, elapsed=elapsed,
+                         results=bytes(collected[:max_file_bytes]) if len(collected) <= max_file_bytes else None,
+                         isolated=bwrap is not None)

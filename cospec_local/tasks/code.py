@@ -8,13 +8,21 @@ Convention (shared by pyfunc, HumanEval and MBPP):
 - Otherwise the completion continues the prefix verbatim (completion mode: the model writes the
   function body after the prompt's signature and docstring), cut at the first ```. A bare ``` after
   code with no partner fence counts as closing that code, not as opening a block.
-The program then runs with __name__ != "__main__", followed by the tests, and passes only when
-it reaches the final `raise SystemExit(PASS_CODE)` after all tests.
+The program then runs with __name__ != "__main__" in the sandbox. Tests of the form
+`assert CALL == LITERAL` (pyfunc, most of MBPP) are decided outside the child: the child only
+evaluates each CALL and hands repr() of its value back through a pipe; this process compares those
+values with the LITERALs, which the child never sees, so no trick inside the child (a forged exit
+code, rewritten output, a disabled guard) can turn a wrong answer into a pass. Other tests (e.g.
+HumanEval's `check(candidate)`) run as written and pass when the program reaches the final
+`raise SystemExit(PASS_CODE)`: that verdict comes from inside the child.
 """
 from __future__ import annotations
 
+import ast
+import json
 import re
 import textwrap
+from dataclasses import replace
 
 from ..sandbox import SandboxResult, run_python
 
@@ -43,6 +51,64 @@ def build_program(completion: str, prefix: str = "", entry_point: str | None = N
     return prefix + (code if first[:1].isspace() else textwrap.indent(code, "    "))
 
 
+def value_checks(tests: str) -> list[tuple[str, object]] | None:
+    """(source of CALL, LITERAL) for tests that are all `assert CALL == LITERAL`; None otherwise."""
+    try:
+        tree = ast.parse(tests)
+    except SyntaxError:
+        return None
+    checks = []
+    for node in tree.body:
+        test = node.test if isinstance(node, ast.Assert) else None
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+            return None
+        try:
+            checks.append((ast.unparse(test.left), ast.literal_eval(test.comparators[0])))
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return None
+    return checks or None
+
+
+def _probe_program(program: str, calls: list[str]) -> str:
+    """The program, then each call evaluated on its own (anything it raises, SystemExit too, is
+    recorded as an error), the reprs written as JSON to the sandbox's results descriptor."""
+    probes = ",\n    ".join(f"__cospec_probe(lambda: {call})" for call in calls)
+    return (f"{program}\n\n"
+            "def __cospec_probe(f):\n"
+            "    try:\n"
+            "        return ['ok', repr(f())]\n"
+            "    except BaseException as e:\n"
+            "        return ['error', type(e).__name__]\n\n"
+            f"__cospec_results = [\n    {probes},\n]\n"
+            "import json as __cospec_json, os as __cospec_os\n"
+            "__cospec_os.write(int(__cospec_os.environ['COSPEC_RESULTS_FD']), "
+            "__cospec_json.dumps(__cospec_results).encode())\n")
+
+
+def _values_match(results_json: bytes | None, expected: list) -> bool:
+    try:
+        results = json.loads(results_json or b"")
+    except ValueError:
+        return False
+    if not isinstance(results, list) or len(results) != len(expected):
+        return False
+    for result, want in zip(results, expected):
+        if not (isinstance(result, list) and len(result) == 2 and result[0] == "ok" and isinstance(result[1], str)):
+            return False
+        try:
+            if ast.literal_eval(result[1]) != want:
+                return False
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return False
+    return True
+
+
 def run_tests(program: str, tests: str, timeout: float = 5.0, memory_mb: int = 256) -> SandboxResult:
-    source = f"{program}\n\n{tests}\n\nraise SystemExit({PASS_CODE})\n"
-    return run_python(source, timeout=timeout, memory_mb=memory_mb, pass_code=PASS_CODE, run_name="__candidate__")
+    checks = value_checks(tests)
+    if checks is None:
+        source = f"{program}\n\n{tests}\n\nraise SystemExit({PASS_CODE})\n"
+        return run_python(source, timeout=timeout, memory_mb=memory_mb, pass_code=PASS_CODE, run_name="__candidate__")
+    r = run_python(_probe_program(program, [call for call, _ in checks]), timeout=timeout, memory_mb=memory_mb,
+                   run_name="__candidate__")
+    passed = not r.timed_out and _values_match(r.results, [want for _, want in checks])
+    return replace(r, passed=passed)
