@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <future>
@@ -88,6 +89,16 @@ int32_t compute(const std::function<int32_t()> & work, std::string & message) {
         message = status < 0 ? cospec_last_error() : "";
     });
     return status;
+}
+
+// Text that comes from a model file: decoded leniently (invalid UTF-8 becomes U+FFFD), since
+// pybind11's strict conversion would raise UnicodeDecodeError on an untrusted file's bytes.
+py::str file_text(const char * s, size_t n) {
+    PyObject * o = PyUnicode_DecodeUTF8(s, (Py_ssize_t) n, "replace");
+    if (o == nullptr) {
+        throw py::error_already_set();
+    }
+    return py::reinterpret_steal<py::str>(o);
 }
 
 // Raised as _cospec.CospecError(status, status_name, message).
@@ -369,7 +380,10 @@ class Arbiter {
         return handle;
     }
 
-    std::string name() const { return cospec_arbiter_name(get()); }
+    py::str name() const {
+        const char * s = cospec_arbiter_name(get());
+        return file_text(s, std::strlen(s));
+    }
 
     // P(keep) at every position of a hand-built block (tests, tools, training data).
     py::array_t<float> score(const py::dict & block) {
@@ -665,8 +679,8 @@ std::shared_ptr<Arbiter> Arbiter::load(Engine & engine, py::object engine_ref, c
     return out;
 }
 
-std::optional<std::string> opt_str(const char * s) {
-    return s ? std::optional<std::string>(s) : std::nullopt;
+py::object opt_str(const char * s) {
+    return s ? py::object(file_text(s, std::strlen(s))) : py::object(py::none());
 }
 
 } // namespace
@@ -813,24 +827,26 @@ PYBIND11_MODULE(_cospec, m) {
              py::arg("which") = 0)
         .def("model_desc", [](const Engine & e, int32_t which) { return opt_str(cospec_engine_model_desc(e.get(), which)); },
              py::arg("which") = 0)
-        .def("meta", [](const Engine & e, int32_t which, const std::string & key) -> std::optional<std::string> {
+        .def("meta", [](const Engine & e, int32_t which, const std::string & key) -> py::object {
             std::string buf(256, '\0');
             int32_t n = cospec_engine_meta(e.get(), which, key.c_str(), buf.data(), buf.size());
             if (n < 0) {
-                return std::nullopt;
+                return py::none();
             }
             if ((size_t) n >= buf.size()) {
                 buf.assign((size_t) n + 1, '\0');
                 n = cospec_engine_meta(e.get(), which, key.c_str(), buf.data(), buf.size());
             }
-            buf.resize((size_t) n);
-            return buf;
+            return file_text(buf.data(), (size_t) std::max(n, 0));
         }, py::arg("which"), py::arg("key"))
         .def("score", &Engine::score, py::arg("which"), py::arg("tokens"))
         .def("tokenize", &Engine::tokenize, py::arg("text"), py::arg("add_special") = true, py::arg("parse_special") = true)
         .def("token_to_piece", &Engine::token_to_piece, py::arg("token"))
         .def("detokenize", &Engine::detokenize, py::arg("tokens"), py::arg("render_special") = false)
-        .def("token_text", [](const Engine & e, int32_t t) { return std::string(cospec_token_text(e.get(), t)); })
+        .def("token_text", [](const Engine & e, int32_t t) {
+            const char * s = cospec_token_text(e.get(), t);
+            return file_text(s, std::strlen(s));
+        })
         .def("is_eog", [](const Engine & e, int32_t t) { return cospec_token_is_eog(e.get(), t); })
         .def("generate", &Engine::generate, py::arg("prompt"), py::arg("params"), py::arg("arbiter") = nullptr,
              py::arg("stop") = std::vector<std::string>(), py::arg("on_token") = py::none());

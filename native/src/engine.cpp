@@ -62,8 +62,36 @@ std::string take_llama_errors() {
 
 namespace cospec {
 
+// Messages quote file contents: keep them valid UTF-8 (invalid bytes become '?')
+// and bounded, whatever a file holds.
+constexpr size_t MAX_MESSAGE_BYTES = 1000;
+
+static std::string printable(const std::string & s) {
+    std::string out;
+    out.reserve(std::min(s.size(), MAX_MESSAGE_BYTES));
+    for (size_t i = 0; i < s.size() && out.size() < MAX_MESSAGE_BYTES;) {
+        const unsigned char c = (unsigned char) s[i];
+        size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        bool ok = n > 0 && i + n <= s.size();
+        for (size_t k = 1; ok && k < n; ++k) {
+            ok = ((unsigned char) s[i + k] >> 6) == 2;
+        }
+        if (ok && c >= 0x20) {
+            out.append(s, i, n);
+            i += n;
+        } else {
+            out += (c == '\n' || c == '\t') ? ' ' : '?';
+            i += ok ? n : 1;
+        }
+    }
+    if (out.size() < s.size() && out.size() >= MAX_MESSAGE_BYTES) {
+        out += " [... " + std::to_string(s.size() - out.size()) + " more bytes]";
+    }
+    return out;
+}
+
 int32_t fail(int32_t status, const std::string & message) {
-    g_last_error = message;
+    g_last_error = printable(message);
     return status;
 }
 
@@ -229,7 +257,11 @@ static bool on_load_progress(float progress, void * data) {
 static int32_t load_model(const cospec_engine_params & p, int32_t which, model_slot & slot) {
     const char * path = which == 0 ? p.target_path : p.draft_path;
     const char * role = which == 0 ? "target" : "draft";
-    if (const int32_t st = check_gguf_file((std::string(role) + " model").c_str(), path); st != COSPEC_OK) {
+    const std::string what = std::string(role) + " model";
+    if (const int32_t st = check_gguf_file(what.c_str(), path); st != COSPEC_OK) {
+        return st;
+    }
+    if (const int32_t st = check_model_metadata(what.c_str(), path); st != COSPEC_OK) {
         return st;
     }
     llama_model_params mp = llama_model_default_params();

@@ -4,6 +4,7 @@
 #include "sampling.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -231,6 +232,12 @@ class generation {
         return COSPEC_OK;
     }
 
+    // A model whose weights or metadata are broken can compute NaN or infinite
+    // logits; argmax then picks token 0 forever. Refuse to emit garbage.
+    int32_t nonfinite_logits() {
+        return cospec::fail(COSPEC_ERR_DECODE, "the model computed non-finite logits (corrupt weights or metadata?)");
+    }
+
     // ------------------------------------------------------------ output
 
     llama_token choose(const float * logits, int32_t n) {
@@ -337,7 +344,12 @@ class generation {
         if (const int32_t status = sync(s, n_past + 1, true, t_acc, nullptr); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
-        emit(choose(llama_get_logits_ith(s.ctx, -1), s.n_vocab), provenance);
+        const float * row = llama_get_logits_ith(s.ctx, -1);
+        const llama_token tok = choose(row, s.n_vocab);
+        if (!std::isfinite(row[tok])) {
+            return nonfinite_logits();
+        }
+        emit(tok, provenance);
         return COSPEC_OK;
     }
 
@@ -379,6 +391,10 @@ class generation {
                 d = cospec::sample_from(draft_probs[i], rng);
             }
             st.t_sample_ms += ms_since(t0);
+            if (!std::isfinite(row[d])) {
+                drafted.clear();
+                return nonfinite_logits();
+            }
             drafted.push_back(d);
             if (i + 1 == k || e.abort_flag.load()) {
                 break;
@@ -493,6 +509,9 @@ class generation {
         any_mismatch = false;
         for (int32_t j = 0; j <= kd; ++j) {
             judge(j, logits + (size_t) j * nv);
+            if (!std::isfinite(logits[(size_t) j * nv + target_tokens[j]])) {
+                return nonfinite_logits();
+            }
             if (j < kd && mismatch[j]) {
                 any_mismatch = true;
                 if (!arbiter_can_keep) {

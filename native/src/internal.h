@@ -17,6 +17,9 @@ void    clear_error();
 // `role` names the file in messages ("target model", "arbiter head").
 int32_t check_gguf_file(const char * role, const char * path);
 
+// Refuse metadata and tensor infos that llama.cpp would assert on (model_check.cpp).
+int32_t check_model_metadata(const char * role, const char * path);
+
 // The fingerprint of a model file (see cospec_model_fingerprint).
 int32_t model_fingerprint(const char * path, std::string & out);
 

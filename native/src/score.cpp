@@ -3,6 +3,7 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -59,6 +60,14 @@ int32_t cospec_score(cospec_engine * engine, int32_t which, const cospec_token *
             const float * row = llama_get_logits_ith(s.ctx, i);
             if (row == nullptr) {
                 return fail(COSPEC_ERR_INTERNAL, "cospec_score: llama.cpp returned no logits");
+            }
+            for (int32_t v = 0; v < n_vocab; ++v) {
+                if (!std::isfinite(row[v])) {
+                    llama_memory_clear(llama_get_memory(s.ctx), true);
+                    s.cached.clear();
+                    return fail(COSPEC_ERR_DECODE, "cospec_score: the model computed non-finite logits "
+                                                   "(corrupt weights or metadata?)");
+                }
             }
             std::memcpy(logits + (size_t) (done + i) * n_vocab, row, sizeof(float) * (size_t) n_vocab);
         }

@@ -1,0 +1,446 @@
+"""A corpus of structured corruptions of the demo pair's GGUF files, and a runner that loads each
+one in a worker process and classifies what happened.
+
+    python tests/gguf_corpus.py --out runs/corpus          # build and run all cases (about 3 minutes)
+
+Every case must end as a clean typed error (a CospecError subclass with a short, valid message)
+or a correct run (finite logits, a few tokens); never a signal, a hang, more than 2 GiB, an
+untyped exception or NaN garbage. Mutations (each deterministic, from the case name):
+
+- metadata: every scalar key of both models with its type kept (0, 1, -1, the type's maximum,
+  NaN, inf, ...), its type changed (string, float, array) or deleted; unknown architectures and
+  tokenizer models; per-layer arrays with zeros;
+- tokens: duplicate, empty, very long and invalid-UTF-8 token texts, lists shorter or longer than
+  the others, NaN scores, bad token types, special-token ids out of range;
+- tensor infos: unknown types, wrong shapes and dimension counts, offsets out of range or
+  misaligned, duplicate and missing tensors; general.alignment values;
+- the header (magic, version, counts), truncations, seeded bit flips;
+- pairs: a clean target with a mutated draft, and drafts whose vocabulary, tokenizer or special
+  tokens differ from the target's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cospec_local.gguf_edit import open_gguf, rewrite_gguf  # noqa: E402
+
+T = gguf.GGUFValueType
+PER_TOKEN = (gguf.Keys.Tokenizer.LIST, gguf.Keys.Tokenizer.SCORES, gguf.Keys.Tokenizer.TOKEN_TYPE)
+CASE_TIMEOUT = 30.0
+MEMORY_LIMIT = 2 << 30
+
+
+@dataclass
+class Case:
+    name: str
+    target: str
+    draft: str | None
+
+
+# ---------------------------------------------------------------------------------------- writing
+
+
+def with_kv(src: Path, dst: Path, key: str, value, vtype=None, sub_type=None) -> Path:
+    """src with metadata `key` set to `value` of `vtype` (None: deleted)."""
+    reader = open_gguf(src)
+
+    def edit(k, v):
+        return None if k == key else v
+
+    add = {} if value is None else {key: (value, vtype)}
+    if sub_type is not None:  # arrays need their element type: write through add_key_value directly
+        writer_kv = {key: (value, vtype, sub_type)}
+        return _rewrite_with(reader, dst, edit, writer_kv)
+    return rewrite_gguf(reader, dst, edit, add_kv=add)
+
+
+def _rewrite_with(reader, dst, edit, extra):
+    import gguf as g
+
+    from cospec_local.gguf_edit import architecture
+
+    tmp = dst.with_name(dst.name + ".tmp")
+    writer = g.GGUFWriter(tmp, architecture(reader), endianess=reader.endianess)
+    writer.data_alignment = reader.alignment
+    for field in reader.fields.values():
+        if field.name == g.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        value = edit(field.name, field.contents())
+        if value is not None:
+            sub = field.types[-1] if field.types[0] == T.ARRAY else None
+            writer.add_key_value(field.name, value, field.types[0], sub_type=sub)
+    for key, (value, vtype, sub) in extra.items():
+        writer.add_key_value(key, value, vtype, sub_type=sub)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type, tensor_endianess=reader.endianess)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(tmp, dst)
+    return dst
+
+
+def with_tokens(src: Path, dst: Path, change) -> Path:
+    """src with its per-token arrays passed through change(key, list) -> list."""
+    reader = open_gguf(src)
+    return rewrite_gguf(reader, dst, lambda k, v: change(k, list(v)) if k in PER_TOKEN else v)
+
+
+def patched(src: Path, dst: Path, offset: int, data: bytes) -> Path:
+    raw = bytearray(src.read_bytes())
+    raw[offset:offset + len(data)] = data
+    dst.write_bytes(bytes(raw))
+    return dst
+
+
+def tensor_info_offsets(src: Path) -> dict[str, int]:
+    """Byte offset of each tensor's info record (its name's length field)."""
+    reader = open_gguf(src)
+    return {t.name: int(t.field.offset) for t in reader.tensors}
+
+
+# ---------------------------------------------------------------------------------------- cases
+
+
+def scalar_variants(vtype) -> list[tuple[str, object, object]]:
+    ints = {T.UINT8: 255, T.UINT16: 65535, T.UINT32: 2**32 - 1, T.UINT64: 2**64 - 1,
+            T.INT8: 127, T.INT16: 32767, T.INT32: 2**31 - 1, T.INT64: 2**63 - 1}
+    if vtype in ints:
+        out = [("zero", 0, vtype), ("one", 1, vtype), ("max", ints[vtype], vtype)]
+        if vtype in (T.INT8, T.INT16, T.INT32, T.INT64):
+            out.append(("minus1", -1, vtype))
+        return out + [("as-string", "x", T.STRING), ("as-float", 1.5, T.FLOAT32)]
+    if vtype in (T.FLOAT32, T.FLOAT64):
+        return [("zero", 0.0, vtype), ("nan", float("nan"), vtype), ("inf", float("inf"), vtype),
+                ("neg", -1.0, vtype), ("tiny", 1e-38, vtype), ("as-int", 7, T.UINT32), ("as-string", "x", T.STRING)]
+    if vtype == T.BOOL:
+        return [("flip", None, vtype), ("as-int", 2, T.UINT32)]
+    if vtype == T.STRING:
+        return [("empty", "", vtype), ("long", "x" * 100_000, vtype), ("as-int", 1, T.UINT32)]
+    return []
+
+
+def metadata_cases(src: Path, d: Path, tag: str) -> list[tuple[str, Path]]:
+    reader = open_gguf(src)
+    out = []
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == gguf.Keys.General.ARCHITECTURE:
+            continue
+        vtype = field.types[0]
+        safe = field.name.replace(".", "_")
+        if vtype != T.ARRAY:
+            for label, value, new_type in scalar_variants(vtype):
+                if label == "flip":
+                    value = not field.contents()
+                out.append((f"{tag}-kv-{safe}-{label}", with_kv(src, d / f"{tag}-kv-{safe}-{label}.gguf", field.name,
+                                                                 value, new_type)))
+        out.append((f"{tag}-kv-{safe}-deleted", with_kv(src, d / f"{tag}-kv-{safe}-deleted.gguf", field.name, None)))
+    special = [("arch-unknown", gguf.Keys.General.ARCHITECTURE, "nonesuch"), ("arch-gemma3", gguf.Keys.General.ARCHITECTURE, "gemma3"),
+               ("tok-bert", gguf.Keys.Tokenizer.MODEL, "bert"), ("tok-no_vocab", gguf.Keys.Tokenizer.MODEL, "no_vocab"),
+               ("tok-none", gguf.Keys.Tokenizer.MODEL, "none"), ("tok-gpt2", gguf.Keys.Tokenizer.MODEL, "gpt2"),
+               ("tok-rwkv", gguf.Keys.Tokenizer.MODEL, "rwkv"), ("tok-t5", gguf.Keys.Tokenizer.MODEL, "t5"),
+               ("pre-unknown", gguf.Keys.Tokenizer.PRE, "nonesuch")]
+    for label, key, value in special:
+        path = d / f"{tag}-{label}.gguf"
+        if key == gguf.Keys.General.ARCHITECTURE:
+            raw = bytearray(src.read_bytes())
+            old = b"llama"
+            i = raw.find(b"general.architecture") + len(b"general.architecture") + 4 + 8
+            if raw[i:i + len(old)] == old and len(value) == len(old):
+                raw[i:i + len(old)] = value.encode()
+                path.write_bytes(bytes(raw))
+            else:  # a different length: rewrite the whole header
+                rewrite_gguf(reader, path)
+                blob = path.read_bytes().replace(b"\x05\x00\x00\x00\x00\x00\x00\x00llama",
+                                                 len(value).to_bytes(8, "little") + value.encode(), 1)
+                path.write_bytes(blob)
+            out.append((f"{tag}-{label}", path))
+        else:
+            out.append((f"{tag}-{label}", with_kv(src, path, key, value, T.STRING)))
+    n_layer = int(reader.get_field("llama.block_count").contents())
+    for key in ("llama.attention.head_count", "llama.attention.head_count_kv", "llama.feed_forward_length"):
+        value = int(reader.get_field(key).contents())
+        for label, arr in (("zero-in-array", [value] * (n_layer - 1) + [0]), ("short-array", [value]),
+                           ("long-array", [value] * (n_layer + 3))):
+            name = f"{tag}-{key.replace('.', '_')}-{label}"
+            out.append((name, with_kv(src, d / f"{name}.gguf", key, arr, T.ARRAY, T.UINT32)))
+    for label, value in (("0", 0), ("1", 1), ("2", 2), ("3", 3), ("4", 4), ("7", 7), ("8", 8), ("16", 16), ("64", 64),
+                         ("huge", 2**31)):
+        name = f"{tag}-alignment-{label}"
+        out.append((name, with_kv(src, d / f"{name}.gguf", gguf.Keys.General.ALIGNMENT, value, T.UINT32)))
+    return out
+
+
+def token_cases(src: Path, d: Path, tag: str) -> list[tuple[str, Path]]:
+    reader = open_gguf(src)
+    n = len(reader.get_field(gguf.Keys.Tokenizer.LIST).data)
+    tokens = list(reader.get_field(gguf.Keys.Tokenizer.LIST).contents())
+
+    def tok_edit(f):
+        return lambda key, values: f(list(values)) if key == gguf.Keys.Tokenizer.LIST else values
+
+    def all_edit(f):
+        return lambda key, values: f(list(values)) if key in PER_TOKEN else values
+
+    edits = {
+        "dup-early": tok_edit(lambda v: v[:300] + [v[299]] + v[301:]),
+        "dup-late": tok_edit(lambda v: v[:-2] + [v[-3], v[-1]]),
+        "dup-special": tok_edit(lambda v: [v[0], v[0]] + v[2:]),
+        "empty-token": tok_edit(lambda v: v[:400] + [""] + v[401:]),
+        "long-token": tok_edit(lambda v: v[:401] + ["y" * 1_000_000] + v[402:]),
+        "newline-token": tok_edit(lambda v: v[:402] + ["\n\n\n"] + v[403:]),
+        "shorter-tokens": tok_edit(lambda v: v[:-1]),
+        "longer-tokens": tok_edit(lambda v: v + ["extra"]),
+        "shorter-scores": lambda key, v: list(v)[:-5] if key == gguf.Keys.Tokenizer.SCORES else v,
+        "shorter-types": lambda key, v: list(v)[:-5] if key == gguf.Keys.Tokenizer.TOKEN_TYPE else v,
+        "nan-scores": lambda key, v: [float("nan")] * len(v) if key == gguf.Keys.Tokenizer.SCORES else v,
+        "types-zero": lambda key, v: [0] * len(v) if key == gguf.Keys.Tokenizer.TOKEN_TYPE else v,
+        "types-99": lambda key, v: [99] * len(v) if key == gguf.Keys.Tokenizer.TOKEN_TYPE else v,
+        "types-control": lambda key, v: [3] * len(v) if key == gguf.Keys.Tokenizer.TOKEN_TYPE else v,
+        "types-unused": lambda key, v: [5] * len(v) if key == gguf.Keys.Tokenizer.TOKEN_TYPE else v,
+        "one-token": all_edit(lambda v: v[:1]),
+        "no-bytes": tok_edit(lambda v: [t if not t.startswith("<0x") else f"<nb{i}>" for i, t in enumerate(v)]),
+    }
+    out = []
+    for label, edit in edits.items():
+        out.append((f"{tag}-tokens-{label}", rewrite_gguf(reader, d / f"{tag}-tokens-{label}.gguf", edit)))
+    for key in ("bos_token_id", "eos_token_id", "unknown_token_id"):
+        full = f"tokenizer.ggml.{key}"
+        for label, value in (("out-of-range", n + 5), ("huge", 2**31 - 1), ("last", n - 1)):
+            name = f"{tag}-{key}-{label}"
+            out.append((name, with_kv(src, d / f"{name}.gguf", full, value, T.UINT32)))
+    # invalid UTF-8 in a token text: byte-level, in place (same length)
+    raw = src.read_bytes()
+    word = next(t for t in tokens[300:] if len(t) >= 3 and t.isascii())
+    i = raw.find(len(word.encode()).to_bytes(8, "little") + word.encode())
+    if i >= 0:
+        for label, bad in (("invalid-utf8", b"\xff\xfe\xc3"[:len(word)]), ("nul-byte", b"a\x00b"[:len(word)])):
+            name = f"{tag}-tokens-{label}"
+            out.append((name, patched(src, d / f"{name}.gguf", i + 8, bad + word.encode()[len(bad):])))
+    return out
+
+
+def tensor_cases(src: Path, d: Path, tag: str) -> list[tuple[str, Path]]:
+    reader = open_gguf(src)
+    raw = src.read_bytes()
+    offsets = tensor_info_offsets(src)
+    names = [t.name for t in reader.tensors]
+    chosen = [n for n in names if n in ("token_embd.weight", "output.weight", "output_norm.weight")] + \
+        [n for n in names if n.startswith("blk.0.")] + [n for n in names if n.startswith("blk.1.attn")]
+    out = []
+    for name in chosen:
+        off = offsets[name]
+        name_len = struct.unpack_from("<Q", raw, off)[0]
+        dims_at = off + 8 + name_len
+        n_dims = struct.unpack_from("<I", raw, dims_at)[0]
+        ne_at = dims_at + 4
+        type_at = ne_at + 8 * n_dims
+        offset_at = type_at + 4
+        data_off = struct.unpack_from("<Q", raw, offset_at)[0]
+        ne0 = struct.unpack_from("<Q", raw, ne_at)[0]
+        safe = name.replace(".", "_")
+        muts = {
+            "type-99": (type_at, struct.pack("<I", 99)),
+            "type-f16": (type_at, struct.pack("<I", int(gguf.GGMLQuantizationType.F16))),
+            "type-q4_0": (type_at, struct.pack("<I", int(gguf.GGMLQuantizationType.Q4_0))),
+            "ne0-plus-32": (ne_at, struct.pack("<Q", ne0 + 32)),
+            "ne0-zero": (ne_at, struct.pack("<Q", 0)),
+            "ne0-huge": (ne_at, struct.pack("<Q", 2**62)),
+            "ndims-0": (dims_at, struct.pack("<I", 0)),
+            "ndims-5": (dims_at, struct.pack("<I", 5)),
+            "offset-plus-1": (offset_at, struct.pack("<Q", data_off + 1)),
+            "offset-huge": (offset_at, struct.pack("<Q", 2**62)),
+            "offset-zero": (offset_at, struct.pack("<Q", 0)),
+            "name-dup": (off + 8, names[0].encode()[:name_len].ljust(name_len, b"x")),
+        }
+        for label, (at, data) in muts.items():
+            case = f"{tag}-tensor-{safe}-{label}"
+            out.append((case, patched(src, d / f"{case}.gguf", at, data)))
+        case = f"{tag}-tensor-{safe}-missing"
+        out.append((case, rewrite_gguf(reader, d / f"{case}.gguf", keep_tensor=lambda n, drop=name: n != drop)))
+    return out
+
+
+def header_cases(src: Path, d: Path, tag: str) -> list[tuple[str, Path]]:
+    muts = {"magic": (0, b"GGUG"), "magic-zero": (0, b"\0\0\0\0"), "version-0": (4, struct.pack("<I", 0)),
+            "version-1": (4, struct.pack("<I", 1)), "version-2": (4, struct.pack("<I", 2)),
+            "version-999": (4, struct.pack("<I", 999)), "tensors-0": (8, struct.pack("<Q", 0)),
+            "tensors-huge": (8, struct.pack("<Q", 2**62)), "tensors-plus-1": (8, None),
+            "kv-0": (16, struct.pack("<Q", 0)), "kv-huge": (16, struct.pack("<Q", 2**62)), "kv-plus-1": (16, None)}
+    raw = src.read_bytes()
+    out = []
+    for label, (at, data) in muts.items():
+        if data is None:
+            data = struct.pack("<Q", struct.unpack_from("<Q", raw, at)[0] + 1)
+        out.append((f"{tag}-header-{label}", patched(src, d / f"{tag}-header-{label}.gguf", at, data)))
+    size = len(raw)
+    for frac in (0.0001, 0.001, 0.003, 0.01, 0.02, 0.05, 0.1, 0.3, 0.5, 0.9, 0.999):
+        cut = max(1, int(size * frac))
+        name = f"{tag}-truncated-{cut}"
+        (d / f"{name}.gguf").write_bytes(raw[:cut])
+        out.append((name, d / f"{name}.gguf"))
+    rng = random.Random(f"bitflips-{tag}")
+    header_end = open_gguf(src).tensors[0].data_offset
+    for i in range(80):
+        pos = rng.randrange(0, header_end) if i < 60 else rng.randrange(header_end, size)
+        bit = 1 << rng.randrange(8)
+        name = f"{tag}-bitflip-{i}-{pos}-{bit}"
+        out.append((name, patched(src, d / f"{name}.gguf", pos, bytes([raw[pos] ^ bit]))))
+    return out
+
+
+def build(out: Path, target: Path, draft: Path) -> list[Case]:
+    """Write the corpus into `out` and return its cases."""
+    out.mkdir(parents=True, exist_ok=True)
+    cases = []
+    for tag, src in (("target", target), ("draft", draft)):
+        for maker in (metadata_cases, token_cases, tensor_cases, header_cases):
+            for name, path in maker(src, out, tag):
+                if tag == "target":
+                    cases.append(Case(name, str(path), str(draft)))
+                else:  # a mutated draft beside a clean target
+                    cases.append(Case(name, str(target), str(path)))
+    # pairs that load on their own but do not belong together
+    for name, path in token_cases(draft, out, "pair")[:8]:
+        cases.append(Case(name + "-as-target-only", str(path), None))
+    cases.append(Case("pair-draft-is-target", str(target), str(target)))
+    cases.append(Case("pair-swapped", str(draft), str(target)))
+    return cases
+
+
+# ---------------------------------------------------------------------------------------- running
+
+WORKER = r'''
+import json, math, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, ({mem}, {mem}))
+import numpy as np
+from cospec_local import CospecError, Engine
+for line in sys.stdin:
+    case = json.loads(line)
+    out = {{"name": case["name"]}}
+    try:
+        with Engine(case["target"], case["draft"], n_ctx=256, n_threads=1) as engine:
+            prompt = engine.tokenize("Mei has 94 stamps. How many stamps does Mei have now?")
+            runs = [engine.generate(prompt, mode="target-only", max_tokens=8, ignore_eos=True)]
+            if case["draft"]:
+                runs.append(engine.generate(prompt, max_tokens=8, ignore_eos=True, draft_max=4, adaptive_draft=False))
+                runs.append(engine.generate(prompt, max_tokens=8, ignore_eos=True, arbiter="fly"))
+            logits = engine.score(prompt[:8])
+            finite = bool(np.isfinite(logits).all())
+            out["outcome"] = "run" if finite else "nan-logits"
+            out["tokens"] = runs[0].tokens
+    except CospecError as exc:
+        msg = str(exc)
+        out["outcome"] = "error"
+        out["error_class"] = type(exc).__name__
+        out["message_length"] = len(msg)
+        out["message"] = msg[:300]
+    except MemoryError:
+        out["outcome"] = "memory"
+    except Exception as exc:
+        out["outcome"] = "untyped"
+        out["error_class"] = type(exc).__name__
+        out["message"] = str(exc)[:300]
+    print("@@case " + json.dumps(out), flush=True)
+'''
+
+
+def run(cases: list[Case], timeout: float = CASE_TIMEOUT) -> list[dict]:
+    """Each case in a worker process (restarted after a crash or a hang); one result per case."""
+    results = []
+    todo = list(cases)
+    code = WORKER.format(mem=MEMORY_LIMIT)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    while todo:
+        worker = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True, env=env)
+        while todo:
+            case = todo[0]
+            t0 = time.monotonic()
+            worker.stdin.write(json.dumps(asdict(case)) + "\n")
+            worker.stdin.flush()
+            line = _read_line(worker, timeout)
+            if line is None:  # a hang or a death: that case's fault
+                worker.kill()
+                worker.wait()
+                rc = worker.returncode
+                results.append({"name": case.name, "outcome": "hang" if rc == -9 else f"signal {-rc}" if rc < 0
+                                else f"exit {rc}", "seconds": round(time.monotonic() - t0, 2)})
+                todo.pop(0)
+                break
+            result = json.loads(line)
+            result["seconds"] = round(time.monotonic() - t0, 2)
+            results.append(result)
+            todo.pop(0)
+        else:
+            worker.stdin.close()
+            worker.wait()
+    return results
+
+
+def _read_line(proc, timeout):
+    """The worker's next result line (anything else it prints, e.g. llama.cpp's own output, is skipped)."""
+    import select
+
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        ready, _, _ = select.select([proc.stdout], [], [], left)
+        if not ready:
+            return None
+        line = proc.stdout.readline()
+        if not line:
+            return None
+        if line.startswith("@@case "):
+            return line[len("@@case "):]
+
+
+def verdict(result: dict) -> str | None:
+    """Why a result is a failure, or None when it is fine."""
+    outcome = result["outcome"]
+    if outcome == "run":
+        return None
+    if outcome == "error":
+        if result["message_length"] > 2000:
+            return f"error message of {result['message_length']} characters"
+        return None
+    return outcome
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    from cospec_local.models import demo_model
+
+    cases = build(args.out / "files", demo_model("target"), demo_model("draft"))
+    t0 = time.time()
+    results = run(cases)
+    bad = [(r["name"], verdict(r)) for r in results if verdict(r)]
+    summary = {"cases": len(results), "seconds": round(time.time() - t0), "failures": len(bad),
+               "outcomes": {k: sum(1 for r in results if r["outcome"] == k) for k in {r["outcome"] for r in results}}}
+    (args.out / "results.json").write_text(json.dumps({"summary": summary, "results": results}, indent=1))
+    print(json.dumps(summary, indent=1))
+    for name, why in bad:
+        print(f"FAIL {name}: {why}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+"""No model file may abort, hang or exhaust the process: the corpus of structured corruptions of
+the demo pair (tests/gguf_corpus.py, over 1,000 cases) ends, case by case, in a clean typed error
+with a short, valid message, or in a correct run with finite logits."""
+from cospec_local.models import demo_model
+from gguf_corpus import build, run, verdict
+
+
+def test_every_corrupted_model_is_a_clean_error_or_a_correct_run(tmp_path):
+    cases = build(tmp_path, demo_model("target"), demo_model("draft"))
+    assert len(cases) >= 1000
+    results = run(cases)
+    assert len(results) == len(cases)
+    failures = [(r["name"], verdict(r)) for r in results if verdict(r)]
+    assert failures == []
+    outcomes = {r["outcome"] for r in results}
+    assert outcomes == {"error", "run"}
+    classes = {r["error_class"] for r in results if r["outcome"] == "error"}
+    assert classes <= {"ModelLoadError", "VocabMismatchError", "DecodeError", "InvalidArgumentError",
+                       "ContextFullError"}, classes  # (a context_length of 1: the prompt does not fit)
