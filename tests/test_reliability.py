@@ -169,11 +169,16 @@ def test_cli_json_interrupt_prints_the_partial_result():
 
 
 def test_cli_interrupt_while_loading_exits_130():
-    child = subprocess.Popen([*CLI, "generate", "-p", "Hi", "-n", "4"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    time.sleep(0.3)  # still importing or loading
+    # SmolLM2 and its draft take a moment to load: the interrupt comes as soon as the CLI names
+    # the files it is about to load.
+    child = subprocess.Popen([*CLI, "generate", "-m", "smollm2-135m", "-md", "smollm2-135m-draft", "-p", "Hi",
+                              "-n", "400", "--ignore-eos"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    first = child.stderr.readline()
+    assert first.startswith("target:"), first
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=60)
+    err = first + err
     assert child.returncode == 130, err
     assert "Traceback" not in err and "Aborted!" not in err
 
