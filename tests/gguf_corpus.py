@@ -327,7 +327,8 @@ def build(out: Path, target: Path, draft: Path) -> list[Case]:
 
 WORKER = r'''
 import json, math, resource, sys
-resource.setrlimit(resource.RLIMIT_AS, ({mem}, {mem}))
+if {mem} > 0:
+    resource.setrlimit(resource.RLIMIT_AS, ({mem}, {mem}))
 import numpy as np
 from cospec_local import CospecError, Engine
 for line in sys.stdin:
@@ -364,7 +365,7 @@ def run(cases: list[Case], timeout: float = CASE_TIMEOUT) -> list[dict]:
     """Each case in a worker process (restarted after a crash or a hang); one result per case."""
     results = []
     todo = list(cases)
-    code = WORKER.format(mem=MEMORY_LIMIT)
+    code = WORKER.format(mem=int(os.environ.get("COSPEC_CORPUS_MEMORY_LIMIT", MEMORY_LIMIT)))
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     while todo:
         worker = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -440,6 +441,7 @@ def main(argv=None):
     print(json.dumps(summary, indent=1))
     for name, why in bad:
         print(f"FAIL {name}: {why}")
+    sys.exit(1 if bad else 0)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def test_close_during_generation_stops_it_and_frees_after(attempt, target_path, 
     engine.close()
     worker.join(30)
     assert not worker.is_alive()
-    assert box["result"].stop_reason == "aborted" and box["result"].tokens
+    assert box["result"].stop_reason == "aborted"  # (with tokens or, if the close came first, none)
     assert engine.closed
     with pytest.raises(InvalidArgumentError, match="closed"):
         engine.generate("Hi", max_tokens=2)
