@@ -216,3 +216,13 @@ def test_a_template_that_does_not_compile_falls_back_to_chatml_and_says_so(tmp_p
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stderr.count("chat template cannot be used") == 1 and "using ChatML" in out.stderr
+
+
+def test_a_draft_that_differs_only_in_add_eos_is_refused_with_that_reason(tmp_path):
+    from cospec_local import VocabMismatchError
+
+    reader = open_gguf(demo_model("draft"))
+    flipped = rewrite_gguf(reader, tmp_path / "draft-add-eos.gguf",
+                           lambda key, value: (not value) if key == gguf.Keys.Tokenizer.ADD_EOS else value)
+    with pytest.raises(VocabMismatchError, match="appends EOS"):
+        Engine(demo_model("target"), flipped, n_ctx=256)
