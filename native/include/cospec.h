@@ -366,7 +366,8 @@ typedef struct cospec_result cospec_result;
 int32_t cospec_generate(cospec_engine * engine, const cospec_token * prompt, int32_t n_prompt,
                         const struct cospec_generate_params * params, cospec_result ** out);
 
-// Forget the cached prefix of both models.
+// Forget the cached prefix of both models and clear a pending abort. Call it between
+// generations (the Python layer aborts a running one and queues the reset behind it).
 void cospec_engine_reset(cospec_engine * engine);
 
 const char *               cospec_result_text(const cospec_result * result, int32_t * len);

@@ -537,6 +537,8 @@ void cospec_engine_reset(cospec_engine * engine) {
             s->cached.clear();
         }
     }
+    // A reset may follow an abort of the generation it replaced: the engine is ready again.
+    engine->abort_flag.store(false);
 }
 
 bool cospec_engine_has_draft(const cospec_engine * engine) {
