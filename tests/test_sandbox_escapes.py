@@ -192,3 +192,15 @@ def test_refuses_to_run_without_isolation_unless_allowed(monkeypatch):
     assert r.passed and not r.isolated and r.stdout == "1\n"
     monkeypatch.setenv(sandbox.UNSAFE_ENV, "1")
     assert run_python("print(2)").stdout == "2\n"
+
+
+def test_humaneval_checks_are_decided_outside_too():
+    from cospec_local.tasks.code import value_checks
+
+    tests = ('METADATA = {"author": "x"}\n\ndef check(candidate):\n    """Checks."""\n'
+             '    assert candidate([1, 2], 1) == [2, 3]\n    assert candidate([], 5) == []\n\ncheck(add)')
+    assert value_checks(tests) == [("add([1, 2], 1)", [2, 3]), ("add([], 5)", [])]
+    assert value_checks("def check(candidate):\n    assert abs(candidate(1) - 2) < 1e-6\n\ncheck(f)") is None
+    assert run_tests("def add(xs, k):\n    return [x + k for x in xs]\n", tests).passed
+    assert not run_tests("def add(xs, k):\n    return xs\nimport os\nos._exit(86)\n", tests).passed
+    assert not run_tests("def add(xs, k):\n    return xs\nraise SystemExit(86)\n", tests).passed

@@ -9,11 +9,12 @@ Convention (shared by pyfunc, HumanEval and MBPP):
   function body after the prompt's signature and docstring), cut at the first ```. A bare ``` after
   code with no partner fence counts as closing that code, not as opening a block.
 The program then runs with __name__ != "__main__" in the sandbox. Tests of the form
-`assert CALL == LITERAL` (pyfunc, most of MBPP) are decided outside the child: the child only
+`assert CALL == LITERAL` (pyfunc, most of MBPP, and HumanEval's check functions made only of
+those) are decided outside the child: the child only
 evaluates each CALL and hands repr() of its value back through a pipe; this process compares those
 values with the LITERALs, which the child never sees, so no trick inside the child (a forged exit
 code, rewritten output, a disabled guard) can turn a wrong answer into a pass. Other tests (e.g.
-HumanEval's `check(candidate)`) run as written and pass when the program reaches the final
+`assert abs(f(x) - y) < 1e-6`) run as written and pass when the program reaches the final
 `raise SystemExit(PASS_CODE)`: that verdict comes from inside the child.
 """
 from __future__ import annotations
@@ -52,13 +53,51 @@ def build_program(completion: str, prefix: str = "", entry_point: str | None = N
 
 
 def value_checks(tests: str) -> list[tuple[str, object]] | None:
-    """(source of CALL, LITERAL) for tests that are all `assert CALL == LITERAL`; None otherwise."""
+    """(source of CALL, LITERAL) for tests that are all `assert CALL == LITERAL`, written either at
+    the top level (pyfunc, MBPP) or in HumanEval's `def check(candidate): ...` followed by
+    `check(entry_point)` (with literal assignments such as METADATA beside it); None otherwise."""
     try:
         tree = ast.parse(tests)
     except SyntaxError:
         return None
+    body = tree.body
+    checker = [n for n in body if isinstance(n, ast.FunctionDef) and n.name == "check"]
+    if checker:
+        call = body[-1]
+        if not (len(checker) == 1 and isinstance(call, ast.Expr) and isinstance(call.value, ast.Call)
+                and isinstance(call.value.func, ast.Name) and call.value.func.id == "check"
+                and len(call.value.args) == 1 and isinstance(call.value.args[0], ast.Name)
+                and len(checker[0].args.args) == 1):
+            return None
+        for node in body[:-1]:
+            if node is not checker[0] and not (isinstance(node, ast.Assign) and _is_literal(node.value)):
+                return None
+        param, entry = checker[0].args.args[0].arg, call.value.args[0].id
+        statements = [n for n in checker[0].body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+        renamed = [_Rename(param, entry).visit(n) for n in statements]
+        return _assert_checks(renamed)
+    return _assert_checks(body)
+
+
+def _is_literal(node: ast.AST) -> bool:
+    try:
+        ast.literal_eval(node)
+        return True
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+
+
+class _Rename(ast.NodeTransformer):
+    def __init__(self, old: str, new: str):
+        self.old, self.new = old, new
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        return ast.copy_location(ast.Name(self.new, node.ctx), node) if node.id == self.old else node
+
+
+def _assert_checks(statements: list[ast.AST]) -> list[tuple[str, object]] | None:
     checks = []
-    for node in tree.body:
+    for node in statements:
         test = node.test if isinstance(node, ast.Assert) else None
         if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
             return None
