@@ -82,9 +82,10 @@ def write_onnx(path: Path, head) -> Path:
 
 def write_arbiter(out_dir: str | Path, *, kind: str, head, draft_gguf: str | Path, threshold: float, name: str,
                   description: str = "", lora: dict | None = None, lora_alpha: float | None = None,
-                  n_embd: int | None = None, info: dict | None = None) -> Path:
+                  n_embd: int | None = None, info: dict | None = None, onnx: bool = True) -> Path:
     """Write the arbiter folder; `info` (training settings, measurements) goes into arbiter.gguf
-    as one JSON string and into info.json beside it, for people."""
+    as one JSON string and into info.json beside it, for people. onnx=False leaves out head.onnx
+    (the engine's native head does not need it; a training run's intermediate policies skip it)."""
     from cospec_local import _cospec
 
     out = Path(out_dir)
@@ -118,7 +119,8 @@ def write_arbiter(out_dir: str | Path, *, kind: str, head, draft_gguf: str | Pat
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    write_onnx(out / "head.onnx", head)
+    if onnx:
+        write_onnx(out / "head.onnx", head)
     (out / "info.json").write_text(json.dumps({"kind": kind, "name": name, "description": description,
                                                 "threshold": threshold, "draft_file": draft_gguf.name,
                                                 **(info or {})}, indent=1, sort_keys=True) + "\n")

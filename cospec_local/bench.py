@@ -39,6 +39,22 @@ def task_prompts(families: Sequence[str], n: int, split: str = "test") -> list[s
     return [per_family[i % len(families)][i // len(families)].prompt + "\n" for i in range(n)]
 
 
+def measure_costs(engine: Engine, tokenized: Sequence[list[int]], params: GenerationParams, plain_ms: dict,
+                  k: int = 8) -> dict:
+    """The cost model that arbiters which keep mismatches choose block lengths with, measured:
+    a draft step and each verified token beyond the first, in target steps. The marginal comes
+    from plain speculative decoding at a fixed K (every verify pass holds K + 1 tokens)."""
+    blocks = verify_ms = 0.0
+    for prompt in tokenized:
+        s = engine.generate(prompt, params, mode="speculative", arbiter="target", draft_max=k,
+                            adaptive_draft=False).stats
+        blocks += s.n_blocks
+        verify_ms += s.t_verify_ms
+    v = verify_ms / blocks / plain_ms["target-only"] if blocks else float("nan")
+    return {"draft_cost": round(plain_ms["draft-only"] / plain_ms["target-only"], 4),
+            "verify_cost": round(max(0.0, (v - 1.0) / k), 4), "measured_with_k": k}
+
+
 def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], runs: Sequence[Run], params: GenerationParams,
               repeat: int = 1, as_chat: bool = False, progress: Callable[[str], None] | None = None) -> dict:
     """Generate params.max_tokens per prompt (EOS ignored, so every run does the same work)
@@ -57,10 +73,12 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], runs: S
         generate(tokenized[0], run, max_tokens=8, draft_max=ks[0])
     # The draft's cost per token relative to the target's, for the speed bound.
     plain_ms = {}
+    costs = None
     if "target-only" in labels:
         for mode in ("draft-only", "target-only"):
             stats = [engine.generate(p, params, mode=mode).stats for p in tokenized]
             plain_ms[mode] = sum(r.t_generate_ms for r in stats) / sum(r.n_generated for r in stats)
+        costs = measure_costs(engine, tokenized, params, plain_ms)
 
     results = []
     for k in ks:
@@ -127,6 +145,8 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], runs: S
         "draft_p_min": params.draft_p_min,
         "adaptive_draft": params.adaptive_draft,
         "c": plain_ms["draft-only"] / plain_ms["target-only"] if plain_ms else None,
+        # The timing-free cost model (--draft-cost, --verify-cost) measured for this pair and machine.
+        "costs": costs,
         "results": results,
     }
 
@@ -143,6 +163,12 @@ def markdown_table(report: dict) -> str:
         f"with the measured per-token acceptance a and verify cost v(K)  ",
         f"{report['prompts']} prompts x {report['max_tokens']} tokens x {report['repeat']} run(s), greedy, EOS ignored, "
         f"draft_p_min {report['draft_p_min']}, {'adaptive' if report['adaptive_draft'] else 'fixed'} draft length",
+    ]
+    if report.get("costs"):
+        c = report["costs"]
+        lines.append(f"  \ncost model for arbiters that keep, measured here: `--draft-cost {c['draft_cost']} "
+                     f"--verify-cost {c['verify_cost']}`")
+    lines += [
         "",
         "| K | run | tok/s | speed-up | bound | acceptance | accepted/block | arbiter keeps | arbiter time "
         "| outside llama.cpp | same as target |",

@@ -311,6 +311,13 @@ class Engine:
         head="onnx" runs a learned arbiter's head under ONNX Runtime instead of natively."""
         return self._arbiter(GenerationParams(arbiter=spec, arbiter_threshold=threshold, arbiter_head=head))[0]
 
+    def unload_arbiter(self, spec) -> None:
+        """Free the learned arbiters loaded here from `spec` (a name or folder), e.g. one that a
+        training run is about to rewrite; the next use loads it again."""
+        folder = os.path.abspath(resolve_arbiter_path(spec))
+        for key in [k for k in self._learned if k[0] == folder]:
+            self._learned.pop(key).close()
+
     def _arbiter(self, params: GenerationParams) -> tuple[Arbiter, str]:
         spec = params.arbiter
         if isinstance(spec, Arbiter):

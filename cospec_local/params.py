@@ -45,6 +45,12 @@ class GenerationParams:
                               "Choose each block's length in [0, K]: from measured speed with the target arbiter, from "
                               "acceptance counts alone with an arbiter that keeps mismatches (so its output never "
                               "depends on timing); or always K.", ("--adaptive-draft/--fixed-draft",))
+    draft_cost: float = _f(round(_NATIVE.draft_cost, 6), "Cost model of adaptive lengths with an arbiter that keeps: "
+                                                        "one draft step in target steps (0: the pair's parameter "
+                                                        "ratio; `bench` measures it).", ("--draft-cost",))
+    verify_cost: float = _f(round(_NATIVE.verify_cost, 6), "Cost model of adaptive lengths with an arbiter that keeps: "
+                                                          "each verified token beyond the first, in target steps "
+                                                          "(negative: 0.25; `bench` measures it).", ("--verify-cost",))
     temperature: float = _f(_NATIVE.temperature, "Temperature (0: greedy).", ("--temp",))
     top_k: int = _f(_NATIVE.top_k, "Top-k sampling (0: off).", ("--top-k",))
     top_p: float = _f(_NATIVE.top_p, "Top-p sampling (1: off).", ("--top-p",))
@@ -100,6 +106,10 @@ class GenerationParams:
             bad("draft_p_min", "must be in [0, 1]")
         if not 0 <= self.seed < 2**64:
             bad("seed", "must be in [0, 2^64)")
+        if not (math.isfinite(self.draft_cost) and 0 <= self.draft_cost <= 100):
+            bad("draft_cost", "must be in [0, 100] target steps (0: from the pair's sizes)")
+        if not (math.isfinite(self.verify_cost) and self.verify_cost <= 100):
+            bad("verify_cost", "must be a finite number <= 100 target steps (negative: the default)")
         if self.arbiter_threshold is not None and not 0 <= self.arbiter_threshold <= 1:
             bad("arbiter_threshold", "must be in [0, 1]")
         if self.fly_window < 1:
@@ -117,6 +127,8 @@ class GenerationParams:
         n.n_draft = self.draft_max
         n.draft_p_min = self.draft_p_min
         n.adaptive_draft = self.adaptive_draft
+        n.draft_cost = self.draft_cost
+        n.verify_cost = self.verify_cost
         n.temperature = self.temperature
         n.top_k = self.top_k
         n.top_p = self.top_p

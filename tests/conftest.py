@@ -2,11 +2,18 @@
 package) and drafts derived from it, loaded once per test session."""
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from cospec_local import Engine
 from cospec_local.gguf_edit import truncate_layers
 from cospec_local.model_paths import find_smollm2_gguf
+
+# A run started from a background shell inherits SIGINT ignored, and so would every child it
+# starts: the interrupt tests need Ctrl-C to mean what it means at a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Drafts for the same target, from "almost never agrees" to "always agrees".
 DRAFT_LAYERS = {"disagreeing": 2, "mixed": 29}

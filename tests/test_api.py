@@ -167,3 +167,22 @@ def test_one_copy_of_ggml_per_process():
 @pytest.mark.parametrize("text", ["Hello world", "  two leading spaces", "naïve café, 3.14\nnew line", "日本語"])
 def test_tokenize_round_trip(engine, text):
     assert engine.detokenize(engine.tokenize(text, add_special=False)) == text
+
+
+def test_cost_model_settings_steer_timing_free_block_lengths():
+    """With an arbiter that can keep, block lengths come from acceptance counts and the cost model
+    (--draft-cost, --verify-cost): cheap verification drafts long blocks, dear verification short
+    ones, and the same settings give the same tokens."""
+    from cospec_local.errors import InvalidArgumentError
+    from cospec_local.tasks import load_task
+
+    prompt = load_task("arith", "test", 1)[0].prompt
+    with Engine.open_default(n_ctx=1024, n_threads=1) as engine:
+        cheap = engine.generate(prompt, arbiter="fly", max_tokens=96, draft_cost=0.01, verify_cost=0.0)
+        dear = engine.generate(prompt, arbiter="fly", max_tokens=96, draft_cost=0.5, verify_cost=3.0)
+        assert cheap.stats.n_drafted / max(1, cheap.stats.n_blocks) > 4
+        assert dear.stats.n_plain > cheap.stats.n_plain
+        again = engine.generate(prompt, arbiter="fly", max_tokens=96, draft_cost=0.01, verify_cost=0.0)
+        assert again.tokens == cheap.tokens
+        with pytest.raises(InvalidArgumentError, match="draft_cost"):
+            engine.generate(prompt, arbiter="fly", draft_cost=float("nan"))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import subprocess
 import sys
@@ -52,11 +53,16 @@ def test_questions_of_other_difficulties_keep_their_split():
     assert test_keys and not test_keys & train_keys
 
 
+# bench/sanitize.sh runs the suite with the ASan runtime preloaded: a child importing the extension needs it too.
+SANITIZER_ENV = {k: v for k, v in os.environ.items() if k in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
+
+
 def test_seeds_do_not_depend_on_python_hash_randomisation():
     code = ("from cospec_local.tasks import TASKS\n"
             "print([(p.id, p.prompt) for n in sorted(TASKS) for p in TASKS[n].generate('test', 5)])")
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"}).stdout for seed in ("1", "987")}
+                           env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin", **SANITIZER_ENV}).stdout
+            for seed in ("1", "987")}
     assert len(outs) == 1
     assert outs.pop().strip() == repr([(p.id, p.prompt) for n in FAMILIES for p in TASKS[n].generate("test", 5)])
 

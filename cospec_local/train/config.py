@@ -27,8 +27,8 @@ def parse_config(cls: type[T], argv: list[str] | None = None, description: str |
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
             continue
         convert = {int: int, float: float, Path: Path}.get(kind, str)
-        if kind in (Path | None, str | None):
-            convert = Path if kind == (Path | None) else str
+        if kind in (Path | None, str | None, float | None, int | None):
+            convert = {Path | None: Path, str | None: str, float | None: float, int | None: int}[kind]
         parser.add_argument(flag, type=convert, required=required, default=None if required else f.default,
                             help=f.metadata["help"])
     return cls(**vars(parser.parse_args(argv)))

@@ -318,6 +318,13 @@ struct cospec_generate_params {
     // must not depend on timing: the length then comes from this call's
     // acceptance counts and a cost model of the pair's sizes, never from clocks.
     bool    adaptive_draft;
+    // The cost model of those timing-free lengths, in target steps: one draft
+    // step (<= 0: the pair's parameter ratio, the default) and each verified
+    // token beyond the first (< 0: 0.25, the default). `cospec-local bench`
+    // measures both for a pair; being settings, they keep the output a
+    // function of the settings.
+    float   draft_cost;
+    float   verify_cost;
     float   temperature;       // 0 = greedy (so is anything below 1e-4)
     int32_t top_k;             // 0 = off
     float   top_p;             // 1 = off

@@ -61,7 +61,9 @@ class generation {
         // lengths must not depend on timing: a tuner of this call alone, whose
         // costs come from the pair's sizes instead of clocks.
         if (arbiter_can_keep) {
-            call_tuner.use_fixed_costs(e.draft_cost_ratio, cospec::draft_tuner::FIXED_VERIFY_MARGINAL);
+            call_tuner.use_fixed_costs(p.draft_cost > 0.0f ? p.draft_cost : e.draft_cost_ratio,
+                                       p.verify_cost >= 0.0f ? p.verify_cost
+                                                             : cospec::draft_tuner::FIXED_VERIFY_MARGINAL);
             tuner = &call_tuner;
         } else {
             tuner = &e.tuner;
@@ -600,6 +602,7 @@ class generation {
             emit(target_tokens[kd], COSPEC_PROV_BONUS);
         }
         if (r.decisions.size() > first_decision) {
+            block.context = seq.data(); // emit() may have grown seq: the context's first n_context tokens stay
             p.arbiter->taken(block, r.decisions.data() + first_decision, (int32_t) (r.decisions.size() - first_decision));
         }
     }
@@ -670,6 +673,9 @@ int32_t check_params(const cospec_engine * e, const cospec_token * prompt, int32
     if (p->top_k < 0 || !(p->top_p > 0.0f && p->top_p <= 1.0f) || !(p->draft_p_min >= 0.0f && p->draft_p_min <= 1.0f)) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "top_k must be >= 0, top_p in (0, 1] and draft_p_min in [0, 1]");
     }
+    if (!std::isfinite(p->draft_cost) || !std::isfinite(p->verify_cost) || p->draft_cost > 100.0f || p->verify_cost > 100.0f) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "draft_cost and verify_cost must be finite and at most 100 target steps");
+    }
     if (p->n_stop < 0 || (p->n_stop > 0 && p->stop == nullptr)) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "stop strings: invalid array");
     }
@@ -708,6 +714,8 @@ cospec_generate_params cospec_generate_default_params(void) {
     p.n_draft = 8;
     p.draft_p_min = 0.0f;
     p.adaptive_draft = true;
+    p.draft_cost = 0.0f;
+    p.verify_cost = -1.0f;
     p.temperature = 0.0f;
     p.top_k = 0;
     p.top_p = 1.0f;

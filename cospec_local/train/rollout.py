@@ -1,0 +1,156 @@
+"""Rollouts of full CoSpec generations for GRPO, in worker processes of their own.
+
+Each worker process holds one engine (one draft/target pair) and never imports torch: after
+torch has run a multi-threaded op in a process, llama.cpp decodes there several times slower.
+The trainer starts the workers with the `spawn` method, sends them problems and the folder of
+the policy to roll out, and gets back plain records.
+
+- `rollouts`: G generations of one problem, greedy tokens, each arbiter decision drawn from
+  Bernoulli(P(keep)) with a recorded seed (same seed, same arbiter: same rollout). Every block
+  where the walk applied a decision is recorded with what the policy update needs: the block's
+  context, draft and target tokens, its features, the decided positions, P(keep) as the engine
+  used it, the decision, and the target's probability of the draft token there.
+- `greedy`: one generation deciding by the arbiter's threshold (dev accuracy).
+- `screen`: one plain speculative generation counting the mismatches its walk reaches. A problem
+  without any cannot give the arbiter a decision, so the trainer draws its prompts from the rest.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from .. import _cospec
+from ..arbiters import arbiter_from_function
+from ..engine import Engine
+from ..params import GenerationParams
+from ..tasks import FAMILY_STOPS, Problem, score
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    target: str
+    draft: str
+    threads: int
+    max_tokens: int
+    n_ctx: int = 1024
+
+
+def _softmax_at(logits: np.ndarray, token: int) -> float:
+    z = logits.astype(np.float64)
+    z = np.exp(z - z.max())
+    return float(z[token] / z.sum())
+
+
+class RolloutWorker:
+    def __init__(self, cfg: WorkerConfig):
+        self.cfg = cfg
+        self.engine = Engine(cfg.target, cfg.draft, n_ctx=cfg.n_ctx, n_threads=cfg.threads)
+        self.params = GenerationParams(max_tokens=cfg.max_tokens)
+        self.arbiter_path: str | None = None
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def _policy(self, path: str):
+        """The learned arbiter in `path`, reloaded when the trainer points at a new folder."""
+        if path != self.arbiter_path:
+            if self.arbiter_path is not None:
+                self.engine.unload_arbiter(self.arbiter_path)
+            self.arbiter_path = path
+        return self.engine.arbiter(path)
+
+    def _generate(self, problem: Problem, **overrides):
+        self.engine.reset()  # every generation from a clean cache: a function of its inputs alone
+        return self.engine.generate(problem.prompt, self.params, stop=tuple(FAMILY_STOPS.get(problem.family, ())),
+                                    **overrides)
+
+    def rollouts(self, problem: Problem, arbiter_path: str, seeds: list[int]) -> list[dict]:
+        policy = self._policy(arbiter_path)
+        out = []
+        for seed in seeds:
+            blocks: list[dict] = []
+
+            def decide(block):
+                return policy.score(block)
+
+            def taken(block, decisions):
+                positions = [int(d[1]) for d in decisions]
+                draft, logits = block["draft"], block["target_logits"]
+                blocks.append({
+                    "context": block["context"].tolist(), "draft": draft.tolist(), "target": block["target"].tolist(),
+                    "features": _cospec.block_features(block).tolist(), "positions": positions,
+                    "keep": [bool(d[4]) for d in decisions], "p_keep": [float(d[3]) for d in decisions],
+                    "p_target": [_softmax_at(logits[j], int(draft[j])) for j in positions],
+                })
+
+            recorder = arbiter_from_function(decide, "rollout", taken=taken)
+            run = self._generate(problem, arbiter=recorder, sample_arbiter=True, seed=seed)
+            out.append({"problem_id": problem.id, "family": problem.family, "seed": seed,
+                        "correct": bool(score(problem, run.text)), "text": run.text, "provenance": run.provenance,
+                        "blocks": blocks})
+        return out
+
+    def greedy(self, problem: Problem, arbiter: str) -> dict:
+        spec = self._policy(arbiter) if arbiter not in ("target", "fly") else arbiter
+        run = self._generate(problem, arbiter=spec)
+        return {"problem_id": problem.id, "family": problem.family, "correct": bool(score(problem, run.text)),
+                "tokens": len(run.tokens), "kept": run.stats.n_kept, "decisions": len(run.decisions)}
+
+    def screen(self, problem: Problem) -> dict:
+        mismatches = 0
+
+        def decide(block):
+            return np.zeros(block["n_draft"], dtype=np.float32)
+
+        def taken(block, decisions):
+            nonlocal mismatches
+            mismatches += len(decisions)
+
+        run = self._generate(problem, arbiter=arbiter_from_function(decide, "screen", taken=taken))
+        return {"problem_id": problem.id, "family": problem.family, "mismatches": mismatches,
+                "target_correct": bool(score(problem, run.text))}
+
+
+# ---------------------------------------------------------------- worker processes
+
+_WORKER: RolloutWorker | None = None
+
+
+def _init(cfg: WorkerConfig) -> None:
+    global _WORKER
+    os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads))
+    _WORKER = RolloutWorker(cfg)
+
+
+def _run(task: tuple) -> object:
+    kind, *args = task
+    return getattr(_WORKER, kind)(*args)
+
+
+class RolloutPool:
+    """`workers` processes, one engine each; tasks are (method, *args) of RolloutWorker. A worker
+    that dies (a signal, memory) fails the call with BrokenProcessPool instead of hanging it."""
+
+    def __init__(self, cfg: WorkerConfig, workers: int):
+        if workers < 1:
+            raise ValueError("rollouts need at least one worker process")
+        self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init,
+                                         initargs=(cfg,))
+
+    def map(self, tasks: Iterable[tuple]) -> Iterator:
+        """Results in task order, as they complete."""
+        return self._pool.map(_run, list(tasks))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> "RolloutPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

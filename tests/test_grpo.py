@@ -1,0 +1,249 @@
+"""GRPO for the learned arbiters: rewards and advantages on constructed rollouts (values computed
+by hand), rollouts of the real engine (seeded, recorded as the engine decided), the direction of a
+policy update, and the trainer end to end (single process, resume, and under torchrun)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+torch.set_num_threads(1)  # before torch's first op: llama.cpp in this process stays fast
+
+from cospec_local import Engine  # noqa: E402
+from cospec_local.arbiters import NAMED_ARBITERS  # noqa: E402
+from cospec_local.models import resolve_model  # noqa: E402
+from cospec_local.tasks import load_task  # noqa: E402
+from cospec_local.train.grpo import GRPOConfig, decision_items, grpo_update, policy_probs, score_groups  # noqa: E402
+from cospec_local.train.rewards import RewardConfig, group_advantages, rollout_reward, span_after_keeps  # noqa: E402
+from cospec_local.train.rollout import RolloutWorker, WorkerConfig  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- rewards (hand-computed)
+
+def test_span_after_keeps_counts_the_kept_run_of_its_block():
+    prov = ["match", "kept", "match", "match", "fallback", "match", "kept", "bonus", "match", "target"]
+    # block 1: kept + 2 matches; block 2 (match, kept, bonus): the kept token only
+    assert span_after_keeps(prov) == 4
+    assert span_after_keeps(["match", "match", "bonus"]) == 0
+
+
+def test_rollout_reward_values():
+    rc = RewardConfig(span_bonus=0.5, risk_prob=0.05, risk_penalty=0.5, fallback_penalty=0.25)
+    prov = ["match"] * 5 + ["kept", "match", "match"] + ["fallback", "match"]  # 3 of 10 tokens after a keep
+    assert rollout_reward(True, prov, [{"keep": True, "p_target": 0.3}], rc) == pytest.approx(1.15)
+    assert rollout_reward(True, ["match", "bonus"], [], rc) == 1.0
+    wrong = [{"keep": True, "p_target": 0.01}, {"keep": True, "p_target": 0.5}, {"keep": False, "p_target": 0.2}]
+    # (0.5 risky keep + 0 + 0.25 fallback) / 3 decisions
+    assert rollout_reward(False, prov, wrong, rc) == pytest.approx(-0.25)
+    assert rollout_reward(False, prov, [], rc) == 0.0
+
+
+def test_group_advantages_values():
+    rc = RewardConfig(std_floor=0.5)
+    # mean 0.25, std 0.433 < floor 0.5: (1 - 0.25) / 0.5 = 1.5 and -0.5; masses 1.5 = 3 x 0.5, balanced already
+    assert group_advantages([1, 0, 0, 0], [1, 1, 1, 1], [True, False, False, False], rc) == pytest.approx(
+        [1.5, -0.5, -0.5, -0.5])
+    # the second rollout made 3 decisions: negative mass 2.5 vs positive 1.5; both rescaled to 2.0
+    adv = group_advantages([1, 0, 0, 0], [1, 3, 1, 1], [True, False, False, False], rc)
+    assert adv == pytest.approx([2.0, -0.4, -0.4, -0.4])
+    assert adv[0] * 1 == pytest.approx(-sum(a * n for a, n in zip(adv[1:], [3, 1, 1])))
+    # same rewards: nothing to learn
+    assert group_advantages([1, 1, 1], [2, 1, 1], [True] * 3, rc) == [0.0, 0.0, 0.0]
+    # all right, shaping only: (R - mean) / floor, no rescaling (not a mixed group)
+    assert group_advantages([1.1, 1.0], [1, 1], [True, True], rc) == pytest.approx([0.1, -0.1])
+    # std above the floor: plain z-scores
+    assert group_advantages([2.0, 0.0], [1, 1], [True, False], rc) == pytest.approx([1.0, -1.0])
+
+
+def test_score_groups_groups_by_problem():
+    def rollout(pid, correct, keeps):
+        return {"problem_id": pid, "correct": correct, "provenance": ["match"] * 4,
+                "blocks": [{"positions": list(range(len(keeps))), "keep": keeps, "p_target": [0.5] * len(keeps),
+                            "p_keep": [0.6] * len(keeps), "context": [1, 2], "draft": [3] * len(keeps),
+                            "target": [4] * (len(keeps) + 1), "features": [[0.0] * 16] * len(keeps)}]}
+
+    rollouts = [rollout("a", True, [True]), rollout("a", False, [False]), rollout("b", True, [True]),
+                rollout("b", True, [True])]
+    rewards, adv, stats = score_groups(rollouts, RewardConfig())
+    assert rewards == pytest.approx([1.0, -0.25, 1.0, 1.0])
+    assert adv[2:] == [0.0, 0.0] and adv[0] > 0 > adv[1]
+    assert stats["mixed_groups"] == 1 and stats["informative_groups"] == 1 and stats["keep_rate"] == 0.75
+    items = decision_items(rollouts, adv)
+    assert len(items) == 2 and [it["advantage"] for it in items] == adv[:2]
+
+
+# ---------------------------------------------------------------- rollouts of the engine
+
+@pytest.fixture(scope="module")
+def worker():
+    w = RolloutWorker(WorkerConfig(str(resolve_model("demo-target")), str(resolve_model("demo-draft")), 2, 256))
+    yield w
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def mismatch_problems(worker):
+    """Training problems where the demo pair disagrees at least once."""
+    problems = [p for f in ("arith", "pyfunc") for p in load_task(f, "train", 40)]
+    found = [p for p in problems if worker.screen(p)["mismatches"] > 0]
+    assert len(found) >= 6
+    return found[:6]
+
+
+def lenient_features_arbiter(tmp_path: Path) -> Path:
+    """The bundled features arbiter with its last bias raised: P(keep) well inside (0, 1), so that
+    sampled decisions go both ways."""
+    from converters.arbiter_export import write_arbiter
+    from cospec_local.train.arbiter_model import load_arbiter
+
+    draft = resolve_model("demo-draft")
+    model = load_arbiter(NAMED_ARBITERS["demo-features"].path, draft)
+    with torch.no_grad():
+        model.head.layers[-1].bias += 2.0
+    return write_arbiter(tmp_path / "lenient", kind="features", head=model.head, draft_gguf=draft, threshold=0.5,
+                         name="lenient", onnx=False)
+
+
+@pytest.fixture(scope="module")
+def recorded(worker, mismatch_problems, tmp_path_factory):
+    folder = lenient_features_arbiter(tmp_path_factory.mktemp("arbiter"))
+    runs = {p.id: worker.rollouts(p, str(folder), [11, 12, 13, 11]) for p in mismatch_problems}
+    return folder, runs
+
+
+def test_rollouts_are_seeded_and_recorded_as_decided(worker, mismatch_problems, recorded):
+    folder, runs = recorded
+    n_keep = n_reject = 0
+    for problem in mismatch_problems:
+        rollouts = runs[problem.id]
+        assert rollouts[0] == rollouts[3]  # same seed, same arbiter: the same rollout
+        prompt = worker.engine.tokenize(problem.prompt)
+        for r in rollouts:
+            # the rollout's text is what the engine generates with these decisions
+            assert r["problem_id"] == problem.id and len(r["provenance"]) > 0
+            for b in r["blocks"]:
+                n_ctx = len(b["context"])
+                assert b["context"][:len(prompt)] == prompt
+                assert len(b["features"]) == len(b["draft"]) and len(b["target"]) == len(b["draft"]) + 1
+                for j, keep, p, pt in zip(b["positions"], b["keep"], b["p_keep"], b["p_target"]):
+                    assert b["draft"][j] != b["target"][j] and 0 < p < 1 and 0 <= pt <= 1
+                    assert n_ctx + j >= len(prompt)
+                    n_keep += keep
+                    n_reject += not keep
+    assert n_keep > 0 and n_reject > 0  # P(keep) inside (0, 1): both decisions drawn
+    assert any(runs[p.id][0] != runs[p.id][1] for p in mismatch_problems)  # seeds matter
+
+
+def test_recorded_blocks_give_the_engines_probabilities(worker, recorded):
+    """The recorded state reproduces P(keep) when scored again: what the update trains on is what
+    the engine decided on."""
+    from cospec_local.train.arbiter_model import load_arbiter
+
+    folder, runs = recorded
+    model = load_arbiter(folder, resolve_model("demo-draft"))
+    items = [dict(b, p_behaviour=b["p_keep"]) for rs in runs.values() for r in rs for b in r["blocks"]]
+    assert items
+    with torch.no_grad():
+        p = policy_probs(model, items, with_tokens=False).numpy()
+    engine_p = np.array([x for it in items for x in it["p_keep"]])
+    assert np.abs(p - engine_p).max() < 1e-4
+
+
+# ---------------------------------------------------------------- the update's direction
+
+def constructed_items(runs: dict, keep: float, advantage: float) -> list[dict]:
+    """Every recorded decision state, with one action and one advantage for all of them."""
+    items = []
+    for rs in runs.values():
+        for b in rs[0]["blocks"]:
+            items.append({"context": b["context"], "draft": b["draft"], "target": b["target"],
+                          "features": b["features"], "positions": b["positions"],
+                          "keep": [keep] * len(b["positions"]), "p_behaviour": b["p_keep"], "advantage": advantage})
+    return items
+
+
+@pytest.mark.parametrize("kind", ["features", "lora"])
+@pytest.mark.parametrize("keep_is_right", [True, False])
+def test_update_moves_p_keep_towards_the_rewarded_decision(recorded, kind, keep_is_right):
+    """A batch where keeping was always right raises P(keep) on its states; one where keeping was
+    always wrong lowers it."""
+    from cospec_local.train.arbiter_model import load_arbiter
+
+    _, runs = recorded
+    model = load_arbiter(NAMED_ARBITERS[f"demo-{kind}"].path, resolve_model("demo-draft"))
+    ref = load_arbiter(NAMED_ARBITERS[f"demo-{kind}"].path, resolve_model("demo-draft"))
+    items = constructed_items(runs, keep=1.0, advantage=1.0 if keep_is_right else -1.0)
+    with_tokens = kind == "lora"
+    cfg = GRPOConfig(epochs=2, minibatch=8, lr=1e-3, beta=0.02)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
+    with torch.no_grad():
+        before = policy_probs(model, items, with_tokens)
+    stats = grpo_update(model, ref, items, cfg, optimizer, with_tokens)
+    with torch.no_grad():
+        after = policy_probs(model, items, with_tokens)
+    assert stats["decisions"] == len(before)
+    moved = (torch.logit(after) - torch.logit(before)).mean().item()  # logits: no saturation near 0 or 1
+    assert (moved > 0.05) if keep_is_right else (moved < -0.05), moved
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    if kind == "lora":  # the draft's own weights never train
+        assert frozen and all("lora_" not in n and not n.startswith("head.") for n in frozen)
+
+
+# ---------------------------------------------------------------- the trainer
+
+def run_trainer(out: Path, *extra: str, launcher: tuple[str, ...] = (sys.executable, "-m")) -> subprocess.CompletedProcess:
+    args = [*launcher, "cospec_local.train.grpo", "--init", str(NAMED_ARBITERS["demo-features"].path),
+            "--out", str(out), "--pool", "30", "--dev", "8", "--prompts-per-step", "4", "--group-size", "4",
+            "--eval-every", "1", "--threads", "1", *extra]
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def read_log(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+
+
+def test_trainer_runs_resumes_and_writes_a_loadable_arbiter(tmp_path):
+    out = tmp_path / "grpo"
+    first = run_trainer(out, "--steps", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    log = read_log(out)
+    assert [r["step"] for r in log] == [0, 1] and log[-1]["final"]
+    for key in ("reward", "keep_rate", "correct", "loss", "rollout_s", "dev_accuracy"):
+        assert key in log[0]
+    assert (out / "curves.png").stat().st_size > 0
+    # extended by one step: continues from the checkpoint
+    second = run_trainer(out, "--steps", "2")
+    assert second.returncode == 0, second.stderr[-3000:]
+    log = read_log(out)
+    assert [r["step"] for r in log] == [0, 1, 1, 2] and "reward" in log[2]
+    # other settings in the same folder are refused
+    other = run_trainer(out, "--steps", "2", "--lr", "0.1")
+    assert other.returncode != 0 and "lr" in other.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["best"]["dev_accuracy"] == max(r["dev_accuracy"] for r in log)
+    with Engine("demo-target", "demo-draft", n_ctx=512) as engine:
+        run = engine.generate(load_task("arith", "test", 1)[0].prompt, arbiter=str(out / "best"), max_tokens=32)
+        assert run.arbiter and run.tokens
+    info = json.loads((out / "best" / "info.json").read_text())
+    assert info["grpo"]["step"] == summary["best"]["step"] and info["models"]["draft"] == "demo-draft-q8_0.gguf"
+
+
+def test_trainer_under_torchrun_with_two_processes(tmp_path):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed beside this Python")
+    out = tmp_path / "ddp"
+    done = run_trainer(out, "--steps", "1", launcher=(str(torchrun), "--nproc-per-node", "2", "--master-port",
+                                                      str(29500 + os.getpid() % 1000), "-m"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = read_log(out)
+    assert [r["step"] for r in log] == [0, 1]
+    assert log[0]["groups"] == 4  # both processes' rollouts, gathered
