@@ -75,7 +75,12 @@ def write_onnx(path: Path, head) -> Path:
     n_in = head.in_mean.shape[0]
     example = torch.zeros(2, n_in)
     torch.onnx.export(model, (example,), str(path), input_names=["inputs"], output_names=["p_keep"],
-                      dynamic_shapes={"x": {0: torch.export.Dim("rows")}}, dynamo=True, verbose=False)
+                      dynamic_shapes={"x": {0: torch.export.Dim("rows")}}, dynamo=True, verbose=False,
+                      external_data=False)
+    # One self-contained file (some exporter versions still write weights beside it).
+    loaded = onnx.load(str(path))
+    onnx.save_model(loaded, str(path), save_as_external_data=False)
+    Path(str(path) + ".data").unlink(missing_ok=True)
     onnx.checker.check_model(onnx.load(str(path)), full_check=True)
     return path
 

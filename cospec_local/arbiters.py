@@ -49,6 +49,25 @@ NAMED_ARBITERS = {
 }
 
 
+AUTO = "auto"  # the bundled learned arbiter made for the engine's draft, else the lossless target arbiter
+
+
+def bundled_arbiter_for(draft_path: str | os.PathLike | None) -> str | None:
+    """The named arbiter trained for this draft file (the first listed for a draft is its
+    default), or None."""
+    from .models import resolve_model
+
+    if draft_path is None:
+        return None
+    for arbiter in NAMED_ARBITERS.values():
+        try:
+            if Path(resolve_model(arbiter.draft)).resolve() == Path(draft_path).resolve():
+                return arbiter.name
+        except (FileNotFoundError, OSError):
+            continue
+    return None
+
+
 def arbiter_from_function(fn: Callable[[dict], Sequence[float]], name: str = "python", *,
                           begin: Callable | None = None, taken: Callable | None = None,
                           reset: Callable | None = None) -> Arbiter:

@@ -122,7 +122,7 @@ def main():
 
 @main.command()
 @model_options
-@generation_options()
+@generation_options(arbiter="auto")
 @click.option("-p", "--prompt", required=True, help="Prompt text.")
 @click.option("--chat", "as_chat", is_flag=True, help="Send the prompt as a user message through the chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, provenance, decisions, stats.")
@@ -163,7 +163,7 @@ def generate(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, pro
 
 @main.command()
 @model_options
-@generation_options(exclude=("stop",), max_tokens=512)
+@generation_options(exclude=("stop",), max_tokens=512, arbiter="auto")
 @click.option("--system", default=None, help="System message.")
 @click.option("--color", is_flag=True, help="Colour draft tokens: green matched, magenta kept by the arbiter.")
 def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, system, color):

@@ -21,7 +21,7 @@ MODES = ("speculative", "target-only", "draft-only")
 _NATIVE_MODE = {"speculative": _cospec.MODE_SPECULATIVE, "target-only": _cospec.MODE_TARGET_ONLY,
                 "draft-only": _cospec.MODE_DRAFT_ONLY}
 # Arbiters that need no file: the lossless target, and FLy's fixed rule.
-BUILTIN_ARBITERS = ("target", "fly")
+BUILTIN_ARBITERS = ("target", "fly", "auto")
 
 
 def _f(default: Any, help: str, flags: tuple[str, ...] = (), **extra) -> Any:
@@ -35,7 +35,8 @@ class GenerationParams:
     mode: str = _f("speculative", "How to decode: speculative (draft, verify, arbitrate), target-only or draft-only.",
                    ("--mode",), choices=MODES)
     arbiter: Any = _f("target", "Who settles a mismatch in speculative mode: target (lossless), fly (FLy's rule), "
-                                "a learned arbiter (named, e.g. demo-lora, or its folder), or an Arbiter object.",
+                                "a learned arbiter (named, e.g. demo-lora, or its folder), auto (the bundled learned "
+                                "arbiter made for this draft if there is one, else target), or an Arbiter object.",
                       ("--arbiter",))
     max_tokens: int = _f(_NATIVE.n_predict, "Most tokens to generate.", ("-n", "--n-predict"))
     draft_max: int = _f(_NATIVE.n_draft, "Most draft tokens per block (K).", ("--draft-max",))

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
-from .arbiters import NAMED_ARBITERS
+from .arbiters import bundled_arbiter_for
 
 ALIASES = {
     "target-only": ("target-only", None),
@@ -35,16 +34,10 @@ class Run:
 
 def default_learned_arbiter(draft_path: str | os.PathLike | None) -> str:
     """The bundled learned arbiter trained for this draft (by its named model's file)."""
-    from .models import resolve_model
-
-    if draft_path is not None:
-        for arbiter in NAMED_ARBITERS.values():
-            try:
-                if Path(resolve_model(arbiter.draft)).resolve() == Path(draft_path).resolve():
-                    return arbiter.name
-            except (FileNotFoundError, OSError):
-                continue
-    raise ValueError("no bundled learned arbiter fits this draft: name one as cospec:NAME_OR_FOLDER")
+    name = bundled_arbiter_for(draft_path)
+    if name is None:
+        raise ValueError("no bundled learned arbiter fits this draft: name one as cospec:NAME_OR_FOLDER")
+    return name
 
 
 def parse_runs(text: str, draft_path: str | os.PathLike | None = None) -> list[Run]:

@@ -186,3 +186,12 @@ def test_cost_model_settings_steer_timing_free_block_lengths():
         assert again.tokens == cheap.tokens
         with pytest.raises(InvalidArgumentError, match="draft_cost"):
             engine.generate(prompt, arbiter="fly", draft_cost=float("nan"))
+
+
+def test_auto_arbiter_is_the_bundled_one_for_its_draft_else_the_target(engine):
+    from cospec_local.arbiters import NAMED_ARBITERS
+
+    assert engine.generate("Hi", arbiter="auto", max_tokens=4).arbiter == "target"  # no arbiter for this draft
+    with Engine.open_default(n_ctx=512, n_threads=1) as demo:
+        first = next(a.name for a in NAMED_ARBITERS.values() if a.draft == "demo-draft")
+        assert demo.generate("1 + 2 =", arbiter="auto", max_tokens=4).arbiter == first

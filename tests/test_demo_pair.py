@@ -131,6 +131,10 @@ def test_chat_cli_answers_a_task_prompt_with_the_default_pair(tmp_path):
     result = json.loads(out.stdout)
     assert "####" in result["text"]
     assert result["stats"]["draft_n"] > 0
+    from cospec_local.arbiters import NAMED_ARBITERS
+
+    # no --arbiter: the bundled arbiter made for the demo draft decides (listed first for it)
+    assert result["arbiter"] == next(a.name for a in NAMED_ARBITERS.values() if a.draft == "demo-draft")
 
 
 def test_bench_uses_task_prompts_for_the_default_pair(tmp_path):

@@ -202,7 +202,7 @@ def test_update_moves_p_keep_towards_the_rewarded_decision(recorded, kind, keep_
 def run_trainer(out: Path, *extra: str, launcher: tuple[str, ...] = (sys.executable, "-m")) -> subprocess.CompletedProcess:
     args = [*launcher, "cospec_local.train.grpo", "--init", str(NAMED_ARBITERS["demo-features"].path),
             "--out", str(out), "--pool", "30", "--dev", "8", "--prompts-per-step", "4", "--group-size", "4",
-            "--eval-every", "1", "--threads", "1", *extra]
+            "--eval-every", "1", "--threads", "1", "--sweep", "0.5,0.9", *extra]
     return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
@@ -234,6 +234,11 @@ def test_trainer_runs_resumes_and_writes_a_loadable_arbiter(tmp_path):
         assert run.arbiter and run.tokens
     info = json.loads((out / "best" / "info.json").read_text())
     assert info["grpo"]["step"] == summary["best"]["step"] and info["models"]["draft"] == "demo-draft-q8_0.gguf"
+    # the shipped threshold: the sweep's best dev accuracy (ties: the higher threshold)
+    sweep = summary["sweep"]
+    assert sweep["thresholds"] == [0.5, 0.9] and info["threshold"] == sweep["chosen"]
+    accuracy = {float(t): r["dev_accuracy"] for t, r in sweep["dev"].items()}
+    assert accuracy[sweep["chosen"]] == max(accuracy.values())
 
 
 def test_trainer_under_torchrun_with_two_processes(tmp_path):
@@ -241,9 +246,13 @@ def test_trainer_under_torchrun_with_two_processes(tmp_path):
     if not torchrun.exists():
         pytest.skip("torchrun is not installed beside this Python")
     out = tmp_path / "ddp"
-    done = run_trainer(out, "--steps", "1", launcher=(str(torchrun), "--nproc-per-node", "2", "--master-port",
-                                                      str(29500 + os.getpid() % 1000), "-m"))
+    done = run_trainer(out, "--steps", "2", "--prune-after", "1",
+                       launcher=(str(torchrun), "--nproc-per-node", "2", "--master-port",
+                                 str(29500 + os.getpid() % 1000), "-m"))
     assert done.returncode == 0, done.stderr[-3000:]
     log = read_log(out)
-    assert [r["step"] for r in log] == [0, 1]
+    assert [r["step"] for r in log] == [0, 1, 2]
     assert log[0]["groups"] == 4  # both processes' rollouts, gathered
+    # prompts whose group had one outcome leave the pool
+    uniform = log[0]["groups"] - log[0]["mixed_groups"]
+    assert log[1]["live_prompts"] == log[0]["live_prompts"] - uniform

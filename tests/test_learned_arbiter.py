@@ -9,6 +9,7 @@ Parity, as the engine runs them:
 """
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -286,3 +287,21 @@ def test_arbiter_is_closed_with_its_engine(f32_draft, tmp_path):
     assert arbiter.closed
     with pytest.raises(_cospec.CospecError, match="closed"):
         arbiter.score({"draft": [1], "target": [1, 2], "target_logits": np.zeros((2, 512), np.float32)})
+
+
+@pytest.mark.parametrize("name", sorted(NAMED_ARBITERS))
+def test_shipped_arbiter_reproduces_its_reference_generations(demo_engine, f32_draft, name):
+    """Each bundled arbiter ships with the generations it made on the first test problems of each
+    family (cospec_local/train/bundle.py): the same text, tokens, provenance and decisions here, and
+    the bundle refuses a draft it was not trained for."""
+    from cospec_local.train.bundle import REFERENCE_FILE, reference_runs
+
+    folder = NAMED_ARBITERS[name].path
+    recorded = [json.loads(line) for line in (folder / REFERENCE_FILE).read_text().splitlines()]
+    families = tuple(dict.fromkeys(r["family"] for r in recorded))
+    n = len(recorded) // len(families)
+    assert n >= 5 and any("kept" in r["provenance"] for r in recorded)
+    assert reference_runs(demo_engine, str(folder), families, n) == recorded
+    with Engine(demo_model("target"), f32_draft, n_ctx=512, n_threads=1) as other:
+        with pytest.raises(ArbiterError, match="made for another draft"):
+            other.generate("1 + 1 =", arbiter=str(folder), max_tokens=4)

@@ -49,7 +49,11 @@ class GRPOConfig:
     draft: str = option("demo-draft", "Draft model (named or GGUF path): the one the arbiter was made for.")
     families: str = option("arith,pyfunc", "Task families to train on (comma-separated).")
     pool: int = option(3000, "Training problems per family screened for mismatches (the prompt pool).")
+    pool_from: Path | None = option(None, "Reuse the prompt pool another run screened (its pool.json) instead of "
+                                          "screening again; it must be for the same models, families and sizes.")
     steps: int = option(60, "GRPO steps.")
+    prune_after: int = option(0, "Leave out of later steps a prompt whose group came out all right or all wrong "
+                                 "this many times (it teaches nothing; DAPO's dynamic sampling, cheaply); 0: never.")
     prompts_per_step: int = option(32, "Prompts per step (over all processes).")
     group_size: int = option(8, "Rollouts per prompt (G).")
     epochs: int = option(2, "Passes over each step's decisions (mu).")
@@ -71,6 +75,9 @@ class GRPOConfig:
     std_floor: float = option(RewardConfig.std_floor, "Floor of the group's reward std in the advantage.")
     threshold: float | None = option(None, "Keep threshold of the exported arbiter, for dev evaluation and use "
                                            "(default: the initial arbiter's own).")
+    sweep: str = option("0.3,0.4,0.5,0.6,0.7,0.8", "After training, the best policy's dev accuracy at these keep "
+                                                  "thresholds; the best ships (ties: the higher). Empty: keep "
+                                                  "--threshold.")
     dev: int = option(150, "Dev problems per family for the dev accuracy.")
     eval_every: int = option(5, "Evaluate on dev every this many steps (and at the first and last).")
     max_tokens: int = option(256, "Most tokens per answer.")
@@ -355,8 +362,8 @@ def main(argv: list[str] | None = None) -> None:
     state = {"step": 0, "log": [], "best": None, "pool": None, "target_dev": None, "seconds": 0.0}
     if checkpoint.is_file():
         saved = torch.load(checkpoint, weights_only=False)
-        changed = {k for k in config_record if saved["config"].get(k) != config_record[k]} - {"steps"}
-        if changed or saved["identity"] != identity:  # only --steps may change: a run can be extended
+        changed = {k for k in config_record if saved["config"].get(k) != config_record[k]} - {"steps", "sweep"}
+        if changed or saved["identity"] != identity:  # a run can be extended, or its threshold swept again
             sys.exit(f"{out} holds a run with other settings ({', '.join(sorted(changed)) or 'models'}); "
                      f"use another --out")
         model.load_state_dict(saved["model"])
@@ -379,12 +386,22 @@ def main(argv: list[str] | None = None) -> None:
                 results[r::world] = part
             return results
 
+        pool_key = {"models": identity | {"init": None, "kind": None}, "families": families, "pool": cfg.pool,
+                    "dev": cfg.dev, "max_tokens": cfg.max_tokens}
+        if state["pool"] is None and cfg.pool_from is not None:
+            reused = json.loads(Path(cfg.pool_from).read_text())
+            if reused["key"] != pool_key:
+                sys.exit(f"{cfg.pool_from} was screened for other models or settings")
+            state["pool"], state["target_dev"] = reused["ids"], reused["target_dev"]
         if state["pool"] is None:  # screen the training problems once: which can give a decision
             problems = [p for f in families for p in load_task(f, "train", cfg.pool)]
             screened = spread([("screen", p) for p in problems], "screening the prompt pool")
             dev_target = spread([("screen", p) for p in dev_problems], "target-only dev accuracy")
             state["pool"] = [s["problem_id"] for s in screened if s["mismatches"] > 0]
             state["target_dev"] = sum(s["target_correct"] for s in dev_target) / len(dev_target)
+        if rank == 0:
+            (out / "pool.json").write_text(json.dumps({"key": pool_key, "ids": state["pool"],
+                                                       "target_dev": state["target_dev"]}))
         by_id = {p.id: p for f in families for p in load_task(f, "train", cfg.pool)}
         pool_problems = [by_id[i] for i in state["pool"]]
         if rank == 0:
@@ -398,8 +415,8 @@ def main(argv: list[str] | None = None) -> None:
             return export_policy(model, kind, policies / f"step-{step:05d}", draft, cfg.threshold, info(step, None),
                                  onnx=False)
 
-        def dev_accuracy(folder: Path) -> dict:
-            results = spread([("greedy", p, str(folder)) for p in dev_problems], "dev")
+        def dev_accuracy(folder: Path, threshold: float | None = None) -> dict:
+            results = spread([("greedy", p, str(folder), threshold) for p in dev_problems], "dev")
             acc = {f: sum(r["correct"] for r in results if r["family"] == f) / max(1, sum(r["family"] == f for r in results))
                    for f in families}
             return {"dev_accuracy": sum(r["correct"] for r in results) / len(results), "dev_by_family": acc,
@@ -417,18 +434,26 @@ def main(argv: list[str] | None = None) -> None:
             record: dict = {"step": step}
             if step == 0 or step % cfg.eval_every == 0:
                 record.update(dev_accuracy(policy_dir))
-                if rank == 0 and (state["best"] is None or record["dev_accuracy"] > state["best"]["dev_accuracy"]):
+                if state["best"] is None or record["dev_accuracy"] > state["best"]["dev_accuracy"]:
                     state["best"] = {"step": step, "dev_accuracy": record["dev_accuracy"]}
-                    export_policy(model, kind, out / "best", draft, cfg.threshold, info(step, record), onnx=True)
+                    if rank == 0:
+                        export_policy(model, kind, out / "best", draft, cfg.threshold, info(step, record), onnx=True)
             t_eval = time.time() - t0
             rng = random.Random(stable_int("grpo-prompts", cfg.seed, step))
-            prompts = rng.sample(pool_problems, min(cfg.prompts_per_step, len(pool_problems)))
+            uniform = state.setdefault("uniform", {})  # prompt id -> groups with one outcome only
+            live = [p for p in pool_problems if not cfg.prune_after or uniform.get(p.id, 0) < cfg.prune_after]
+            prompts = rng.sample(live, min(cfg.prompts_per_step, len(live)))
             tasks = [("rollouts", p, str(policy_dir),
                       [stable_int("grpo-rollout", cfg.seed, step, p.id, g) % (1 << 63) for g in range(cfg.group_size)])
                      for p in prompts]
             rollouts = [r for group in spread(tasks, "rollouts") for r in group]
             t_rollout = time.time() - t0 - t_eval
             rewards, advantages, stats = score_groups(rollouts, rc)
+            for p in prompts:
+                outcomes = {r["correct"] for r in rollouts if r["problem_id"] == p.id}
+                if len(outcomes) == 1:
+                    uniform[p.id] = uniform.get(p.id, 0) + 1
+            stats["live_prompts"] = len(live)
             items = decision_items(rollouts, advantages)
             update = grpo_update(model, ref, items, cfg, optimizer, with_tokens, rank, world, train_model)
             record.update(stats)
@@ -452,18 +477,35 @@ def main(argv: list[str] | None = None) -> None:
         if state["log"] and not state["log"][-1].get("final"):  # the last policy's dev accuracy
             policy_dir = fresh_policy(cfg.steps)
             final = dev_accuracy(policy_dir)
-            if rank == 0:
-                state["log"].append({"step": cfg.steps, **final, "final": True})
-                if final["dev_accuracy"] > state["best"]["dev_accuracy"]:
-                    state["best"] = {"step": cfg.steps, "dev_accuracy": final["dev_accuracy"]}
+            state["log"].append({"step": cfg.steps, **final, "final": True})
+            if final["dev_accuracy"] > state["best"]["dev_accuracy"]:
+                state["best"] = {"step": cfg.steps, "dev_accuracy": final["dev_accuracy"]}
+                if rank == 0:
                     export_policy(model, kind, out / "best", draft, cfg.threshold, info(cfg.steps, final), onnx=True)
+            if rank == 0:
                 with (out / "log.jsonl").open("a", encoding="utf-8") as f:
                     f.write(json.dumps(state["log"][-1]) + "\n")
                 torch.save({"config": config_record, "identity": identity, "model": model.state_dict(),
                             "optimizer": optimizer.state_dict(), "state": state}, checkpoint)
                 plot_curves(state["log"], out / "curves.png", state["target_dev"])
+        # The threshold the best policy ships with: its dev accuracy at each of the sweep's.
+        thresholds = [float(t) for t in cfg.sweep.split(",") if t.strip()]
+        if thresholds and (state.get("sweep") or {}).get("thresholds") != thresholds:
+            ddp.barrier()  # rank 0 wrote best/
+            best = load_arbiter(out / "best", draft)
+            candidate = export_policy(best, kind, policies / "best", draft, cfg.threshold, {}, onnx=False)
+            sweep = {t: dev_accuracy(candidate, t) for t in thresholds}
+            chosen = max(thresholds, key=lambda t: (sweep[t]["dev_accuracy"], t))
+            state["sweep"] = {"thresholds": thresholds, "chosen": chosen, "dev": {str(t): r for t, r in sweep.items()}}
+            if rank == 0:
+                best_info = json.loads((out / "best" / "info.json").read_text())
+                export_policy(best, kind, out / "best", draft, chosen,
+                              {k: best_info[k] for k in ("grpo", "config", "models")} | {"sweep": state["sweep"]},
+                              onnx=True)
+                torch.save({"config": config_record, "identity": identity, "model": model.state_dict(),
+                            "optimizer": optimizer.state_dict(), "state": state}, checkpoint)
     if rank == 0:
-        summary = {"best": state["best"], "target_dev_accuracy": state["target_dev"], "steps": state["step"],
+        summary = {"best": state["best"], "sweep": state.get("sweep"), "target_dev_accuracy": state["target_dev"], "steps": state["step"],
                    "wall_seconds": round(time.time() - t_start, 1), "identity": identity, "config": config_record}
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         print(json.dumps(summary["best"]), file=sys.stderr)

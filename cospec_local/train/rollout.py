@@ -56,13 +56,13 @@ class RolloutWorker:
     def close(self) -> None:
         self.engine.close()
 
-    def _policy(self, path: str):
+    def _policy(self, path: str, threshold: float | None = None):
         """The learned arbiter in `path`, reloaded when the trainer points at a new folder."""
         if path != self.arbiter_path:
             if self.arbiter_path is not None:
                 self.engine.unload_arbiter(self.arbiter_path)
             self.arbiter_path = path
-        return self.engine.arbiter(path)
+        return self.engine.arbiter(path, threshold=threshold)
 
     def _generate(self, problem: Problem, **overrides):
         self.engine.reset()  # every generation from a clean cache: a function of its inputs alone
@@ -95,8 +95,9 @@ class RolloutWorker:
                         "blocks": blocks})
         return out
 
-    def greedy(self, problem: Problem, arbiter: str) -> dict:
-        spec = self._policy(arbiter) if arbiter not in ("target", "fly") else arbiter
+    def greedy(self, problem: Problem, arbiter: str, threshold: float | None = None) -> dict:
+        """Decisions by threshold (the arbiter's own, or `threshold`)."""
+        spec = self._policy(arbiter, threshold) if arbiter not in ("target", "fly") else arbiter
         run = self._generate(problem, arbiter=spec)
         return {"problem_id": problem.id, "family": problem.family, "correct": bool(score(problem, run.text)),
                 "tokens": len(run.tokens), "kept": run.stats.n_kept, "decisions": len(run.decisions)}
