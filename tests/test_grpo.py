@@ -61,6 +61,40 @@ def test_group_advantages_values():
     assert group_advantages([1.1, 1.0], [1, 1], [True, True], rc) == pytest.approx([0.1, -0.1])
     # std above the floor: plain z-scores
     assert group_advantages([2.0, 0.0], [1, 1], [True, False], rc) == pytest.approx([1.0, -1.0])
+    # equal up to float noise: zeros, not 1e-16s that would count as signal
+    assert group_advantages([1.15] * 8, [1] * 8, [True] * 8, rc) == [0.0] * 8
+    # mixed group: a penalty-free wrong answer above the mean is not reinforced. mean -0.25, std 0.5:
+    # z = 2.5, 0.5, -0.5 x 6 -> the wrong 0.5 becomes 0; masses (x2 decisions) 5 vs 6 -> both 5.5
+    assert group_advantages([1, 0] + [-0.5] * 6, [2] * 8, [True] + [False] * 7, rc) == pytest.approx(
+        [2.75, 0.0] + [-5.5 / 12] * 6)
+
+
+def test_grpo_loss_values():
+    """Hand-computed: the clipped surrogate, the importance weights and the Bernoulli KL."""
+    from cospec_local.train.grpo import grpo_loss
+
+    p_old = torch.tensor([0.5, 0.5, 0.5])
+    actions = torch.tensor([1.0, 1.0, 0.0])
+    adv = torch.tensor([1.0, -1.0, 1.0])
+    ones = torch.ones(3)
+    # unchanged policy: ratio 1, loss = -mean(w * A) = -(1 - 1 + 1) / 3
+    loss, stats = grpo_loss(p_old.clone(), actions, adv, p_old, p_old, ones, 0.2, 0.0)
+    assert float(loss) == pytest.approx(-1 / 3) and stats["clip_fraction"] == 0
+    # P(keep) 0.75: ratios 1.5, 1.5, 0.5. Clipped to 1.2, 1.2 (A < 0 keeps the unclipped 1.5: min), 0.8 (A > 0: min
+    # is the unclipped 0.5): surrogates 1.2, -1.5, 0.5
+    p_new = torch.tensor([0.75, 0.75, 0.75])
+    loss, _ = grpo_loss(p_new, actions, adv, p_old, p_old, ones, 0.2, 0.0)
+    assert float(loss) == pytest.approx(-(1.2 - 1.5 + 0.5) / 3)
+    weights = torch.tensor([2.0, 1.0, 1.0])
+    loss, _ = grpo_loss(p_new, actions, adv, p_old, p_old, weights, 0.2, 0.0)
+    assert float(loss) == pytest.approx(-(2.4 - 1.5 + 0.5) / 3)
+    # KL(0.5 || 0.25) = 0.5 ln 2 + 0.5 ln(2/3) = 0.143841
+    _, stats = grpo_loss(torch.tensor([0.5]), torch.tensor([1.0]), torch.tensor([0.0]), torch.tensor([0.5]),
+                         torch.tensor([0.25]), torch.ones(1), 0.2, 1.0)
+    assert stats["kl"] == pytest.approx(0.5 * np.log(2) + 0.5 * np.log(2 / 3), abs=1e-5)
+    # summed and divided by a given count (DDP: the whole minibatch's decisions / world)
+    loss_sum, _ = grpo_loss(p_old.clone(), actions, adv, p_old, p_old, ones, 0.2, 0.0, normalizer=1.0)
+    assert float(loss_sum) == pytest.approx(-1.0)
 
 
 def test_score_groups_groups_by_problem():
@@ -134,7 +168,7 @@ def test_rollouts_are_seeded_and_recorded_as_decided(worker, mismatch_problems, 
                 assert b["context"][:len(prompt)] == prompt
                 assert len(b["features"]) == len(b["draft"]) and len(b["target"]) == len(b["draft"]) + 1
                 for j, keep, p, pt in zip(b["positions"], b["keep"], b["p_keep"], b["p_target"]):
-                    assert b["draft"][j] != b["target"][j] and 0 < p < 1 and 0 <= pt <= 1
+                    assert b["draft"][j] != b["target"][j] and 0 < p < 1
                     assert n_ctx + j >= len(prompt)
                     n_keep += keep
                     n_reject += not keep
@@ -171,16 +205,17 @@ def constructed_items(runs: dict, keep: float, advantage: float) -> list[dict]:
 
 
 @pytest.mark.parametrize("kind", ["features", "lora"])
-@pytest.mark.parametrize("keep_is_right", [True, False])
-def test_update_moves_p_keep_towards_the_rewarded_decision(recorded, kind, keep_is_right):
-    """A batch where keeping was always right raises P(keep) on its states; one where keeping was
-    always wrong lowers it."""
+@pytest.mark.parametrize("action,advantage,keep_is_right", [(1.0, 1.0, True), (1.0, -1.0, False),
+                                                             (0.0, 1.0, False), (0.0, -1.0, True)])
+def test_update_moves_p_keep_towards_the_rewarded_decision(recorded, kind, action, advantage, keep_is_right):
+    """A batch where keeping was always right (kept and rewarded, or rejected and punished) raises
+    P(keep) on its states; one where keeping was always wrong lowers it."""
     from cospec_local.train.arbiter_model import load_arbiter
 
     _, runs = recorded
     model = load_arbiter(NAMED_ARBITERS[f"demo-{kind}"].path, resolve_model("demo-draft"))
     ref = load_arbiter(NAMED_ARBITERS[f"demo-{kind}"].path, resolve_model("demo-draft"))
-    items = constructed_items(runs, keep=1.0, advantage=1.0 if keep_is_right else -1.0)
+    items = constructed_items(runs, keep=action, advantage=advantage)
     with_tokens = kind == "lora"
     cfg = GRPOConfig(epochs=2, minibatch=8, lr=1e-3, beta=0.02)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
@@ -239,6 +274,18 @@ def test_trainer_runs_resumes_and_writes_a_loadable_arbiter(tmp_path):
     assert sweep["thresholds"] == [0.5, 0.9] and info["threshold"] == sweep["chosen"]
     accuracy = {float(t): r["dev_accuracy"] for t, r in sweep["dev"].items()}
     assert accuracy[sweep["chosen"]] == max(accuracy.values())
+    # dev accuracy generates again only the problems that reach a mismatch: the same as all of them
+    from cospec_local.tasks import FAMILY_STOPS, score
+
+    dev = [p for f in ("arith", "pyfunc") for p in load_task(f, "dev", 8)]
+    with Engine("demo-target", "demo-draft", n_ctx=1024) as engine:
+        solved = 0
+        for p in dev:
+            engine.reset()
+            text = engine.generate(p.prompt, arbiter=str(out / "best"), max_tokens=256,
+                                   stop=tuple(FAMILY_STOPS[p.family])).text
+            solved += score(p, text)
+    assert solved / len(dev) == pytest.approx(accuracy[sweep["chosen"]])
 
 
 def test_trainer_under_torchrun_with_two_processes(tmp_path):

@@ -16,8 +16,10 @@ Each step:
    old probabilities are recomputed in torch; the engine's own P(keep) (quantized draft) enters as
    a truncated importance weight, as TRL does for rollouts from another engine.
 
-Every `eval_every` steps the policy decides by threshold (0.5, its own mode) on the dev problems;
-the best dev accuracy is kept as OUT/best (an arbiter folder the engine loads). OUT/log.jsonl has one
+Every `eval_every` steps the policy decides by threshold on the dev problems (only those where the
+walk reaches a mismatch are generated again: the others give no decision and keep the target's
+answer); the best dev accuracy is kept as OUT/best (an arbiter folder the engine loads), and its
+keep threshold is finally chosen on dev from `sweep`. OUT/log.jsonl has one
 line per step, OUT/curves.png the curves, OUT/checkpoint.pt the resume point (rerun the same
 command to go on). Under torchrun every process runs its own rollout workers on its share of the
 prompts, the rollouts are gathered, and DistributedDataParallel averages the update's gradients.
@@ -112,11 +114,13 @@ def policy_probs(model, items: list[dict], with_tokens: bool):
     return torch.sigmoid(model(batch))
 
 
-def grpo_loss(p_new, actions, advantages, p_old, p_ref, weights, clip_eps: float, beta: float):
-    """Clipped surrogate over decisions, mean over decisions, plus beta x KL(pi || ref) (exact for
-    Bernoulli decisions). Returns (loss, stats)."""
+def grpo_loss(p_new, actions, advantages, p_old, p_ref, weights, clip_eps: float, beta: float,
+              normalizer: float | None = None):
+    """Clipped surrogate plus beta x KL(pi || ref) (exact for Bernoulli decisions), summed over the
+    decisions and divided by `normalizer` (default: their number, i.e. the mean). Returns (loss, stats)."""
     import torch
 
+    normalizer = float(len(p_new)) if normalizer is None else normalizer
     eps = 1e-6
     p_new = p_new.clamp(eps, 1 - eps)
     logp = torch.where(actions > 0.5, p_new.log(), (1 - p_new).log())
@@ -124,20 +128,23 @@ def grpo_loss(p_new, actions, advantages, p_old, p_ref, weights, clip_eps: float
     ratio = (logp - logp_old).exp()
     clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps)
     surrogate = torch.minimum(ratio * advantages, clipped * advantages)
-    loss = -(weights * surrogate).mean()
+    loss = -(weights * surrogate).sum() / normalizer
     kl = torch.zeros(())
     if beta > 0:
         q = p_ref.clamp(eps, 1 - eps)
-        kl = (p_new * (p_new / q).log() + (1 - p_new) * ((1 - p_new) / (1 - q)).log()).mean()
-        loss = loss + beta * kl
+        kl_each = p_new * (p_new / q).log() + (1 - p_new) * ((1 - p_new) / (1 - q)).log()
+        kl = kl_each.mean()
+        loss = loss + beta * kl_each.sum() / normalizer
     stats = {"clip_fraction": float(((ratio - clipped).abs() > 1e-9).float().mean()), "kl": float(kl.detach())}
     return loss, stats
 
 
 def grpo_update(model, ref, items: list[dict], cfg: GRPOConfig, optimizer, with_tokens: bool, rank: int = 0,
-                world: int = 1, train_model=None) -> dict:
-    """Policy update on one step's items (identical on every process; each trains on its share).
-    `train_model` is the DDP wrapper of `model` under torchrun."""
+                world: int = 1, train_model=None, step: int = 0) -> dict:
+    """Policy update on one step's items (identical on every process; each trains on its share of
+    every minibatch). `train_model` is the DDP wrapper of `model` under torchrun. Each minibatch's
+    loss is its mean over all of its decisions, whatever the number of processes: a process divides
+    its sum by the minibatch's decision count / world, and DDP averages over the world."""
     import torch
 
     train_model = train_model or model
@@ -149,13 +156,13 @@ def grpo_update(model, ref, items: list[dict], cfg: GRPOConfig, optimizer, with_
         chunks = [items[i:i + 64] for i in range(0, n, 64)]
         p_old = [policy_probs(model, c, with_tokens) for c in chunks]
         p_ref = [policy_probs(ref, c, with_tokens) for c in chunks] if cfg.beta > 0 else p_old
-    offsets, k = [], 0
+    offsets, n_decisions = [], 0
     for it in items:
-        offsets.append(k)
-        k += len(it["positions"])
+        offsets.append(n_decisions)
+        n_decisions += len(it["positions"])
     p_old, p_ref = torch.cat(p_old), torch.cat(p_ref)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    rng = random.Random(cfg.seed * 1_000_003 + n)
+    rng = random.Random(cfg.seed * 1_000_003 + step)
     per_step = cfg.minibatch * world
     n_batches = math.ceil(n / per_step)
     totals = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}
@@ -165,7 +172,9 @@ def grpo_update(model, ref, items: list[dict], cfg: GRPOConfig, optimizer, with_
         order = list(range(n))
         rng.shuffle(order)
         for b in range(n_batches):
-            mine = order[b * per_step:(b + 1) * per_step][rank::world]
+            minibatch = order[b * per_step:(b + 1) * per_step]
+            mine = minibatch[rank::world]
+            normalizer = sum(len(items[i]["positions"]) for i in minibatch) / world
             live = 1.0
             if not mine:  # every process takes part in every optimizer step (DDP all-reduces)
                 mine, live = [order[0]], 0.0
@@ -180,7 +189,7 @@ def grpo_update(model, ref, items: list[dict], cfg: GRPOConfig, optimizer, with_
             p_act_beh = torch.where(actions > 0.5, behaviour, 1 - behaviour)
             weights = (p_act_old / p_act_beh).clamp(max=cfg.is_cap)
             p_new = torch.sigmoid(train_model(_batch(sel, with_tokens)))
-            loss, stats = grpo_loss(p_new, actions, adv, old, p_ref[idx], weights, cfg.clip_eps, cfg.beta)
+            loss, stats = grpo_loss(p_new, actions, adv, old, p_ref[idx], weights, cfg.clip_eps, cfg.beta, normalizer)
             optimizer.zero_grad()
             (loss * live).backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm)
@@ -192,7 +201,7 @@ def grpo_update(model, ref, items: list[dict], cfg: GRPOConfig, optimizer, with_
             n_opt += 1
     model.eval()
     out = {k: v / max(n_opt, 1) for k, v in totals.items()}
-    out["decisions"] = int(k)
+    out["decisions"] = n_decisions
     return out
 
 
@@ -283,6 +292,13 @@ def export_policy(model, kind: str, folder: Path, draft_gguf: Path, threshold: f
     return folder
 
 
+def save_checkpoint(path: Path, payload: dict) -> None:
+    import torch
+
+    torch.save(payload, path.with_suffix(".tmp"))
+    os.replace(path.with_suffix(".tmp"), path)
+
+
 def plot_curves(log: list[dict], path: Path, target_dev: float | None) -> None:
     try:
         import matplotlib
@@ -318,6 +334,10 @@ def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(GRPOConfig, argv, __doc__.split("\n\n")[0])
     if cfg.init is None or cfg.out is None:
         sys.exit("--init and --out are required")
+    for name, low in (("steps", 1), ("eval_every", 1), ("dev", 1), ("minibatch", 1), ("group_size", 2),
+                      ("prompts_per_step", 1), ("epochs", 1), ("pool", 1), ("workers", 1), ("threads", 1)):
+        if getattr(cfg, name) < low:
+            sys.exit(f"--{name.replace('_', '-')} must be at least {low}")
     import torch
     from tqdm import tqdm
 
@@ -359,7 +379,7 @@ def main(argv: list[str] | None = None) -> None:
     identity = {"target": target.name, "draft": draft.name, "draft_fingerprint": _cospec.model_fingerprint(str(draft)),
                 "init": str(init), "kind": kind}
     checkpoint = out / "checkpoint.pt"
-    state = {"step": 0, "log": [], "best": None, "pool": None, "target_dev": None, "seconds": 0.0}
+    state = {"step": 0, "log": [], "best": None, "pool": None, "dev_screen": None, "target_dev": None, "seconds": 0.0}
     if checkpoint.is_file():
         saved = torch.load(checkpoint, weights_only=False)
         changed = {k for k in config_record if saved["config"].get(k) != config_record[k]} - {"steps", "sweep"}
@@ -374,6 +394,8 @@ def main(argv: list[str] | None = None) -> None:
     wcfg = WorkerConfig(str(target), str(draft), workers_threads, cfg.max_tokens)
     dev_problems = [p for f in families for p in load_task(f, "dev", cfg.dev)]
     t_start = time.time() - state["seconds"]
+    if rank == 0:  # the log is what the checkpoint holds: a step redone after a crash is not logged twice
+        (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in state["log"]))
 
     with RolloutPool(wcfg, cfg.workers) as pool:
         def spread(tasks: list[tuple], desc: str | None = None) -> list:
@@ -387,25 +409,30 @@ def main(argv: list[str] | None = None) -> None:
             return results
 
         pool_key = {"models": identity | {"init": None, "kind": None}, "families": families, "pool": cfg.pool,
-                    "dev": cfg.dev, "max_tokens": cfg.max_tokens}
+                    "max_tokens": cfg.max_tokens}
         if state["pool"] is None and cfg.pool_from is not None:
             reused = json.loads(Path(cfg.pool_from).read_text())
             if reused["key"] != pool_key:
                 sys.exit(f"{cfg.pool_from} was screened for other models or settings")
-            state["pool"], state["target_dev"] = reused["ids"], reused["target_dev"]
+            state["pool"] = reused["ids"]
+            if [s["problem_id"] for s in reused.get("dev_screen") or []] == [p.id for p in dev_problems]:
+                state["dev_screen"] = reused["dev_screen"]
         if state["pool"] is None:  # screen the training problems once: which can give a decision
             problems = [p for f in families for p in load_task(f, "train", cfg.pool)]
             screened = spread([("screen", p) for p in problems], "screening the prompt pool")
-            dev_target = spread([("screen", p) for p in dev_problems], "target-only dev accuracy")
             state["pool"] = [s["problem_id"] for s in screened if s["mismatches"] > 0]
-            state["target_dev"] = sum(s["target_correct"] for s in dev_target) / len(dev_target)
+        if state.get("dev_screen") is None:
+            state["dev_screen"] = spread([("screen", p) for p in dev_problems], "screening the dev problems")
+        dev_screen = {s["problem_id"]: s for s in state["dev_screen"]}
+        state["target_dev"] = sum(s["target_correct"] for s in state["dev_screen"]) / len(dev_problems)
         if rank == 0:
             (out / "pool.json").write_text(json.dumps({"key": pool_key, "ids": state["pool"],
-                                                       "target_dev": state["target_dev"]}))
+                                                       "dev_screen": state["dev_screen"]}))
         by_id = {p.id: p for f in families for p in load_task(f, "train", cfg.pool)}
         pool_problems = [by_id[i] for i in state["pool"]]
         if rank == 0:
             print(f"prompt pool: {len(pool_problems)} of {len(by_id)} training problems reach a mismatch; "
+                  f"{sum(s['mismatches'] > 0 for s in state['dev_screen'])} of {len(dev_problems)} dev problems; "
                   f"target-only dev accuracy {state['target_dev']:.3f}", file=sys.stderr)
 
         policies = out / "policy" / f"rank{rank}"  # a folder per step: the workers reload a new path
@@ -415,12 +442,19 @@ def main(argv: list[str] | None = None) -> None:
             return export_policy(model, kind, policies / f"step-{step:05d}", draft, cfg.threshold, info(step, None),
                                  onnx=False)
 
+        # Dev problems where the walk never reaches a mismatch give no arbiter a decision: their
+        # answers are the target's. Only the others are generated again at each evaluation.
+        dev_live = [p for p in dev_problems if dev_screen[p.id]["mismatches"] > 0]
+
         def dev_accuracy(folder: Path, threshold: float | None = None) -> dict:
-            results = spread([("greedy", p, str(folder), threshold) for p in dev_problems], "dev")
-            acc = {f: sum(r["correct"] for r in results if r["family"] == f) / max(1, sum(r["family"] == f for r in results))
-                   for f in families}
-            return {"dev_accuracy": sum(r["correct"] for r in results) / len(results), "dev_by_family": acc,
-                    "dev_keeps_per_problem": sum(r["kept"] for r in results) / len(results)}
+            results = {r["problem_id"]: r for r in spread([("greedy", p, str(folder), threshold) for p in dev_live],
+                                                          "dev")}
+            correct = {p.id: results[p.id]["correct"] if p.id in results else dev_screen[p.id]["target_correct"]
+                       for p in dev_problems}
+            acc = {f: sum(correct[p.id] for p in dev_problems if p.family == f) /
+                   max(1, sum(p.family == f for p in dev_problems)) for f in families}
+            return {"dev_accuracy": sum(correct.values()) / len(dev_problems), "dev_by_family": acc,
+                    "dev_keeps_per_problem": sum(r["kept"] for r in results.values()) / len(dev_problems)}
 
         def info(step: int, dev: dict | None) -> dict:
             return {"grpo": {"step": step, "dev": dev, "target_dev_accuracy": state["target_dev"]},
@@ -455,7 +489,7 @@ def main(argv: list[str] | None = None) -> None:
                     uniform[p.id] = uniform.get(p.id, 0) + 1
             stats["live_prompts"] = len(live)
             items = decision_items(rollouts, advantages)
-            update = grpo_update(model, ref, items, cfg, optimizer, with_tokens, rank, world, train_model)
+            update = grpo_update(model, ref, items, cfg, optimizer, with_tokens, rank, world, train_model, step)
             record.update(stats)
             record.update(update)
             record.update({"rollout_s": round(t_rollout, 1), "eval_s": round(t_eval, 1),
@@ -468,9 +502,8 @@ def main(argv: list[str] | None = None) -> None:
                                 dev=record.get("dev_accuracy", "-"))
                 with (out / "log.jsonl").open("a", encoding="utf-8") as f:
                     f.write(json.dumps(record) + "\n")
-                torch.save({"config": config_record, "identity": identity, "model": model.state_dict(),
-                            "optimizer": optimizer.state_dict(), "state": state}, checkpoint.with_suffix(".tmp"))
-                os.replace(checkpoint.with_suffix(".tmp"), checkpoint)
+                save_checkpoint(checkpoint, {"config": config_record, "identity": identity, "model": model.state_dict(),
+                                             "optimizer": optimizer.state_dict(), "state": state})
                 plot_curves(state["log"], out / "curves.png", state["target_dev"])
             ddp.barrier()
 
@@ -485,25 +518,27 @@ def main(argv: list[str] | None = None) -> None:
             if rank == 0:
                 with (out / "log.jsonl").open("a", encoding="utf-8") as f:
                     f.write(json.dumps(state["log"][-1]) + "\n")
-                torch.save({"config": config_record, "identity": identity, "model": model.state_dict(),
-                            "optimizer": optimizer.state_dict(), "state": state}, checkpoint)
+                save_checkpoint(checkpoint, {"config": config_record, "identity": identity, "model": model.state_dict(),
+                                             "optimizer": optimizer.state_dict(), "state": state})
                 plot_curves(state["log"], out / "curves.png", state["target_dev"])
         # The threshold the best policy ships with: its dev accuracy at each of the sweep's.
         thresholds = [float(t) for t in cfg.sweep.split(",") if t.strip()]
-        if thresholds and (state.get("sweep") or {}).get("thresholds") != thresholds:
+        swept = state.get("sweep") or {}
+        if thresholds and (swept.get("thresholds"), swept.get("best_step")) != (thresholds, state["best"]["step"]):
             ddp.barrier()  # rank 0 wrote best/
             best = load_arbiter(out / "best", draft)
             candidate = export_policy(best, kind, policies / "best", draft, cfg.threshold, {}, onnx=False)
             sweep = {t: dev_accuracy(candidate, t) for t in thresholds}
             chosen = max(thresholds, key=lambda t: (sweep[t]["dev_accuracy"], t))
-            state["sweep"] = {"thresholds": thresholds, "chosen": chosen, "dev": {str(t): r for t, r in sweep.items()}}
+            state["sweep"] = {"thresholds": thresholds, "best_step": state["best"]["step"], "chosen": chosen,
+                              "dev": {str(t): r for t, r in sweep.items()}}
             if rank == 0:
                 best_info = json.loads((out / "best" / "info.json").read_text())
                 export_policy(best, kind, out / "best", draft, chosen,
                               {k: best_info[k] for k in ("grpo", "config", "models")} | {"sweep": state["sweep"]},
                               onnx=True)
-                torch.save({"config": config_record, "identity": identity, "model": model.state_dict(),
-                            "optimizer": optimizer.state_dict(), "state": state}, checkpoint)
+                save_checkpoint(checkpoint, {"config": config_record, "identity": identity, "model": model.state_dict(),
+                                             "optimizer": optimizer.state_dict(), "state": state})
     if rank == 0:
         summary = {"best": state["best"], "sweep": state.get("sweep"), "target_dev_accuracy": state["target_dev"], "steps": state["step"],
                    "wall_seconds": round(time.time() - t_start, 1), "identity": identity, "config": config_record}

@@ -14,7 +14,9 @@ Bernoulli(P(keep)). Its reward follows the method's shaping (docs: utility, not 
 Advantages are normalised within each prompt's group: A = (R - mean) / max(std, std_floor). The
 floor keeps shaping alone (groups whose rollouts all succeed, or all fail) from being blown up to
 the size of a success signal when the rewards differ by a few hundredths. In groups that mix right
-and wrong answers, the positive and the negative side are then rescaled so that their magnitudes,
+and wrong answers, no wrong rollout keeps a positive advantage (a penalty-free wrong answer can sit
+above a mean that penalised ones pull down), and the positive and the negative side are then
+rescaled so that their magnitudes,
 weighted by each rollout's number of decisions (the policy loss sums over decisions), are equal:
 a group with one right rollout among eight pushes as hard towards it as away from the others.
 """
@@ -68,12 +70,14 @@ def group_advantages(rewards: Sequence[float], n_decisions: Sequence[int], corre
     g = len(rewards)
     if g == 0:
         return []
+    if max(rewards) - min(rewards) < 1e-9:  # one reward (up to float noise): nothing to learn
+        return [0.0] * g
     mean = sum(rewards) / g
     std = (sum((r - mean) ** 2 for r in rewards) / g) ** 0.5
-    if std == 0.0:
-        return [0.0] * g
     adv = [(r - mean) / max(std, cfg.std_floor) for r in rewards]
     if any(correct) and not all(correct):
+        # The outcome comes first: no wrong answer is reinforced beside a right one.
+        adv = [min(a, 0.0) if not c else a for a, c in zip(adv, correct)]
         pos = sum(a * n for a, n in zip(adv, n_decisions) if a > 0)
         neg = sum(-a * n for a, n in zip(adv, n_decisions) if a < 0)
         if pos > 0 and neg > 0:
