@@ -14,7 +14,7 @@ import click
 from .chat_template import ChatTemplateError
 from .display import colored, stats_line
 from .engine import Engine
-from .errors import CospecError
+from .errors import CospecError, VocabMismatchError
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, NAMED_MODELS, resolve_model
 from .params import GenerationParams
 
@@ -26,8 +26,10 @@ def model_options(fn):
     options = [
         click.option("-m", "--model", "target", default=DEFAULT_TARGET, show_default=True,
                      help="Target GGUF file or named model."),
-        click.option("-md", "--model-draft", "draft", default=DEFAULT_DRAFT, show_default=True,
-                     help="Draft GGUF file or named model."),
+        click.option("-md", "--model-draft", "draft", default=None,
+                     help=f"Draft GGUF file or named model (default: {DEFAULT_DRAFT} with the default target; for "
+                          "another target its bundled draft, or a smaller named model with its vocabulary, else "
+                          "target-only decoding)."),
         click.option("-c", "--ctx-size", "n_ctx", default=4096, show_default=True, type=click.IntRange(0, 1 << 24),
                      help="Context window in tokens."),
         click.option("-t", "--threads", "n_threads", default=0, type=click.IntRange(0, MAX_THREADS),
@@ -85,6 +87,22 @@ def generation_options(exclude: tuple[str, ...] = (), **defaults):
     return decorate
 
 
+def pick_draft(target: str, draft: str | None, quiet: bool = False) -> str | None:
+    """The draft the user gave, or one chosen for the target (said on stderr); None: there is none."""
+    if draft is not None:
+        return draft
+    from .models import choose_draft
+
+    try:
+        chosen, why = choose_draft(target)
+    except FileNotFoundError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not quiet and target != DEFAULT_TARGET:
+        click.echo(f"note: draft {chosen}: {why} (-md to choose another)" if chosen else
+                   f"note: {why}: decoding with the target alone (-md DRAFT to speculate)", err=True)
+    return chosen
+
+
 def open_engine(target: str, draft: str | None, n_ctx: int, n_threads: int, n_gpu_layers: int, verbose: bool,
                 quiet: bool = False) -> Engine:
     show = not quiet and sys.stderr.isatty()
@@ -102,6 +120,9 @@ def open_engine(target: str, draft: str | None, n_ctx: int, n_threads: int, n_gp
             click.echo(f"target: {resolve_model(target)}\ndraft:  {resolve_model(draft) if draft else '-'}", err=True)
         return Engine(target, draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
                       n_gpu_layers_draft=n_gpu_layers, progress=progress, verbose=verbose)
+    except VocabMismatchError as exc:
+        raise click.ClickException(f"{exc}\nfix: -md with a draft that has the target's tokenizer, or --mode "
+                                   "target-only") from None
     except (CospecError, FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -129,9 +150,12 @@ def main():
 @click.option("--color", is_flag=True, help="Colour draft tokens: green matched, magenta kept by the arbiter.")
 def generate(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, prompt, as_chat, as_json, color):
     """Generate a continuation of a prompt."""
-    needs_draft = params.mode != "target-only"
-    engine = open_engine(target, draft if needs_draft else None, n_ctx, n_threads, n_gpu_layers, verbose,
-                         quiet=as_json)
+    if params.mode != "target-only":
+        draft = pick_draft(target, draft, quiet=as_json)
+        if draft is None:
+            params = params.updated(mode="target-only")
+    engine = open_engine(target, draft if params.mode != "target-only" else None, n_ctx, n_threads, n_gpu_layers,
+                         verbose, quiet=as_json)
     with engine:
         try:
             tokens = engine.render_chat([{"role": "user", "content": prompt}]) if as_chat else prompt
@@ -175,6 +199,10 @@ def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, system,
         # shell inherits SIGINT ignored; on a terminal, take the key back.
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
+    if params.mode != "target-only":
+        draft = pick_draft(target, draft)
+        if draft is None:
+            params = params.updated(mode="target-only")
     engine = open_engine(target, draft if params.mode != "target-only" else None, n_ctx, n_threads, n_gpu_layers,
                          verbose)
     with engine:
@@ -229,6 +257,7 @@ def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, draft_
         ks = [int(k) for k in draft_max_list.split(",") if k.strip()]
     except ValueError:
         raise click.BadParameter("--draft-max takes integers, e.g. 1,2,4,8") from None
+    draft = pick_draft(target, draft, quiet=as_json)
     runs = parse_runs_option(runs_text, draft)
     if prompts_file and task_families:
         raise click.BadParameter("give either --prompts or --task")
@@ -285,6 +314,7 @@ def eval_command(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params,
     from .evaluate import evaluate, markdown
     from .tasks import load_task, score
 
+    draft = pick_draft(target, draft, quiet=as_json)
     runs = parse_runs_option(runs_text, draft)
     try:
         problems = load_task(task, split, limit)
@@ -319,9 +349,12 @@ def models(as_json):
     for m in NAMED_MODELS.values():
         row = {"name": m.name, "description": m.description}
         try:
-            path = m.locate()
-            row.update(path=str(path), **describe_gguf(path))
-        except (FileNotFoundError, ValueError, ImportError) as exc:
+            path = m.planned() if m.planned is not None else m.locate()  # listing makes nothing
+            if path.is_file():
+                row.update(path=str(path), **describe_gguf(path))
+            else:
+                row["path"] = f"(made on first use: {path})"
+        except (FileNotFoundError, ValueError, OSError) as exc:
             row["path"] = f"(unavailable: {exc})"
         rows.append(row)
     if as_json:

