@@ -12,14 +12,17 @@ from .params import MODES, GenerationParams
 HELP = """Commands:
   /? or /help        this help
   /clear             forget the conversation
-  /set               show the settings
+  /show              the models, the arbiter and every setting
   /set NAME VALUE    change one: temp, top-k, top-p, seed, max-tokens, draft-max, draft-p-min,
                      mode (speculative, target-only, draft-only), arbiter (target, fly, a learned
                      arbiter's name or folder), arbiter-threshold, fly-window, fly-entropy,
                      adaptive-draft (on/off), sample-arbiter (on/off), color (on/off), system
+  /save FILE         write the conversation (system message and turns) as JSON
+  /load FILE         read a conversation written by /save
   /bye               leave
 Multi-line input: end a line with \\ to go on, or put the text between triple quotes (\"\"\").
-Ctrl-C stops a reply and keeps the conversation; Ctrl-C at the prompt (or Ctrl-D) leaves."""
+Ctrl-C stops a reply and keeps the conversation; Ctrl-C at the prompt (or Ctrl-D) leaves.
+When the conversation outgrows the context, the oldest turns are dropped (the system message stays)."""
 
 def _on_off(value: str) -> bool:
     return value.lower() in ("on", "1", "true", "yes")
@@ -62,7 +65,9 @@ class ChatSession:
         self.out.write(text + end)
         self.out.flush()
 
-    def run(self) -> None:
+    def run(self, banner: str | None = None) -> None:
+        if banner:
+            self.say(banner)
         self.say('Type a message, /? for help, /bye to leave.')
         while True:
             try:
@@ -104,9 +109,63 @@ class ChatSession:
             self.say("(conversation cleared)")
         elif name == "/set":
             self.set(rest.strip())
+        elif name == "/show":
+            self.show()
+        elif name == "/save":
+            self.save(rest.strip())
+        elif name == "/load":
+            self.load(rest.strip())
         else:
             self.say(f"unknown command {name}; /? for help")
         return True
+
+    def show(self) -> None:
+        e = self.engine
+        self.say(f"  target: {e.target_path}" + (f" ({e.model_desc('target')})" if e.model_desc("target") else ""))
+        if e.has_draft:
+            self.say(f"  draft:  {e.draft_path}" + (f" ({e.model_desc('draft')})" if e.model_desc("draft") else ""))
+        if self.settings.mode == "speculative":
+            arbiter = e.arbiter(self.settings.arbiter, threshold=self.settings.arbiter_threshold,
+                                head=self.settings.arbiter_head)
+            self.say(f"  arbiter: {self.settings.arbiter} ({arbiter.name}, keeps at P >= {arbiter.threshold:.3f})")
+        self.say(f"  context: {e.n_ctx} tokens; conversation: {len(self.messages)} messages")
+        self.set("")
+
+    def save(self, path: str) -> None:
+        import json
+
+        if not path:
+            self.say("usage: /save FILE")
+            return
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump({"system": self.system, "messages": self.messages}, f, ensure_ascii=False, indent=1)
+        except OSError as exc:
+            self.say(f"/save: {exc}")
+            return
+        self.say(f"(conversation saved to {path})")
+
+    def load(self, path: str) -> None:
+        import json
+
+        if not path:
+            self.say("usage: /load FILE")
+            return
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            messages = data["messages"]
+            if not all(isinstance(m, dict) and m.get("role") in ("user", "assistant")
+                       and isinstance(m.get("content"), str) for m in messages):
+                raise ValueError("messages must be user/assistant turns with text content")
+            system = data.get("system")
+            if system is not None and not isinstance(system, str):
+                raise ValueError("system must be text")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            self.say(f"/load: {path} is not a saved conversation ({exc})")
+            return
+        self.messages, self.system = list(messages), system
+        self.say(f"(conversation loaded: {len(messages)} messages)")
 
     def set(self, args: str) -> None:
         if not args:
@@ -148,26 +207,43 @@ class ChatSession:
         head = [{"role": "system", "content": self.system}] if self.system else []
         return head + self.messages
 
+    def fitting_prompt(self) -> list[int]:
+        """The rendered conversation, its oldest turns dropped (as llama-cli shifts its context) until
+        it leaves room for a reply: max_tokens, at most half the context. The system message stays."""
+        room = min(self.settings.max_tokens, self.engine.n_ctx // 2)
+        prompt = self.engine.render_chat(self.conversation())
+        dropped = 0
+        while len(prompt) + room > self.engine.n_ctx and len(self.messages) > 1:
+            del self.messages[:2 if len(self.messages) > 2 else 1]  # a user turn and its reply
+            dropped += 1
+            prompt = self.engine.render_chat(self.conversation())
+        if dropped:
+            self.say(f"(context full: the {dropped} oldest turn{'s' if dropped > 1 else ''} dropped)")
+        return prompt
+
     def reply(self, text: str) -> None:
         self.messages.append({"role": "user", "content": text})
         pieces: list[str] = []
+        color = self.color and self.out.isatty()  # no escape codes into a file or a pipe
         try:
             try:
-                prompt = self.engine.render_chat(self.conversation())
+                prompt = self.fitting_prompt()
             except ValueError as exc:  # template errors
                 self.messages.pop()
                 self.say(f"error: {exc}")
                 return
             for event in self.engine.stream(prompt, self.settings):
                 pieces.append(event.text)
-                self.say(colored(event.text, event.provenance, self.color), end="")
+                self.say(colored(event.text, event.provenance, color), end="")
             self.say()
             self.say(stats_line(self.engine.last_result))
         except KeyboardInterrupt:
             self.say("\n[reply stopped]")
+            if self.engine.last_result is not None:
+                self.say(stats_line(self.engine.last_result))
         except ContextFullError as exc:
             self.messages.pop()
-            self.say(f"error: {exc}\n(the conversation no longer fits the context: /clear starts a new one)")
+            self.say(f"error: {exc}\n(the message alone does not fit the context: /clear, or a larger -c)")
             return
         except CospecError as exc:
             self.say(f"\nerror: {exc}")

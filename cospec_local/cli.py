@@ -127,6 +127,18 @@ def open_engine(target: str, draft: str | None, n_ctx: int, n_threads: int, n_gp
         raise click.ClickException(str(exc)) from None
 
 
+def chat_banner(target: str, engine: Engine) -> str | None:
+    """What the models are for: the task pair says it only knows its tasks and names the general
+    pair; another model shows the description in its metadata, if any."""
+    from .models import prompt_style
+
+    if prompt_style(target) == "task":
+        return ("The demo pair knows only what it was trained on: arithmetic word problems and small Python "
+                "functions (ask one of those).\nFor general chat: cospec-local chat -m smollm2-135m")
+    description = engine.meta("general.description")
+    return description[:300] if description else None
+
+
 def template_notice(engine: Engine) -> None:
     """Say once that the model's own chat template was set aside (it did not compile)."""
     reason = getattr(engine.chat_template, "fallback_reason", None)
@@ -170,6 +182,7 @@ def generate(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, pro
                 return
             if not as_chat:
                 click.echo(prompt, nl=False)
+            color = color and sys.stdout.isatty()  # no escape codes into a file or a pipe
             for event in engine.stream(tokens, params):
                 click.echo(colored(event.text, event.provenance, color), nl=False)
             click.echo()
@@ -187,7 +200,7 @@ def generate(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, pro
 
 @main.command()
 @model_options
-@generation_options(exclude=("stop",), max_tokens=512, arbiter="auto")
+@generation_options(max_tokens=512, arbiter="auto")
 @click.option("--system", default=None, help="System message.")
 @click.option("--color", is_flag=True, help="Colour draft tokens: green matched, magenta kept by the arbiter.")
 def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, system, color):
@@ -215,7 +228,7 @@ def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, system,
             template_notice(engine)
         except ChatTemplateError as exc:
             raise click.ClickException(str(exc)) from None
-        ChatSession(engine, params, system=system, color=color).run()
+        ChatSession(engine, params, system=system, color=color).run(chat_banner(target, engine))
 
 
 RUNS_HELP = ("Comma-separated runs: target-only, draft-only, sps (lossless), fly, cospec (the bundled learned "

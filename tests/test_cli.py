@@ -53,7 +53,7 @@ def test_bench_json(target_path, draft_paths, tmp_path):
             assert r["speedup"] == pytest.approx(1.0) and r["speedup_bound"] is None
         else:
             assert r["speedup"] > 0 and 0 <= r["acceptance_rate"] <= 1
-            assert 0 < r["speedup_bound"] < r["draft_max"] + 1
+            assert r["speedup_bound"] > 0  # a ratio of timings: its size is for bench results, not a unit test
         if r["run"] == "sps":
             assert r["prompts_identical_to_target"] == 2
     assert report["c"] > 0  # measured (how much cheaper the draft is belongs to bench results, not a unit test)
@@ -99,6 +99,7 @@ def test_chat_ctrl_c_stops_reply_then_exits(target_path, draft_paths):
     child.expect(r"\w+ \w+ \w+ \w+")  # the reply is streaming
     child.kill(signal.SIGINT)
     child.expect_exact("[reply stopped]")
+    child.expect(r"\[\d+ tokens, [\d.]+ tok/s, speculative.*stop: aborted\]")  # what was produced, still counted
     child.expect_exact(">>> ")
     child.sendline("/set max-tokens 8")
     child.sendline("Thanks.")  # the conversation goes on
@@ -202,3 +203,65 @@ def test_a_target_alone_gets_a_draft_with_its_vocabulary_or_runs_target_only(tar
     assert out.returncode == 1 and "fix: -md with a draft that has the target's tokenizer" in out.stderr
     out = run_cli("generate", "-m", "smollm-135m", "-p", "Hi", "-n", 2, env=env)
     assert out.returncode == 1 and "did you mean 'smollm2-135m'?" in out.stderr and "demo-target" in out.stderr
+
+
+def chat_on_demo(lines, n_ctx=1024, **settings):
+    """A ChatSession on the demo pair fed `lines`, writing to a string (not a terminal)."""
+    import io
+
+    from cospec_local import Engine, GenerationParams
+    from cospec_local.chat_session import ChatSession
+
+    feed = iter(lines)
+
+    def read_line(prompt):
+        try:
+            return next(feed)
+        except StopIteration:
+            raise EOFError from None
+
+    out = io.StringIO()
+    engine = Engine.open_default(n_ctx=n_ctx, n_threads=1)
+    session = ChatSession(engine, GenerationParams(**settings), color=True, read_line=read_line, out=out)
+    return engine, session, out
+
+
+def test_chat_commands_validate_show_save_and_load(tmp_path):
+    saved = tmp_path / "talk.json"
+    engine, session, out = chat_on_demo(["/set temp -1", "/show", "1 + 2 =", f"/save {saved}", "/clear",
+                                         f"/load {saved}", f"/load {tmp_path / 'missing.json'}"],
+                                        max_tokens=24, arbiter="demo-lora")
+    with engine:
+        session.run()
+    text = out.getvalue()
+    assert "temp: temperature: must be a finite number >= 0" in text and "(temp set)" not in text
+    assert "target: " in text and "draft:  " in text and "arbiter: demo-lora" in text and "temperature = 0.0" in text
+    assert "(conversation saved to" in text and "(conversation loaded: 2 messages)" in text
+    assert "is not a saved conversation" in text
+    assert [m["role"] for m in session.messages] == ["user", "assistant"]
+    assert json.loads(saved.read_text())["messages"] == session.messages
+    assert "\x1b[" not in text  # --color writes no escape codes where the output is not a terminal
+
+
+def test_chat_drops_the_oldest_turns_when_the_context_fills(target_path, draft_paths):
+    """SmolLM2's template renders the whole conversation: a small context fills within a few turns,
+    and the oldest turns go (the system message stays) instead of an error."""
+    import io
+
+    from cospec_local import Engine, GenerationParams
+    from cospec_local.chat_session import ChatSession
+
+    messages = iter([f"Tell me one fact about the number {n}, in a sentence." for n in range(8)])
+    out = io.StringIO()
+    with Engine(target_path, draft_paths["disagreeing"], n_ctx=256, n_threads=1) as engine:
+        session = ChatSession(engine, GenerationParams(max_tokens=40, ignore_eos=True), system="Be brief.",
+                              read_line=lambda prompt: next(messages), out=out)
+        try:
+            session.run()
+        except StopIteration:
+            pass
+        text = out.getvalue()
+        assert "oldest turn" in text and "error" not in text
+        assert text.count("tok/s") == 8  # every message got its reply
+        assert len(session.messages) < 16 and session.messages[-1]["role"] == "assistant"
+        assert len(engine.render_chat(session.conversation())) <= 256
