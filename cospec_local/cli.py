@@ -103,6 +103,16 @@ def pick_draft(target: str, draft: str | None, quiet: bool = False) -> str | Non
     return chosen
 
 
+def draft_for_mode(target: str, draft: str | None, params: GenerationParams,
+                   quiet: bool = False) -> tuple[str | None, GenerationParams]:
+    """The draft to load for this mode (none for target-only), and the settings: target-only
+    when no draft can be found."""
+    if params.mode == "target-only":
+        return None, params
+    draft = pick_draft(target, draft, quiet)
+    return draft, params if draft is not None else params.updated(mode="target-only")
+
+
 def open_engine(target: str, draft: str | None, n_ctx: int, n_threads: int, n_gpu_layers: int, verbose: bool,
                 quiet: bool = False) -> Engine:
     show = not quiet and sys.stderr.isatty()
@@ -162,12 +172,8 @@ def main():
 @click.option("--color", is_flag=True, help="Colour draft tokens: green matched, magenta kept by the arbiter.")
 def generate(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, prompt, as_chat, as_json, color):
     """Generate a continuation of a prompt."""
-    if params.mode != "target-only":
-        draft = pick_draft(target, draft, quiet=as_json)
-        if draft is None:
-            params = params.updated(mode="target-only")
-    engine = open_engine(target, draft if params.mode != "target-only" else None, n_ctx, n_threads, n_gpu_layers,
-                         verbose, quiet=as_json)
+    draft, params = draft_for_mode(target, draft, params, quiet=as_json)
+    engine = open_engine(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, quiet=as_json)
     with engine:
         try:
             tokens = engine.render_chat([{"role": "user", "content": prompt}]) if as_chat else prompt
@@ -212,12 +218,8 @@ def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, system,
         # shell inherits SIGINT ignored; on a terminal, take the key back.
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    if params.mode != "target-only":
-        draft = pick_draft(target, draft)
-        if draft is None:
-            params = params.updated(mode="target-only")
-    engine = open_engine(target, draft if params.mode != "target-only" else None, n_ctx, n_threads, n_gpu_layers,
-                         verbose)
+    draft, params = draft_for_mode(target, draft, params)
+    engine = open_engine(target, draft, n_ctx, n_threads, n_gpu_layers, verbose)
     with engine:
         try:
             engine.arbiter(params.arbiter, threshold=params.arbiter_threshold, head=params.arbiter_head) \

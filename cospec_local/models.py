@@ -160,11 +160,14 @@ _GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 
 
-def read_gguf_header(path: Path, keys: set[str]) -> dict:
-    """The values of `keys` from a GGUF file's metadata, reading nothing else: arrays are skipped
-    (an array key gives its length), so a 49k-token vocabulary costs milliseconds, not seconds.
-    Lengths are checked against the file's size: a damaged file is a ValueError."""
+def read_gguf_header(path: Path, keys: set[str] | Callable[[str], bool]) -> dict:
+    """The values of `keys` (a set, or a test of a key) from a GGUF file's metadata, reading nothing
+    else: arrays are skipped (an array key gives its length), so a 49k-token vocabulary costs
+    milliseconds, not seconds. Lengths are checked against the file's size: a damaged file is a
+    ValueError."""
     import struct
+
+    wanted = keys.__contains__ if isinstance(keys, (set, frozenset)) else keys
 
     size = path.stat().st_size
     out: dict = {}
@@ -208,10 +211,10 @@ def read_gguf_header(path: Path, keys: set[str]) -> dict:
             vtype = read("<I")
             if vtype == _GGUF_ARRAY:
                 inner, count = read("<I"), length()
-                if key in keys:
+                if wanted(key):
                     out[key] = count
                 skip(inner, count)
-            elif key in keys:
+            elif wanted(key):
                 out[key] = string() if vtype == _GGUF_STRING else read(_GGUF_SCALARS[vtype]) \
                     if vtype in _GGUF_SCALARS else None
             else:
@@ -229,10 +232,11 @@ _FILE_TYPES = {0: "ALL_F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0
 
 def describe_gguf(path: Path) -> dict:
     """Size, architecture, vocabulary and quantization of a GGUF file, from its header alone."""
-    head = read_gguf_header(path, {"general.architecture", "general.file_type", "tokenizer.ggml.tokens",
-                                   "tokenizer.ggml.model"})
+    shown = {"general.architecture", "general.file_type", "tokenizer.ggml.tokens", "tokenizer.ggml.model"}
+    # one pass: the block count's key names the architecture, which the pass has not read yet
+    head = read_gguf_header(path, lambda key: key in shown or key.endswith(".block_count"))
     arch = head.get("general.architecture")
-    layers = read_gguf_header(path, {f"{arch}.block_count"}).get(f"{arch}.block_count") if arch else None
+    layers = head.get(f"{arch}.block_count")
     file_type = head.get("general.file_type")
     return {"size_mb": round(path.stat().st_size / 2**20, 1), "architecture": arch, "layers": layers,
             "vocabulary": head.get("tokenizer.ggml.tokens"), "tokenizer": head.get("tokenizer.ggml.model"),

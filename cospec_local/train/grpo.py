@@ -106,12 +106,11 @@ def decision_items(rollouts: list[dict], advantages: list[float]) -> list[dict]:
 
 def policy_probs(model, items: list[dict], with_tokens: bool):
     """P(keep) at every decided position of the items, concatenated in item order."""
-    from .arbiter_model import make_batch
-
-    batch = make_batch(items, [it["positions"] for it in items], with_tokens=with_tokens)
     import torch
 
-    return torch.sigmoid(model(batch))
+    from .arbiter_model import make_batch
+
+    return torch.sigmoid(model(make_batch(items, [it["positions"] for it in items], with_tokens=with_tokens)))
 
 
 def grpo_loss(p_new, actions, advantages, p_old, p_ref, weights, clip_eps: float, beta: float,
@@ -188,7 +187,7 @@ def grpo_update(model, ref, items: list[dict], cfg: GRPOConfig, optimizer, with_
             p_act_old = torch.where(actions > 0.5, old, 1 - old)
             p_act_beh = torch.where(actions > 0.5, behaviour, 1 - behaviour)
             weights = (p_act_old / p_act_beh).clamp(max=cfg.is_cap)
-            p_new = torch.sigmoid(train_model(_batch(sel, with_tokens)))
+            p_new = policy_probs(train_model, sel, with_tokens)
             loss, stats = grpo_loss(p_new, actions, adv, old, p_ref[idx], weights, cfg.clip_eps, cfg.beta, normalizer)
             optimizer.zero_grad()
             (loss * live).backward()
@@ -203,12 +202,6 @@ def grpo_update(model, ref, items: list[dict], cfg: GRPOConfig, optimizer, with_
     out = {k: v / max(n_opt, 1) for k, v in totals.items()}
     out["decisions"] = n_decisions
     return out
-
-
-def _batch(items, with_tokens):
-    from .arbiter_model import make_batch
-
-    return make_batch(items, [it["positions"] for it in items], with_tokens=with_tokens)
 
 
 # ---------------------------------------------------------------- rewards of a step
@@ -394,6 +387,10 @@ def main(argv: list[str] | None = None) -> None:
     wcfg = WorkerConfig(str(target), str(draft), workers_threads, cfg.max_tokens)
     dev_problems = [p for f in families for p in load_task(f, "dev", cfg.dev)]
     t_start = time.time() - state["seconds"]
+    def checkpoint_now() -> None:
+        save_checkpoint(checkpoint, {"config": config_record, "identity": identity, "model": model.state_dict(),
+                                     "optimizer": optimizer.state_dict(), "state": state})
+
     if rank == 0:  # the log is what the checkpoint holds: a step redone after a crash is not logged twice
         (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in state["log"]))
 
@@ -502,8 +499,7 @@ def main(argv: list[str] | None = None) -> None:
                                 dev=record.get("dev_accuracy", "-"))
                 with (out / "log.jsonl").open("a", encoding="utf-8") as f:
                     f.write(json.dumps(record) + "\n")
-                save_checkpoint(checkpoint, {"config": config_record, "identity": identity, "model": model.state_dict(),
-                                             "optimizer": optimizer.state_dict(), "state": state})
+                checkpoint_now()
                 plot_curves(state["log"], out / "curves.png", state["target_dev"])
             ddp.barrier()
 
@@ -518,8 +514,7 @@ def main(argv: list[str] | None = None) -> None:
             if rank == 0:
                 with (out / "log.jsonl").open("a", encoding="utf-8") as f:
                     f.write(json.dumps(state["log"][-1]) + "\n")
-                save_checkpoint(checkpoint, {"config": config_record, "identity": identity, "model": model.state_dict(),
-                                             "optimizer": optimizer.state_dict(), "state": state})
+                checkpoint_now()
                 plot_curves(state["log"], out / "curves.png", state["target_dev"])
         # The threshold the best policy ships with: its dev accuracy at each of the sweep's.
         thresholds = [float(t) for t in cfg.sweep.split(",") if t.strip()]
@@ -537,8 +532,7 @@ def main(argv: list[str] | None = None) -> None:
                 export_policy(best, kind, out / "best", draft, chosen,
                               {k: best_info[k] for k in ("grpo", "config", "models")} | {"sweep": state["sweep"]},
                               onnx=True)
-                save_checkpoint(checkpoint, {"config": config_record, "identity": identity, "model": model.state_dict(),
-                                             "optimizer": optimizer.state_dict(), "state": state})
+                checkpoint_now()
     if rank == 0:
         summary = {"best": state["best"], "sweep": state.get("sweep"), "target_dev_accuracy": state["target_dev"], "steps": state["step"],
                    "wall_seconds": round(time.time() - t_start, 1), "identity": identity, "config": config_record}

@@ -17,7 +17,6 @@ the policy to roll out, and gets back plain records.
 from __future__ import annotations
 
 import multiprocessing
-import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable, Iterator
@@ -124,7 +123,6 @@ _WORKER: RolloutWorker | None = None
 
 def _init(cfg: WorkerConfig) -> None:
     global _WORKER
-    os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads))
     _WORKER = RolloutWorker(cfg)
 
 
