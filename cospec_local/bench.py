@@ -56,12 +56,17 @@ def measure_costs(engine: Engine, tokenized: Sequence[list[int]], params: Genera
 
 
 def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], runs: Sequence[Run], params: GenerationParams,
-              repeat: int = 1, as_chat: bool = False, progress: Callable[[str], None] | None = None) -> dict:
+              repeat: int = 3, as_chat: bool = False, progress: Callable[[str], None] | None = None) -> dict:
     """Generate params.max_tokens per prompt (EOS ignored, so every run does the same work)
-    for each K and run; runs are interleaved per prompt so machine noise hits all alike."""
+    for each K and run. Runs are interleaved per prompt, so machine noise hits all alike;
+    target-only, which has no K, runs once per prompt and repeat, and every speed-up is over
+    it. With several repeats each row gives the speed-up's range over repeats and is flagged
+    noisy when that spread is larger than the effect itself."""
     say = progress or (lambda msg: None)
     params = params.updated(ignore_eos=True)
     labels = [r.label for r in runs]
+    baseline = next((r for r in runs if r.label == "target-only"), None)
+    others = [r for r in runs if r is not baseline]
     tokenized = [engine.render_chat([{"role": "user", "content": p}]) if as_chat else engine.tokenize(p)
                  for p in prompts]
 
@@ -74,68 +79,93 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], runs: S
     # The draft's cost per token relative to the target's, for the speed bound.
     plain_ms = {}
     costs = None
-    if "target-only" in labels:
+    if baseline is not None:
         for mode in ("draft-only", "target-only"):
             stats = [engine.generate(p, params, mode=mode).stats for p in tokenized]
             plain_ms[mode] = sum(r.t_generate_ms for r in stats) / sum(r.n_generated for r in stats)
         costs = measure_costs(engine, tokenized, params, plain_ms)
 
+    # (K, label) -> totals; K is None for target-only. per_repeat: (K, label) -> [(tokens, ms)] per repeat.
+    acc = defaultdict(lambda: defaultdict(float))
+    per_repeat = defaultdict(lambda: [[0, 0.0] for _ in range(repeat)])
+    outputs = defaultdict(list)
+
+    def record(k, run: Run, rep: int, r) -> None:
+        s = r.stats
+        a = acc[k, run.label]
+        a["tokens"] += s.n_generated
+        a["ms"] += s.t_generate_ms
+        a["drafted"] += s.n_drafted
+        a["accepted"] += s.n_accepted + s.n_kept
+        a["kept"] += s.n_kept
+        a["blocks"] += s.n_blocks
+        a["fallbacks"] += s.n_fallback
+        a["verify_ms"] += s.t_verify_ms
+        a["inside_ms"] += s.t_draft_ms + s.t_verify_ms
+        a["arbiter_ms"] += s.t_arbiter_ms
+        a["arbiter_calls"] += s.n_arbiter_calls
+        per_repeat[k, run.label][rep][0] += s.n_generated
+        per_repeat[k, run.label][rep][1] += s.t_generate_ms
+        if rep == 0:
+            outputs[k, run.label].append(r.tokens)
+
+    for rep in range(repeat):
+        for i, prompt in enumerate(tokenized):
+            if baseline is not None:
+                record(None, baseline, rep, generate(prompt, baseline))
+            for k in ks:
+                for run in others:
+                    record(k, run, rep, generate(prompt, run, draft_max=k))
+            say(f"prompt {i + 1}/{len(tokenized)} (repeat {rep + 1}/{repeat})")
+
+    def tps(tokens, ms):
+        return 1000.0 * tokens / ms if ms else 0.0
+
+    base_key = (None, "target-only")
+    base_tps = tps(acc[base_key]["tokens"], acc[base_key]["ms"]) if baseline is not None else None
     results = []
-    for k in ks:
-        acc = defaultdict(lambda: defaultdict(float))
-        outputs = defaultdict(list)
-        for rep in range(repeat):
-            for i, prompt in enumerate(tokenized):
-                for run in runs:
-                    r = generate(prompt, run, draft_max=k)
-                    s = r.stats
-                    a = acc[run.label]
-                    a["tokens"] += s.n_generated
-                    a["ms"] += s.t_generate_ms
-                    a["drafted"] += s.n_drafted
-                    a["accepted"] += s.n_accepted + s.n_kept
-                    a["kept"] += s.n_kept
-                    a["blocks"] += s.n_blocks
-                    a["fallbacks"] += s.n_fallback
-                    a["verify_ms"] += s.t_verify_ms
-                    a["inside_ms"] += s.t_draft_ms + s.t_verify_ms
-                    a["arbiter_ms"] += s.t_arbiter_ms
-                    a["arbiter_calls"] += s.n_arbiter_calls
-                    if rep == 0:
-                        outputs[run.label].append(r.tokens)
-                say(f"K={k} prompt {i + 1}/{len(tokenized)} (run {rep + 1}/{repeat})")
-        base = acc.get("target-only")
-        base_tps = 1000.0 * base["tokens"] / base["ms"] if base and base["ms"] else None
-        for label in labels:
-            a = acc[label]
-            tps = 1000.0 * a["tokens"] / a["ms"] if a["ms"] else 0.0
-            same = None
-            if "target-only" in outputs and label != "target-only":
-                same = sum(x == y for x, y in zip(outputs[label], outputs["target-only"]))
-            bound = None
-            if plain_ms and a["blocks"]:
-                # a: per-token acceptance under the geometric model (accepted vs ends by rejection)
-                per_token = a["accepted"] / (a["accepted"] + a["fallbacks"]) if a["accepted"] + a["fallbacks"] else 0.0
-                c = plain_ms["draft-only"] / plain_ms["target-only"]
-                v = a["verify_ms"] / a["blocks"] / plain_ms["target-only"]
-                bound = speedup_bound(per_token, k, c, v)
-            results.append({
-                "draft_max": k,
-                "run": label,
-                "tokens": int(a["tokens"]),
-                "seconds": a["ms"] / 1000.0,
-                "tokens_per_second": tps,
-                "speedup": tps / base_tps if base_tps else None,
-                "acceptance_rate": a["accepted"] / a["drafted"] if a["drafted"] else None,
-                "mean_accepted_per_block": a["accepted"] / a["blocks"] if a["blocks"] else None,
-                "arbiter_keeps": int(a["kept"]),
-                # The arbiter's share of generation time, and of a block (a verify pass) on average.
-                "arbiter_share": a["arbiter_ms"] / a["ms"] if a["ms"] else None,
-                "arbiter_ms_per_call": a["arbiter_ms"] / a["arbiter_calls"] if a["arbiter_calls"] else None,
-                "speedup_bound": bound,
-                "overhead_fraction": max(0.0, a["ms"] - a["inside_ms"]) / a["ms"] if a["ms"] else None,
-                "prompts_identical_to_target": same,
-            })
+    for k, label in [(None, "target-only")] * (baseline is not None) + [(k, r.label) for k in ks for r in others]:
+        a = acc[k, label]
+        speed = tps(a["tokens"], a["ms"])
+        same = None
+        if baseline is not None and label != "target-only":
+            same = sum(x == y for x, y in zip(outputs[k, label], outputs[base_key]))
+        bound = None
+        if plain_ms and a["blocks"]:
+            # a: per-token acceptance under the geometric model (accepted vs ends by rejection)
+            per_token = a["accepted"] / (a["accepted"] + a["fallbacks"]) if a["accepted"] + a["fallbacks"] else 0.0
+            c = plain_ms["draft-only"] / plain_ms["target-only"]
+            v = a["verify_ms"] / a["blocks"] / plain_ms["target-only"]
+            bound = speedup_bound(per_token, k, c, v)
+        speedup = speed / base_tps if base_tps else None
+        by_repeat = None
+        noisy = None
+        if base_tps and label != "target-only":
+            by_repeat = [round(tps(*mine) / tps(*base), 4) if tps(*base) else None
+                         for mine, base in zip(per_repeat[k, label], per_repeat[base_key])]
+            if repeat >= 2 and None not in by_repeat:
+                # The spread of the repeats against the size of the effect: a half-range wider than
+                # the distance from 1.0x means the sign of the effect is not established.
+                noisy = (max(by_repeat) - min(by_repeat)) / 2 > abs(speedup - 1.0)
+        results.append({
+            "draft_max": k,
+            "run": label,
+            "tokens": int(a["tokens"]),
+            "seconds": a["ms"] / 1000.0,
+            "tokens_per_second": speed,
+            "speedup": speedup,
+            "speedup_per_repeat": by_repeat,
+            "noisy": noisy,
+            "acceptance_rate": a["accepted"] / a["drafted"] if a["drafted"] else None,
+            "mean_accepted_per_block": a["accepted"] / a["blocks"] if a["blocks"] else None,
+            "arbiter_keeps": int(a["kept"]),
+            # The arbiter's share of generation time, and of a block (a verify pass) on average.
+            "arbiter_share": a["arbiter_ms"] / a["ms"] if a["ms"] else None,
+            "arbiter_ms_per_call": a["arbiter_ms"] / a["arbiter_calls"] if a["arbiter_calls"] else None,
+            "speedup_bound": bound,
+            "overhead_fraction": max(0.0, a["ms"] - a["inside_ms"]) / a["ms"] if a["ms"] else None,
+            "prompts_identical_to_target": same,
+        })
     return {
         "target": engine.target_path,
         "draft": engine.draft_path,
@@ -161,8 +191,10 @@ def markdown_table(report: dict) -> str:
         f"draft: {report['draft']}  ",
         f"c (draft/target time per token): {_fmt(report.get('c'), '.3f')}; bound = (1-a^(K+1))/((1-a)(Kc+v(K))) "
         f"with the measured per-token acceptance a and verify cost v(K)  ",
-        f"{report['prompts']} prompts x {report['max_tokens']} tokens x {report['repeat']} run(s), greedy, EOS ignored, "
-        f"draft_p_min {report['draft_p_min']}, {'adaptive' if report['adaptive_draft'] else 'fixed'} draft length",
+        f"{report['prompts']} prompts x {report['max_tokens']} tokens x {report['repeat']} repeat(s), greedy, EOS "
+        f"ignored, draft_p_min {report['draft_p_min']}, {'adaptive' if report['adaptive_draft'] else 'fixed'} draft "
+        "length; target-only measured once per prompt and repeat, interleaved with the others; speed-up (range over "
+        "repeats)",
     ]
     if report.get("costs"):
         c = report["costs"]
@@ -174,12 +206,23 @@ def markdown_table(report: dict) -> str:
         "| outside llama.cpp | same as target |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    noisy = False
     for r in report["results"]:
         same = "-" if r["prompts_identical_to_target"] is None else f"{r['prompts_identical_to_target']}/{report['prompts']}"
+        speedup = _fmt(r["speedup"], ".2f", "x")
+        spread = [v for v in (r.get("speedup_per_repeat") or []) if v is not None]
+        if len(spread) >= 2:
+            speedup += f" ({min(spread):.2f}-{max(spread):.2f})"
+        if r.get("noisy"):
+            speedup += " noisy"
+            noisy = True
         lines.append(
-            f"| {r['draft_max']} | {r['run']} | {r['tokens_per_second']:.1f} | {_fmt(r['speedup'], '.2f', 'x')} "
+            f"| {_fmt(r['draft_max'], 'd')} | {r['run']} | {r['tokens_per_second']:.1f} | {speedup} "
             f"| {_fmt(r['speedup_bound'], '.2f', 'x')} "
             f"| {_fmt(r['acceptance_rate'], '.1%')} | {_fmt(r['mean_accepted_per_block'], '.2f')} "
             f"| {r['arbiter_keeps']} | {_fmt(r['arbiter_share'], '.1%')} | {_fmt(r['overhead_fraction'], '.1%')} "
             f"| {same} |")
+    if noisy:
+        lines += ["", "noisy: the repeats' speed-ups spread wider than the distance from 1.0x, so this run does not "
+                      "establish which side of 1.0x the run is on; repeat more (--repeat) on an idle machine."]
     return "\n".join(lines)

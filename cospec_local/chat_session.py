@@ -13,7 +13,8 @@ HELP = """Commands:
   /? or /help        this help
   /clear             forget the conversation
   /show              the models, the arbiter and every setting
-  /set NAME VALUE    change one: temp, top-k, top-p, seed, max-tokens, draft-max, draft-p-min,
+  /set NAME VALUE    change one: temp, top-k, top-p, min-p, repeat-penalty, repeat-last-n, seed,
+                     max-tokens, draft-max, draft-p-min,
                      mode (speculative, target-only, draft-only), arbiter (target, fly, a learned
                      arbiter's name or folder), arbiter-threshold, fly-window, fly-entropy,
                      adaptive-draft (on/off), sample-arbiter (on/off), color (on/off), system
@@ -33,6 +34,9 @@ SETTINGS = {
     "temp": ("temperature", float),
     "top-k": ("top_k", int),
     "top-p": ("top_p", float),
+    "min-p": ("min_p", float),
+    "repeat-penalty": ("repeat_penalty", float),
+    "repeat-last-n": ("repeat_last_n", int),
     "seed": ("seed", int),
     "max-tokens": ("max_tokens", int),
     "draft-max": ("draft_max", int),

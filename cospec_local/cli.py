@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, dataclass, fields
 
 import click
 
@@ -16,13 +16,35 @@ from .display import colored, stats_line
 from .engine import Engine
 from .errors import CospecError, VocabMismatchError
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, NAMED_MODELS, resolve_model
-from .params import GenerationParams
+from .params import CHAT_SAMPLING, GenerationParams
 
 MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS; the engine refuses more
 
 
+MIN_CTX = 64  # smaller windows hold no useful prompt and reply
+
+
+@dataclass
+class LoadSettings:
+    """How to open the engine: the command-line options every command that loads models shares."""
+
+    target: str
+    draft: str | None
+    n_ctx: int
+    n_threads: int
+    n_gpu_layers: int | None  # None: all layers (llama.cpp's default), without asking for it
+    n_gpu_layers_draft: int | None
+    verbose: bool
+
+
+def _check_ctx(ctx, param, value: int) -> int:
+    if 0 < value < MIN_CTX:
+        raise click.BadParameter(f"{value} tokens is too small a context (0: the default, else at least {MIN_CTX})")
+    return value
+
+
 def model_options(fn):
-    """Options shared by every command that opens an engine."""
+    """Options shared by every command that opens an engine; the command receives one `load`."""
     options = [
         click.option("-m", "--model", "target", default=DEFAULT_TARGET, show_default=True,
                      help="Target GGUF file or named model."),
@@ -31,16 +53,27 @@ def model_options(fn):
                           "another target its bundled draft, or a smaller named model with its vocabulary, else "
                           "target-only decoding)."),
         click.option("-c", "--ctx-size", "n_ctx", default=4096, show_default=True, type=click.IntRange(0, 1 << 24),
-                     help="Context window in tokens."),
+                     callback=_check_ctx, help="Context window in tokens."),
         click.option("-t", "--threads", "n_threads", default=0, type=click.IntRange(0, MAX_THREADS),
                      help="CPU threads (0: all cores)."),
-        click.option("-ngl", "--gpu-layers", "n_gpu_layers", default=-1, type=click.IntRange(-1, 1 << 16),
-                     help="Layers to offload with a GPU build of llama.cpp (-1: all)."),
+        click.option("-ngl", "--gpu-layers", "n_gpu_layers", default=None, type=click.IntRange(-1, 1 << 16),
+                     help="Target layers to offload with a GPU build of llama.cpp (default, -1: all)."),
+        click.option("-ngld", "--gpu-layers-draft", "n_gpu_layers_draft", default=None,
+                     type=click.IntRange(-1, 1 << 16),
+                     help="Draft layers to offload with a GPU build of llama.cpp (default, -1: all)."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's own log."),
     ]
+    names = ("target", "draft", "n_ctx", "n_threads", "n_gpu_layers", "n_gpu_layers_draft", "verbose")
+
+    def wrapper(**kwargs):
+        load = LoadSettings(**{name: kwargs.pop(name) for name in names})
+        return fn(load=load, **kwargs)
+
+    wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
+    wrapper.__click_params__ = list(getattr(fn, "__click_params__", []))
     for option in reversed(options):
-        fn = option(fn)
-    return fn
+        wrapper = option(wrapper)
+    return wrapper
 
 
 def generation_options(exclude: tuple[str, ...] = (), **defaults):
@@ -113,8 +146,19 @@ def draft_for_mode(target: str, draft: str | None, params: GenerationParams,
     return draft, params if draft is not None else params.updated(mode="target-only")
 
 
-def open_engine(target: str, draft: str | None, n_ctx: int, n_threads: int, n_gpu_layers: int, verbose: bool,
-                quiet: bool = False) -> Engine:
+def gpu_notice(load: LoadSettings, quiet: bool) -> None:
+    """Say once that -ngl/-ngld do nothing on a build of llama.cpp without a GPU backend."""
+    from . import _cospec
+
+    asked = [flag for flag, value in (("-ngl", load.n_gpu_layers), ("-ngld", load.n_gpu_layers_draft))
+             if value not in (None, 0)]
+    if asked and not quiet and not _cospec.supports_gpu_offload():
+        click.echo(f"warning: {'/'.join(asked)} ignored: this llama.cpp build has no GPU backend (reinstall with "
+                   "CMAKE_ARGS=\"-DGGML_CUDA=on\" ./install.sh, or -DGGML_METAL=on on a Mac)", err=True)
+
+
+def open_engine(load: LoadSettings, draft: str | None, quiet: bool = False) -> Engine:
+    """The engine for these settings, with `draft` (the one chosen for the mode; None: target alone)."""
     show = not quiet and sys.stderr.isatty()
     last = {"which": None, "shown": -1}
 
@@ -125,11 +169,16 @@ def open_engine(target: str, draft: str | None, n_ctx: int, n_threads: int, n_gp
             last.update(which=which, shown=percent)
         return True
 
+    gpu_notice(load, quiet)
+    all_layers = -1
     try:
         if not quiet:
-            click.echo(f"target: {resolve_model(target)}\ndraft:  {resolve_model(draft) if draft else '-'}", err=True)
-        return Engine(target, draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                      n_gpu_layers_draft=n_gpu_layers, progress=progress, verbose=verbose)
+            click.echo(f"target: {resolve_model(load.target)}\ndraft:  {resolve_model(draft) if draft else '-'}",
+                       err=True)
+        return Engine(load.target, draft, n_ctx=load.n_ctx, n_threads=load.n_threads,
+                      n_gpu_layers=all_layers if load.n_gpu_layers is None else load.n_gpu_layers,
+                      n_gpu_layers_draft=all_layers if load.n_gpu_layers_draft is None else load.n_gpu_layers_draft,
+                      progress=progress, verbose=load.verbose)
     except VocabMismatchError as exc:
         raise click.ClickException(f"{exc}\nfix: -md with a draft that has the target's tokenizer, or --mode "
                                    "target-only") from None
@@ -170,10 +219,10 @@ def main():
 @click.option("--chat", "as_chat", is_flag=True, help="Send the prompt as a user message through the chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, provenance, decisions, stats.")
 @click.option("--color", is_flag=True, help="Colour draft tokens: green matched, magenta kept by the arbiter.")
-def generate(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, prompt, as_chat, as_json, color):
+def generate(load, params, prompt, as_chat, as_json, color):
     """Generate a continuation of a prompt."""
-    draft, params = draft_for_mode(target, draft, params, quiet=as_json)
-    engine = open_engine(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, quiet=as_json)
+    draft, params = draft_for_mode(load.target, load.draft, params, quiet=as_json)
+    engine = open_engine(load, draft, quiet=as_json)
     with engine:
         try:
             tokens = engine.render_chat([{"role": "user", "content": prompt}]) if as_chat else prompt
@@ -206,10 +255,10 @@ def generate(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, pro
 
 @main.command()
 @model_options
-@generation_options(max_tokens=512, arbiter="auto")
+@generation_options(max_tokens=512, arbiter="auto", **CHAT_SAMPLING)
 @click.option("--system", default=None, help="System message.")
 @click.option("--color", is_flag=True, help="Colour draft tokens: green matched, magenta kept by the arbiter.")
-def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, system, color):
+def chat(load, params, system, color):
     """Talk with the model pair. /? for help."""
     from .chat_session import ChatSession
 
@@ -218,8 +267,8 @@ def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, system,
         # shell inherits SIGINT ignored; on a terminal, take the key back.
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    draft, params = draft_for_mode(target, draft, params)
-    engine = open_engine(target, draft, n_ctx, n_threads, n_gpu_layers, verbose)
+    draft, params = draft_for_mode(load.target, load.draft, params)
+    engine = open_engine(load, draft)
     with engine:
         try:
             engine.arbiter(params.arbiter, threshold=params.arbiter_threshold, head=params.arbiter_head) \
@@ -230,7 +279,7 @@ def chat(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, system,
             template_notice(engine)
         except ChatTemplateError as exc:
             raise click.ClickException(str(exc)) from None
-        ChatSession(engine, params, system=system, color=color).run(chat_banner(target, engine))
+        ChatSession(engine, params, system=system, color=color).run(chat_banner(load.target, engine))
 
 
 RUNS_HELP = ("Comma-separated runs: target-only, draft-only, sps (lossless), fly, cospec (the bundled learned "
@@ -259,10 +308,11 @@ def parse_runs_option(text: str, draft: str | None):
               help="Comma-separated task families whose test prompts to use instead (default for the demo pair: "
                    "arith,pyfunc).")
 @click.option("--n-prompts", default=8, show_default=True, help="Number of task prompts with --task.")
-@click.option("--repeat", default=1, show_default=True, help="Runs of each prompt per mode.")
+@click.option("--repeat", default=3, show_default=True, type=click.IntRange(1, 1000),
+              help="Runs of each prompt per run and K; the speed-up's range over them is shown.")
 @click.option("--chat", "as_chat", is_flag=True, help="Wrap each prompt in the chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, draft_max_list, runs_text, prompts_file,
+def bench(load, params, draft_max_list, runs_text, prompts_file,
           task_families, n_prompts, repeat, as_chat, as_json):
     """Measure runs (target-only, sps, fly, learned arbiters) on the same prompts, in one process."""
     from .bench import BUILTIN_PROMPTS, markdown_table, run_bench, task_prompts
@@ -272,11 +322,11 @@ def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, draft_
         ks = [int(k) for k in draft_max_list.split(",") if k.strip()]
     except ValueError:
         raise click.BadParameter("--draft-max takes integers, e.g. 1,2,4,8") from None
-    draft = pick_draft(target, draft, quiet=as_json)
+    draft = pick_draft(load.target, load.draft, quiet=as_json)
     runs = parse_runs_option(runs_text, draft)
     if prompts_file and task_families:
         raise click.BadParameter("give either --prompts or --task")
-    if not prompts_file and not task_families and prompt_style(target) == "task":
+    if not prompts_file and not task_families and prompt_style(load.target) == "task":
         task_families = "arith,pyfunc"
     prompts = BUILTIN_PROMPTS
     if prompts_file:
@@ -287,7 +337,7 @@ def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, draft_
             prompts = task_prompts([f.strip() for f in task_families.split(",") if f.strip()], n_prompts)
         except (KeyError, ValueError) as exc:
             raise click.ClickException(str(exc)) from None
-    engine = open_engine(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, quiet=as_json)
+    engine = open_engine(load, draft, quiet=as_json)
     with engine:
         try:
             report = run_bench(engine, prompts, ks, runs, params, repeat, as_chat,
@@ -315,7 +365,7 @@ def bench(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, draft_
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--unsafe-code-execution", is_flag=True,
               help="Where bubblewrap cannot isolate generated code, run it anyway, unisolated (unsafe).")
-def eval_command(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params, task, split, limit, runs_text,
+def eval_command(load, params, task, split, limit, runs_text,
                  as_chat, out_dir, as_json, unsafe_code_execution):
     """Accuracy and speed of each run on a task, with oracle union and recovered non-nested successes."""
     import os
@@ -329,14 +379,14 @@ def eval_command(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params,
     from .evaluate import evaluate, markdown
     from .tasks import load_task, score
 
-    draft = pick_draft(target, draft, quiet=as_json)
+    draft = pick_draft(load.target, load.draft, quiet=as_json)
     runs = parse_runs_option(runs_text, draft)
     try:
         problems = load_task(task, split, limit)
     except (KeyError, FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     title = f"{Path(task).name} ({split})" if task.endswith((".jsonl", ".gz")) else f"{task} ({split})"
-    engine = open_engine(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, quiet=as_json)
+    engine = open_engine(load, draft, quiet=as_json)
 
     def progress(items):
         with click.progressbar(items, label="evaluating", file=sys.stderr) as bar:
@@ -352,6 +402,8 @@ def eval_command(target, draft, n_ctx, n_threads, n_gpu_layers, verbose, params,
             click.echo("\n[interrupted: rerun the same command to resume]" if out_dir else "\n[interrupted]", err=True)
             sys.exit(130)
     click.echo(json.dumps(summary, indent=1) if as_json else markdown(summary, title))
+    if summary.get("written") and not as_json:
+        click.echo("written: " + ", ".join(summary["written"]), err=True)
 
 
 @main.command()

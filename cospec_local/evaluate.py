@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -79,6 +80,17 @@ def load_records(path: Path) -> dict[tuple[str, str], Record]:
     return done
 
 
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion: honest at small n and near 0 or 1, where the
+    normal approximation is not."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def summarize(problems: Sequence[Problem], labels: Sequence[str], records: dict[tuple[str, str], Record]) -> dict:
     ids = [p.id for p in problems]
     correct = {m: {i for i in ids if (i, m) in records and records[i, m].correct} for m in labels}
@@ -98,6 +110,7 @@ def summarize(problems: Sequence[Problem], labels: Sequence[str], records: dict[
         per_run[m] = {
             "n": len(recs),
             "accuracy": len(correct[m]) / len(recs) if recs else 0.0,
+            "accuracy_ci95": wilson_interval(len(correct[m]), len(recs)),
             "predicted_per_second": tps,
             "acceptance_rate": accepted / drafted if drafted else None,
             "mean_accepted_per_block": accepted / blocks if blocks else None,
@@ -128,38 +141,50 @@ def markdown(summary: dict, title: str) -> str:
     if "oracle_union" in summary:
         lines.append(f"oracle union (target or draft): {summary['oracle_union']:.1%}, "
                      f"non-nested successes (draft only): {summary['non_nested']}")
-    lines += ["", "| run | accuracy | tok/s | speed-up | acceptance | accepted/block | arbiter keeps | arbiter time "
+    lines += ["", "| run | accuracy (95% CI) | tok/s | speed-up | acceptance | accepted/block | arbiter keeps | arbiter time "
                   "| recovered | losses |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for label, m in summary["runs"].items():
         rec = "-" if m.get("recovered") is None else f"{m['recovered']}/{summary.get('non_nested', 0)}"
-        lines.append(f"| {label} | {m['accuracy']:.1%} | {m['predicted_per_second']:.1f} | {fmt(m['speedup'], '.2f')}x "
+        lo, hi = m.get("accuracy_ci95", (m["accuracy"], m["accuracy"]))
+        lines.append(f"| {label} | {m['accuracy']:.1%} ({lo:.1%}-{hi:.1%}) | {m['predicted_per_second']:.1f} | {fmt(m['speedup'], '.2f')}x "
                      f"| {fmt(m['acceptance_rate'], '.1%')} | {fmt(m['mean_accepted_per_block'], '.2f')} "
                      f"| {m['arbiter_keeps']} | {m.get('arbiter_share', 0.0):.1%} | {rec} | {m.get('losses', '-')} |")
     return "\n".join(lines)
 
 
 def plot(summary: dict, path: Path, title: str) -> Path | None:
-    """Accuracy against speed-up, one point per run."""
+    """Accuracy (with 95% Wilson intervals) against speed-up, one marker per run, named in a
+    legend so labels never overprint; the y-axis starts at 0 and a line marks 1.0x."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, ax = plt.subplots(figsize=(5, 4), dpi=120)
-    for label, m in summary["runs"].items():
+    fig, ax = plt.subplots(figsize=(6.4, 4.8), dpi=120)
+    markers = "osD^vP*Xh<>"
+    for i, (label, m) in enumerate(summary["runs"].items()):
         if m["speedup"] is None:
             continue
-        ax.scatter(m["speedup"], 100 * m["accuracy"], s=40)
-        ax.annotate(label, (m["speedup"], 100 * m["accuracy"]), textcoords="offset points", xytext=(5, 5))
+        acc = 100 * m["accuracy"]
+        lo, hi = (100 * v for v in m.get("accuracy_ci95", (m["accuracy"], m["accuracy"])))
+        ax.errorbar(m["speedup"], acc, yerr=[[acc - lo], [hi - acc]], fmt=markers[i % len(markers)], markersize=6,
+                    capsize=3, label=f"{label}: {acc:.1f}% [{lo:.1f}, {hi:.1f}], {m['speedup']:.2f}x (n={m['n']})")
+    ax.axvline(1.0, linestyle=":", linewidth=1, color="black")
     if "oracle_union" in summary:
-        ax.axhline(100 * summary["oracle_union"], linestyle="--", linewidth=1, color="gray")
-        ax.annotate("oracle union", (ax.get_xlim()[0], 100 * summary["oracle_union"]), textcoords="offset points",
-                    xytext=(2, 3), color="gray", fontsize=8)
-    ax.set_xlabel("speed-up over target-only")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_title(title)
+        ax.axhline(100 * summary["oracle_union"], linestyle="--", linewidth=1, color="gray",
+                   label=f"oracle union (target or draft): {100 * summary['oracle_union']:.1f}%")
+    ax.set_ylim(0, 100)
+    left, right = ax.get_xlim()
+    ax.set_xlim(min(left, 0.9), max(right, 1.1))
+    ax.set_xlabel("speed-up over target-only (dotted: 1.0x)")
+    ax.set_ylabel("accuracy (%), 95% Wilson interval")
+    models = summary.get("models")
+    subtitle = f"{summary['problems']} problems" + (f"; target {models['target']}, draft {models['draft'] or '-'}"
+                                                    if models else "")
+    ax.set_title(f"{title}\n{subtitle}", fontsize=9)
+    ax.legend(loc="lower left", fontsize=7, framealpha=0.9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -205,8 +230,12 @@ def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], s
             log.close()
     summary = summarize(problems, labels, records)
     summary["title"] = title
+    summary["models"] = {"target": Path(engine.target_path).name,
+                         "draft": Path(engine.draft_path).name if engine.draft_path else None}
     if out_dir is not None:
         (out_dir / "results.json").write_text(json.dumps(summary, indent=1))
         (out_dir / "results.md").write_text(markdown(summary, title) + "\n")
-        plot(summary, out_dir / "accuracy_vs_speedup.png", title)
+        plotted = plot(summary, out_dir / "accuracy_vs_speedup.png", title)
+        summary["written"] = [str(out_dir / name) for name in ("records.jsonl", "config.json", "results.json",
+                                                               "results.md")] + ([str(plotted)] if plotted else [])
     return summary

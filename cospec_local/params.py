@@ -55,6 +55,12 @@ class GenerationParams:
     temperature: float = _f(_NATIVE.temperature, "Temperature (0: greedy).", ("--temp",))
     top_k: int = _f(_NATIVE.top_k, "Top-k sampling (0: off).", ("--top-k",))
     top_p: float = _f(_NATIVE.top_p, "Top-p sampling (1: off).", ("--top-p",))
+    min_p: float = _f(_NATIVE.min_p, "Min-p sampling: drop tokens below this x the likeliest one's probability "
+                                     "(0: off).", ("--min-p",))
+    repeat_penalty: float = _f(_NATIVE.repeat_penalty, "Penalise tokens seen in the last repeat-last-n tokens "
+                                                       "(1: off).", ("--repeat-penalty",))
+    repeat_last_n: int = _f(_NATIVE.repeat_last_n, "Tokens of history the repeat penalty looks at (0: off, -1: the "
+                                                   "whole context).", ("--repeat-last-n",))
     seed: int = _f(_NATIVE.seed, "Seed of sampling and of sampled arbiter decisions.", ("-s", "--seed"))
     sample_arbiter: bool = _f(_NATIVE.sample_arbiter, "Draw each arbiter decision from Bernoulli(P(keep)) instead of "
                                                       "thresholding it (training rollouts).", ("--sample-arbiter",))
@@ -103,6 +109,12 @@ class GenerationParams:
             bad("top_k", "must be >= 0")
         if not 0 < self.top_p <= 1:
             bad("top_p", "must be in (0, 1]")
+        if not 0 <= self.min_p <= 1:
+            bad("min_p", "must be in [0, 1]")
+        if not (math.isfinite(self.repeat_penalty) and 0 < self.repeat_penalty <= 100):
+            bad("repeat_penalty", "must be in (0, 100]")
+        if not -1 <= self.repeat_last_n < 2**31:
+            bad("repeat_last_n", "must be >= -1")
         if not 0 <= self.draft_p_min <= 1:
             bad("draft_p_min", "must be in [0, 1]")
         if not 0 <= self.seed < 2**64:
@@ -133,6 +145,9 @@ class GenerationParams:
         n.temperature = self.temperature
         n.top_k = self.top_k
         n.top_p = self.top_p
+        n.min_p = self.min_p
+        n.repeat_penalty = self.repeat_penalty
+        n.repeat_last_n = self.repeat_last_n
         n.seed = self.seed
         n.sample_arbiter = self.sample_arbiter
         n.ignore_eos = self.ignore_eos
@@ -140,6 +155,11 @@ class GenerationParams:
 
 
 DEFAULTS = GenerationParams()
+
+# `chat` samples as llama.cpp's llama-cli (temperature, top-k, top-p, min-p) and Ollama
+# (repeat penalty 1.1 over the last 64 tokens) do by default: greedy small models loop.
+# generate, bench, eval and the Python API stay greedy, so their results reproduce exactly.
+CHAT_SAMPLING = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1)
 
 
 def param_help(name: str) -> str:

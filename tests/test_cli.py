@@ -42,18 +42,23 @@ def test_bench_json(target_path, draft_paths, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("The capital of France is\nWrite a poem about rain.\n")
     out = run_cli("bench", "-m", target_path, "-md", draft_paths["disagreeing"], "--prompts", prompts,
-                  "--draft-max", "1,3", "-n", 16, "--json")
+                  "--draft-max", "1,3", "-n", 16, "--repeat", 2, "--json")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     rows = report["results"]
-    assert {(r["draft_max"], r["run"]) for r in rows} == {(k, m) for k in (1, 3) for m in ("target-only", "sps", "fly")}
+    # target-only has no K: measured once (per prompt and repeat), the baseline of every row
+    assert [(r["draft_max"], r["run"]) for r in rows] == [(None, "target-only")] + [
+        (k, m) for k in (1, 3) for m in ("sps", "fly")]
     for r in rows:
-        assert r["tokens"] == 2 * 16
+        assert r["tokens"] == 2 * 16 * 2
         if r["run"] == "target-only":
-            assert r["speedup"] == pytest.approx(1.0) and r["speedup_bound"] is None
+            assert r["speedup"] == pytest.approx(1.0) and r["speedup_bound"] is None and r["noisy"] is None
         else:
             assert r["speedup"] > 0 and 0 <= r["acceptance_rate"] <= 1
             assert r["speedup_bound"] > 0  # a ratio of timings: its size is for bench results, not a unit test
+            assert len(r["speedup_per_repeat"]) == 2 and isinstance(r["noisy"], bool)
+            lo, hi = min(r["speedup_per_repeat"]), max(r["speedup_per_repeat"])
+            assert r["noisy"] == ((hi - lo) / 2 > abs(r["speedup"] - 1.0))
         if r["run"] == "sps":
             assert r["prompts_identical_to_target"] == 2
     assert report["c"] > 0  # measured (how much cheaper the draft is belongs to bench results, not a unit test)
@@ -130,13 +135,13 @@ def test_models_lists_named_models(tmp_path):
 
 
 def test_chat_with_the_learned_arbiter_colours_kept_tokens():
-    """`chat --arbiter demo-lora --color` on the demo pair: the arbiter keeps a draft token on this
+    """`chat --arbiter demo-lora --color`, greedy and unpenalised, on the demo pair: the arbiter keeps a draft token on this
     problem (found by its recorded decisions), shown in magenta, and the answer stays right."""
     from cospec_local.tasks import load_task
 
     problem = load_task("arith", "test", 2)[1]
     env = dict(os.environ, TERM="dumb", PYTHONUNBUFFERED="1")
-    child = pexpect.spawn(sys.executable, [*CLI[1:], "chat", "--arbiter", "demo-lora", "--color", "-t", "1"], env=env,
+    child = pexpect.spawn(sys.executable, [*CLI[1:], "chat", "--arbiter", "demo-lora", "--color", "-t", "1", "--temp", "0", "--repeat-penalty", "1"], env=env,
                           encoding="utf-8", timeout=120)
     child.expect_exact(">>> ")
     child.sendline(problem.prompt)
@@ -265,3 +270,71 @@ def test_chat_drops_the_oldest_turns_when_the_context_fills(target_path, draft_p
         assert text.count("tok/s") == 8  # every message got its reply
         assert len(session.messages) < 16 and session.messages[-1]["role"] == "assistant"
         assert len(engine.render_chat(session.conversation())) <= 256
+
+
+def test_bench_table_shows_the_spread_and_flags_noise():
+    from cospec_local.bench import markdown_table
+
+    row = dict(draft_max=4, run="sps", tokens_per_second=100.0, speedup_bound=None, acceptance_rate=0.5,
+               mean_accepted_per_block=1.0, arbiter_keeps=0, arbiter_share=0.0, overhead_fraction=0.1,
+               prompts_identical_to_target=2)
+    report = dict(target="t", draft="d", c=0.2, prompts=2, max_tokens=16, repeat=3, draft_p_min=0.0,
+                  adaptive_draft=True, costs=None,
+                  results=[dict(row, speedup=1.05, speedup_per_repeat=[0.82, 1.02, 1.42], noisy=True),
+                           dict(row, run="fly", speedup=1.30, speedup_per_repeat=[1.25, 1.3, 1.36], noisy=False)])
+    table = markdown_table(report)
+    assert "| 4 | sps | 100.0 | 1.05x (0.82-1.42) noisy |" in table
+    assert "| 4 | fly | 100.0 | 1.30x (1.25-1.36) |" in table
+    assert "noisy: the repeats' speed-ups spread wider" in table
+
+
+def test_chat_in_a_terminal_samples_by_default_and_validates_settings(tmp_path):
+    """The REPL through a pseudo-terminal, as a user meets it: chat's sampling defaults, /set
+    refusing a bad value at once, /save and /load of the conversation."""
+    saved = tmp_path / "talk.json"
+    env = dict(os.environ, TERM="dumb", PYTHONUNBUFFERED="1")
+    child = pexpect.spawn(sys.executable, [*CLI[1:], "chat", "-n", "40", "-t", "1"], env=env, encoding="utf-8",
+                          timeout=120)
+    child.expect_exact("The demo pair knows only")
+    child.expect_exact(">>> ")
+    child.sendline("/set temp -1")
+    child.expect_exact("temp: temperature: must be a finite number >= 0")
+    child.expect_exact(">>> ")
+    child.sendline("/show")
+    for line in ("arbiter: auto (demo-draft-lora", "min_p = 0.05", "repeat_last_n = 64", "repeat_penalty = 1.1",
+                 "temperature = 0.8", "top_k = 40", "top_p = 0.95"):
+        child.expect_exact(line)
+    child.expect_exact(">>> ")
+    child.sendline("/set min-p 0.1")
+    child.expect_exact("(min-p set)")
+    child.sendline("Tom has 3 apples and buys 4 more. How many apples does Tom have now?")
+    child.expect(r"\[\d+ tokens, [\d.]+ tok/s, speculative, arbiter demo-lora")
+    child.expect_exact(">>> ")
+    child.sendline(f"/save {saved}")
+    child.expect_exact("(conversation saved to")
+    child.sendline("/clear")
+    child.expect_exact("(conversation cleared)")
+    child.sendline(f"/load {saved}")
+    child.expect_exact("(conversation loaded: 2 messages)")
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    turns = json.loads(saved.read_text())["messages"]
+    assert [m["role"] for m in turns] == ["user", "assistant"] and turns[1]["content"].strip()
+
+
+def test_gpu_flags_warn_once_on_a_cpu_build():
+    from cospec_local import _cospec
+
+    out = run_cli("generate", "-p", "1 + 2 =", "-n", 4, "-ngl", 99, "-ngld", 99)
+    assert out.returncode == 0, out.stderr
+    warned = out.stderr.count("-ngl/-ngld ignored: this llama.cpp build has no GPU backend")
+    assert warned == (0 if _cospec.supports_gpu_offload() else 1)
+    # the default (-1, all layers) asks for nothing, so says nothing
+    assert "ignored" not in run_cli("generate", "-p", "1 + 2 =", "-n", 4).stderr
+    for flags, named in ((("-c", 8), "'-c' / '--ctx-size'"), (("-n", -5), "'-n' / '--n-predict'"),
+                         (("--draft-max", 0), "'--draft-max'"), (("--repeat-penalty", 0), "'--repeat-penalty'"),
+                         (("-ngld", -2), "'-ngld' / '--gpu-layers-draft'")):
+        bad = run_cli("generate", "-p", "x", *flags)
+        assert bad.returncode == 2 and named in bad.stderr and "target:" not in bad.stderr, flags

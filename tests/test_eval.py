@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -50,6 +51,14 @@ def test_eval_cli_writes_results_and_resumes(target_path, draft_paths, tmp_path)
     for name in ("results.json", "results.md", "accuracy_vs_speedup.png", "records.jsonl"):
         assert (out / name).is_file()
     assert (out / "accuracy_vs_speedup.png").read_bytes()[:4] == b"\x89PNG"
+    assert str(out / "accuracy_vs_speedup.png") in summary["written"]
+    assert summary["models"] == {"target": Path(target_path).name, "draft": "draft.gguf"}
+    for m in summary["runs"].values():
+        lo, hi = m["accuracy_ci95"]
+        assert lo <= m["accuracy"] <= hi and hi - lo > 0.3  # 3 problems say little, and the interval shows it
+    plain = subprocess.run([c for c in cmd if c != "--json"], capture_output=True, text=True, timeout=900)
+    assert plain.returncode == 0 and f"written: {out / 'records.jsonl'}" in plain.stderr
+    assert "(95% CI)" in plain.stdout
 
     # Drop the last two records as if the run had been interrupted: the rerun redoes only those.
     lines = (out / "records.jsonl").read_text().splitlines()
@@ -73,6 +82,19 @@ def test_eval_cli_writes_results_and_resumes(target_path, draft_paths, tmp_path)
     shutil.copyfile(draft_paths["mixed"], draft)
     replaced = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert replaced.returncode != 0 and "other settings" in replaced.stderr
+
+
+def test_wilson_interval_matches_hand_computed_values():
+    from cospec_local.evaluate import wilson_interval
+
+    # 14 of 20: p = 0.7, z = 1.96 -> centre 0.6631, half-width 0.1820 (by hand)
+    lo, hi = wilson_interval(14, 20)
+    assert lo == pytest.approx(0.4810, abs=5e-4) and hi == pytest.approx(0.8545, abs=5e-4)
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == 1.0
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    # 13 of 20 (65%) against 14 of 20 (70%): the intervals overlap almost entirely
+    lo13, hi13 = wilson_interval(13, 20)
+    assert lo13 < lo < hi13 < hi
 
 
 def reproducible_part(record: dict) -> dict:

@@ -10,13 +10,21 @@ TEMPERATURE = 1.5
 N_RUNS = 500
 
 
-def first_two(engine, mode, seeds, **kw):
+# chat's samplers, with a penalty strong enough to move the distribution; the prompt repeats
+# "the" so the penalty touches likely tokens.
+CHAT_SETTINGS = dict(top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.5, repeat_last_n=64)
+CHAT_PROMPT = "The cat and the dog and the"
+
+
+def first_two(engine, mode, seeds, prompt=PROMPT, **kw):
+    """Counts of the first token and of the first two, drawn in one block of two draft tokens
+    (so the second position's penalty history holds a drafted token)."""
     firsts, seconds = Counter(), Counter()
     for seed in seeds:
-        r = engine.generate(PROMPT, mode=mode, max_tokens=2, draft_max=1, temperature=TEMPERATURE, seed=seed,
+        r = engine.generate(prompt, mode=mode, max_tokens=3, draft_max=2, temperature=TEMPERATURE, seed=seed,
                             ignore_eos=True, adaptive_draft=False, **kw)
         firsts[r.tokens[0]] += 1
-        seconds[tuple(r.tokens)] += 1
+        seconds[tuple(r.tokens[:2])] += 1
     return firsts, seconds
 
 
@@ -55,6 +63,81 @@ def test_the_statistical_test_detects_a_different_distribution(engine, samples):
     (t_first, _), _ = samples
     d_first, _ = first_two(engine, "draft-only", range(20_000, 20_000 + N_RUNS))
     assert p_value(t_first, d_first) < 1e-6
+
+
+@pytest.fixture(scope="module")
+def chat_samples(engine):
+    target = first_two(engine, "target-only", range(N_RUNS), CHAT_PROMPT, **CHAT_SETTINGS)
+    sps = first_two(engine, "speculative", range(30_000, 30_000 + N_RUNS), CHAT_PROMPT, **CHAT_SETTINGS)
+    return target, sps
+
+
+def test_sps_with_chat_samplers_matches_target(engine, chat_samples):
+    """top-k, top-p, min-p and the repeat penalty keep speculative sampling lossless."""
+    (t_first, t_pair), (s_first, s_pair) = chat_samples
+    assert len(t_first) >= 3, "the settings should leave several candidate tokens"
+    assert p_value(t_first, s_first) > 1e-3
+    assert p_value(t_pair, s_pair) > 1e-3
+    # Power: without the penalty the target's own distribution is clearly different.
+    plain = {**CHAT_SETTINGS, "repeat_penalty": 1.0}
+    u_first, _ = first_two(engine, "target-only", range(40_000, 40_300), CHAT_PROMPT, **plain)
+    assert p_value(t_first, u_first) < 1e-6
+
+
+def test_min_p_keeps_only_tokens_near_the_top(engine):
+    """Every sampled token has at least min_p x the top token's probability (temperature 1)."""
+    import numpy as np
+
+    prompt_tokens = engine.tokenize(PROMPT)
+    logits = engine.score(prompt_tokens)[-1].astype(np.float64)
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    seen = {engine.generate(prompt_tokens, mode="target-only", max_tokens=1, temperature=1.0, min_p=0.2,
+                            seed=seed).tokens[0] for seed in range(200)}
+    assert all(probs[t] >= 0.2 * probs.max() * (1 - 1e-4) for t in seen)
+    assert len(seen) >= 2 and seen == {t for t in range(len(probs)) if probs[t] >= 0.2 * probs.max()}
+
+
+def test_repeat_penalty_follows_llama_cpp(engine):
+    """Greedy target-only steps with the penalty equal argmax of the model's logits with every
+    token of the last repeat_last_n divided (positive) or multiplied (negative) by the penalty once."""
+    import numpy as np
+
+    penalty, last_n, n = 1.8, 6, 12
+    prompt_tokens = engine.tokenize("List three colours: red, red, red, red,")
+    r = engine.generate(prompt_tokens, mode="target-only", max_tokens=n, ignore_eos=True, repeat_penalty=penalty,
+                        repeat_last_n=last_n)
+    plain = engine.generate(prompt_tokens, mode="target-only", max_tokens=n, ignore_eos=True)
+    assert r.tokens != plain.tokens, "the penalty should change this greedy continuation"
+    rows = engine.score(prompt_tokens + r.tokens[:-1])[len(prompt_tokens) - 1:]
+    history = prompt_tokens + r.tokens
+    for i, row in enumerate(rows):
+        row = row.copy()
+        for t in set(history[len(prompt_tokens) + i - last_n:len(prompt_tokens) + i]):
+            row[t] = row[t] / penalty if row[t] > 0 else row[t] * penalty
+        assert int(np.argmax(row)) == r.tokens[i], f"step {i}"
+
+
+def test_greedy_sps_with_repeat_penalty_is_lossless(engine_for):
+    """The draft and the target see the same penalised history, in and across blocks."""
+    kw = dict(max_tokens=40, ignore_eos=True, repeat_penalty=1.3, repeat_last_n=16)
+    for kind in ("mixed", "disagreeing"):
+        engine = engine_for(kind)
+        reference = engine.generate(PROMPT, mode="target-only", **kw).tokens
+        for k in (2, 8):
+            r = engine.generate(PROMPT, mode="speculative", draft_max=k, adaptive_draft=False, **kw)
+            assert r.tokens == reference, (kind, k)
+
+
+def test_sampling_does_not_depend_on_timing(engine):
+    """With sampling, block lengths steer the random stream, so adaptive drafting chooses them
+    from this call's counts and cost settings, never clocks: a run repeated after other work
+    (which trains the engine's timing model) gives the same tokens."""
+    kw = dict(mode="speculative", max_tokens=48, temperature=0.9, seed=3, adaptive_draft=True)
+    first = engine.generate(PROMPT, **kw).tokens
+    for i in range(4):
+        engine.generate("Something else entirely, " * (i + 1), mode="speculative", max_tokens=24)
+    assert engine.generate(PROMPT, **kw).tokens == first
 
 
 def test_sampling_is_reproducible_per_seed(engine):

@@ -57,6 +57,10 @@ const char * cospec_version(void);
 // Route llama.cpp's own log output: false (the default) silences it.
 void cospec_set_llama_log(bool enabled);
 
+// Whether this build of llama.cpp can offload layers to a GPU (CUDA, Metal, ...);
+// without one, n_gpu_layers has no effect.
+bool cospec_supports_gpu_offload(void);
+
 // ---------------------------------------------------------------- engine
 
 typedef struct cospec_engine cospec_engine;
@@ -328,6 +332,13 @@ struct cospec_generate_params {
     float   temperature;       // 0 = greedy (so is anything below 1e-4)
     int32_t top_k;             // 0 = off
     float   top_p;             // 1 = off
+    float   min_p;             // drop tokens below min_p x the likeliest one's probability (0 = off)
+    // llama.cpp's repeat penalty: the logit of every token seen in the last
+    // repeat_last_n tokens (prompt included) is divided by repeat_penalty when
+    // positive, multiplied when negative. The draft and the target see the same
+    // penalised history, so speculative sampling stays lossless.
+    float   repeat_penalty;    // 1 = off
+    int32_t repeat_last_n;     // tokens of history it looks at (default 64; 0 = off, -1 = the whole context)
     uint64_t seed;
     // Draw each arbiter decision from Bernoulli(P(keep)) with a generator seeded
     // by `seed` (for training rollouts) instead of thresholding it (default off).

@@ -704,6 +704,7 @@ PYBIND11_MODULE(_cospec, m) {
 
     m.def("version", &cospec_version);
     m.def("set_llama_log", &cospec_set_llama_log, py::arg("enabled"));
+    m.def("supports_gpu_offload", &cospec_supports_gpu_offload);
     m.def("status_name", &cospec_status_name);
     m.def("entropy", [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, float temperature) {
         return cospec_entropy(logits.data(), (int32_t) logits.size(), temperature);
@@ -752,6 +753,9 @@ PYBIND11_MODULE(_cospec, m) {
         .def_readwrite("temperature", &cospec_generate_params::temperature)
         .def_readwrite("top_k", &cospec_generate_params::top_k)
         .def_readwrite("top_p", &cospec_generate_params::top_p)
+        .def_readwrite("min_p", &cospec_generate_params::min_p)
+        .def_readwrite("repeat_penalty", &cospec_generate_params::repeat_penalty)
+        .def_readwrite("repeat_last_n", &cospec_generate_params::repeat_last_n)
         .def_readwrite("seed", &cospec_generate_params::seed)
         .def_readwrite("sample_arbiter", &cospec_generate_params::sample_arbiter)
         .def_readwrite("ignore_eos", &cospec_generate_params::ignore_eos);

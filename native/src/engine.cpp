@@ -444,6 +444,11 @@ void cospec_set_llama_log(bool enabled) {
     g_llama_log_enabled = enabled;
 }
 
+bool cospec_supports_gpu_offload(void) {
+    init_backend();
+    return llama_supports_gpu_offload();
+}
+
 cospec_engine_params cospec_engine_default_params(void) {
     cospec_engine_params p {};
     p.target_path = nullptr;

@@ -57,10 +57,11 @@ class generation {
         arbiter_can_keep = p.mode == COSPEC_MODE_SPECULATIVE && p.arbiter != nullptr && p.arbiter->can_keep();
         keep_draft_logits = arbiter_can_keep && p.arbiter->needs_draft_logits();
         keep_threshold = p.arbiter != nullptr ? p.arbiter->threshold() : 0.5f;
-        // A kept mismatch changes the output, so with such an arbiter the block
-        // lengths must not depend on timing: a tuner of this call alone, whose
-        // costs come from the pair's sizes instead of clocks.
-        if (arbiter_can_keep) {
+        // When block lengths can change the output (a kept mismatch; sampling,
+        // whose random stream follows the blocks) they must not depend on
+        // timing: a tuner of this call alone, whose costs are settings
+        // (default: from the pair's sizes), never clocks.
+        if (arbiter_can_keep || !greedy) {
             call_tuner.use_fixed_costs(p.draft_cost > 0.0f ? p.draft_cost : e.draft_cost_ratio,
                                        p.verify_cost >= 0.0f ? p.verify_cost
                                                              : cospec::draft_tuner::FIXED_VERIFY_MARGINAL);
@@ -71,6 +72,8 @@ class generation {
         scfg.temperature = p.temperature;
         scfg.top_k = p.top_k;
         scfg.top_p = p.top_p;
+        scfg.min_p = p.min_p;
+        penalize = p.repeat_penalty != 1.0f && p.repeat_last_n != 0;
         for (int32_t i = 0; i < p.n_stop; ++i) {
             if (p.stop[i] != nullptr && p.stop[i][0] != '\0') {
                 stops.emplace_back(p.stop[i]);
@@ -150,6 +153,9 @@ class generation {
     cospec::draft_tuner call_tuner;
     cospec::draft_tuner * tuner = nullptr;
     bool greedy = true;
+    bool penalize = false; // a repeat penalty is on
+    std::vector<float> penalized_row;
+    std::vector<llama_token> penalty_history;
     int32_t n_shared = 0; // token ids both vocabularies share
 
     std::vector<llama_token> seq; // prompt + generated tokens
@@ -242,8 +248,28 @@ class generation {
 
     // ------------------------------------------------------------ output
 
-    llama_token choose(const float * logits, int32_t n) {
+    // The logits a token is chosen from at the position after seq and the
+    // first n_block drafted tokens: the model's own, or a copy with the repeat
+    // penalty over that history. Draft and target rows of one position see the
+    // same history, which keeps speculative sampling lossless.
+    const float * with_penalty(const float * row, int32_t n, int32_t n_block) {
+        if (!penalize) {
+            return row;
+        }
+        const size_t total = seq.size() + (size_t) n_block;
+        const size_t first = p.repeat_last_n > 0 && total > (size_t) p.repeat_last_n ? total - (size_t) p.repeat_last_n : 0;
+        penalty_history.clear();
+        for (size_t i = first; i < total; ++i) {
+            penalty_history.push_back(i < seq.size() ? seq[i] : drafted[i - seq.size()]);
+        }
+        cospec::apply_repeat_penalty(row, n, penalty_history.data(), penalty_history.size(), p.repeat_penalty,
+                                     penalized_row);
+        return penalized_row.data();
+    }
+
+    llama_token choose(const float * raw_logits, int32_t n) {
         const auto t0 = clock_type::now();
+        const float * logits = with_penalty(raw_logits, n, 0);
         llama_token tok;
         if (greedy) {
             tok = cospec::argmax(logits, n);
@@ -381,15 +407,16 @@ class generation {
                 std::memcpy(draft_logits.data() + (size_t) i * nv, row, sizeof(float) * nv);
             }
             const auto t0 = clock_type::now();
+            const float * chosen_from = with_penalty(row, n_shared, i);
             llama_token d;
             if (greedy) {
                 if (p.draft_p_min > 0.0f && cospec::top_probability(row, nv) < p.draft_p_min) {
                     st.t_sample_ms += ms_since(t0);
                     break; // the draft is unsure: verifying further guesses would waste target work
                 }
-                d = cospec::argmax(row, n_shared);
+                d = cospec::argmax(chosen_from, n_shared);
             } else {
-                cospec::sampling_probs(row, n_shared, scfg, draft_probs[i]);
+                cospec::sampling_probs(chosen_from, n_shared, scfg, draft_probs[i]);
                 d = cospec::sample_from(draft_probs[i], rng);
             }
             st.t_sample_ms += ms_since(t0);
@@ -417,10 +444,11 @@ class generation {
     // the draft token there is a mismatch. Greedy: argmax. Sampling: the
     // acceptance test of lossless speculative sampling (accept with
     // min(1, p/q), else a token from the residual max(0, p - q)).
-    void judge(int32_t j, const float * row) {
+    void judge(int32_t j, const float * raw_row) {
         const int32_t kd = (int32_t) drafted.size();
         const int32_t nv = e.target.n_vocab;
         const auto t0 = clock_type::now();
+        const float * row = with_penalty(raw_row, nv, j);
         if (greedy) {
             target_tokens[j] = cospec::argmax(row, nv);
             if (j < kd) {
@@ -673,6 +701,12 @@ int32_t check_params(const cospec_engine * e, const cospec_token * prompt, int32
     if (p->top_k < 0 || !(p->top_p > 0.0f && p->top_p <= 1.0f) || !(p->draft_p_min >= 0.0f && p->draft_p_min <= 1.0f)) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "top_k must be >= 0, top_p in (0, 1] and draft_p_min in [0, 1]");
     }
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "min_p must be in [0, 1]");
+    }
+    if (!(p->repeat_penalty > 0.0f && p->repeat_penalty <= 100.0f) || p->repeat_last_n < -1) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "repeat_penalty must be in (0, 100] and repeat_last_n >= -1");
+    }
     if (!std::isfinite(p->draft_cost) || !std::isfinite(p->verify_cost) || p->draft_cost > 100.0f || p->verify_cost > 100.0f) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "draft_cost and verify_cost must be finite and at most 100 target steps");
     }
@@ -719,6 +753,9 @@ cospec_generate_params cospec_generate_default_params(void) {
     p.temperature = 0.0f;
     p.top_k = 0;
     p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.repeat_penalty = 1.0f;
+    p.repeat_last_n = 64;
     p.seed = 0;
     p.sample_arbiter = false;
     p.ignore_eos = false;

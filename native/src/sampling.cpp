@@ -26,8 +26,9 @@ void sampling_probs(const float * logits, int32_t n, const sampler_config & cfg,
     const float inv_t = 1.0f / (cfg.temperature > 0.0f ? cfg.temperature : 1.0f);
     const bool use_k = cfg.top_k > 0 && cfg.top_k < n;
     const bool use_p = cfg.top_p < 1.0f;
+    const bool use_min_p = cfg.min_p > 0.0f;
 
-    if (!use_k && !use_p) {
+    if (!use_k && !use_p && !use_min_p) {
         // Plain temperature: one pass over the vocabulary, no sorting.
         const float m = max_of(logits, n);
         double sum = 0.0;
@@ -72,12 +73,34 @@ void sampling_probs(const float * logits, int32_t n, const sampler_config & cfg,
             }
         }
     }
+    if (use_min_p) {
+        // p_j / p_max = p[j] / p[0] (sorted, unnormalised): keep those >= min_p.
+        size_t j = 1;
+        while (j < keep && p[j] >= cfg.min_p * p[0]) {
+            ++j;
+        }
+        keep = j;
+    }
     double kept_sum = 0.0;
     for (size_t j = 0; j < keep; ++j) {
         kept_sum += p[j];
     }
     for (size_t j = 0; j < keep; ++j) {
         probs[idx[j]] = (float) (p[j] / kept_sum);
+    }
+}
+
+void apply_repeat_penalty(const float * logits, int32_t n, const int32_t * history, size_t n_history, float penalty,
+                          std::vector<float> & out) {
+    out.assign(logits, logits + n);
+    // Once per distinct token, as llama.cpp does: a repeated token is not penalised twice.
+    std::vector<int32_t> distinct(history, history + n_history);
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    for (const int32_t t : distinct) {
+        if (t >= 0 && t < n) {
+            out[t] = out[t] > 0.0f ? out[t] / penalty : out[t] * penalty;
+        }
     }
 }
 

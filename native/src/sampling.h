@@ -1,4 +1,5 @@
-// Choosing tokens from logits: greedy, temperature / top-k / top-p sampling,
+// Choosing tokens from logits: greedy, temperature / top-k / top-p / min-p
+// sampling, the repeat penalty,
 // and the acceptance test of lossless speculative sampling.
 #pragma once
 
@@ -15,14 +16,20 @@ struct sampler_config {
     float   temperature = 0.0f; // <= 0: greedy
     int32_t top_k       = 0;    // 0: off
     float   top_p       = 1.0f; // >= 1: off
+    float   min_p       = 0.0f; // <= 0: off
 };
 
 // Index of the largest logit (the first one on ties).
 int32_t argmax(const float * logits, int32_t n);
 
 // Fill probs[0..n) with the distribution the sampler draws from: softmax of
-// logits / temperature restricted to top-k and top-p (zero elsewhere).
+// logits / temperature restricted to top-k, then top-p, then min-p (zero elsewhere).
 void sampling_probs(const float * logits, int32_t n, const sampler_config & cfg, std::vector<float> & probs);
+
+// Copy logits[0..n) into out with llama.cpp's repeat penalty applied to every
+// distinct token of history (ids outside [0, n) are ignored).
+void apply_repeat_penalty(const float * logits, int32_t n, const int32_t * history, size_t n_history, float penalty,
+                          std::vector<float> & out);
 
 // Draw one index from a probability vector (sums to 1 up to rounding).
 int32_t sample_from(const std::vector<float> & probs, std::mt19937_64 & rng);
