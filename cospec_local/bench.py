@@ -223,6 +223,7 @@ def markdown_table(report: dict) -> str:
             f"| {r['arbiter_keeps']} | {_fmt(r['arbiter_share'], '.1%')} | {_fmt(r['overhead_fraction'], '.1%')} "
             f"| {same} |")
     if noisy:
-        lines += ["", "noisy: the repeats' speed-ups spread wider than the distance from 1.0x, so this run does not "
-                      "establish which side of 1.0x the run is on; repeat more (--repeat) on an idle machine."]
+        lines += ["", "noisy: half the range of the repeats' speed-ups is wider than the speed-up's distance from 1.0x, "
+                      "so this run does not establish which side of 1.0x the run is on; repeat more (--repeat) on an "
+                      "idle machine."]
     return "\n".join(lines)

@@ -88,7 +88,8 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # The bounds hold p itself (rounding can leave 0/n's lower bound a hair above 0).
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
 
 
 def summarize(problems: Sequence[Problem], labels: Sequence[str], records: dict[tuple[str, str], Record]) -> dict:

@@ -156,8 +156,8 @@ class GenerationParams:
 
 DEFAULTS = GenerationParams()
 
-# `chat` samples as llama.cpp's llama-cli (temperature, top-k, top-p, min-p) and Ollama
-# (repeat penalty 1.1 over the last 64 tokens) do by default: greedy small models loop.
+# `chat` samples by default, with llama-cli's defaults for temperature, top-k, top-p and min-p
+# and Ollama's repeat penalty (1.1 over the last 64 tokens): greedy small models loop.
 # generate, bench, eval and the Python API stay greedy, so their results reproduce exactly.
 CHAT_SAMPLING = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1)
 

@@ -87,11 +87,13 @@ def test_eval_cli_writes_results_and_resumes(target_path, draft_paths, tmp_path)
 def test_wilson_interval_matches_hand_computed_values():
     from cospec_local.evaluate import wilson_interval
 
-    # 14 of 20: p = 0.7, z = 1.96 -> centre 0.6631, half-width 0.1820 (by hand)
+    # 14 of 20: p = 0.7, z = 1.96 -> centre 0.6678, half-width 0.1868 (by hand)
     lo, hi = wilson_interval(14, 20)
     assert lo == pytest.approx(0.4810, abs=5e-4) and hi == pytest.approx(0.8545, abs=5e-4)
     assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == 1.0
     assert wilson_interval(0, 0) == (0.0, 1.0)
+    for n in range(1, 60):  # 0/n and n/n: the interval holds the estimate exactly, whatever the rounding
+        assert wilson_interval(0, n)[0] == 0.0 and wilson_interval(n, n)[1] == 1.0
     # 13 of 20 (65%) against 14 of 20 (70%): the intervals overlap almost entirely
     lo13, hi13 = wilson_interval(13, 20)
     assert lo13 < lo < hi13 < hi

@@ -35,6 +35,9 @@ class WarmupConfig:
     draft: str = option("demo-draft", "The draft GGUF the states were collected with (named model or path); the "
                                       "arbiters are bound to its fingerprint.")
     arbiters: str = option("features,lora", "Which arbiters to train.")
+    families: str = option("", "Train (and choose the threshold) on these task families only, comma-separated, e.g. "
+                               "arith for an arbiter whose transfer to pyfunc is measured (default: every family "
+                               "collected).")
     seed: int = option(0, "Seed of initialisation and data order.")
     threads: int = option(2, "torch threads.")
     head_hidden: int = option(64, "Width of the head's hidden layer.")
@@ -159,6 +162,12 @@ def main(argv: list[str] | None = None) -> None:
     if manifest["draft_fingerprint"] != _cospec.model_fingerprint(str(draft)):
         sys.exit(f"{cfg.data} was collected with another draft than {draft}")
     states = load_states(cfg.data)
+    families = {f.strip() for f in cfg.families.split(",") if f.strip()}
+    if families:
+        unknown = families - {s["family"] for s in states}
+        if unknown:
+            sys.exit(f"{cfg.data} holds no states of {', '.join(sorted(unknown))}")
+        states = [s for s in states if s["family"] in families]
     train_states = [s for s in states if s["split"] == "train"]
     dev_states = [s for s in states if s["split"] == "dev"]
     cfg.out.mkdir(parents=True, exist_ok=True)
@@ -191,12 +200,16 @@ def main(argv: list[str] | None = None) -> None:
                     "train_seconds": round(wall, 1)}
         results["arbiters"][kind] = measured
         info = {"warmup": measured, "data": {"draft": manifest["draft"], "target": manifest["target"],
-                                             "train_states": results["train_states"]},
+                                             "train_states": results["train_states"],
+                                             "families": sorted(families) or "all"},
                 "config": results["config"]}
         name = f"{Path(draft).stem.split('-q')[0]}-{kind}"
         description = {"features": "MLP over the block's features, warm-up on branch-oracle labels",
                        "lora": "draft + LoRA adapter, head over hidden states and features, warm-up on "
                                "branch-oracle labels"}[kind]
+        if families:
+            description += f" ({', '.join(sorted(families))} only)"
+            name += "-" + "-".join(sorted(families))
         write_arbiter(cfg.out / kind, kind=kind, head=model.head, draft_gguf=draft, threshold=threshold, name=name,
                       description=description, info=info, **extra)
         print(f"{kind}: {json.dumps(measured['dev'])}", file=sys.stderr)

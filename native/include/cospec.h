@@ -329,6 +329,9 @@ struct cospec_generate_params {
     // function of the settings.
     float   draft_cost;
     float   verify_cost;
+    // Sampling, in llama.cpp's order: top-k, top-p and min-p choose the candidate
+    // tokens from the model's own (temperature 1) probabilities, then the
+    // temperature shapes the distribution over them.
     float   temperature;       // 0 = greedy (so is anything below 1e-4)
     int32_t top_k;             // 0 = off
     float   top_p;             // 1 = off
@@ -336,7 +339,9 @@ struct cospec_generate_params {
     // llama.cpp's repeat penalty: the logit of every token seen in the last
     // repeat_last_n tokens (prompt included) is divided by repeat_penalty when
     // positive, multiplied when negative. The draft and the target see the same
-    // penalised history, so speculative sampling stays lossless.
+    // penalised history, so speculative sampling stays lossless. Arbiters read
+    // the models' own logits (what they were trained on); the penalty only
+    // decides which token each model proposes.
     float   repeat_penalty;    // 1 = off
     int32_t repeat_last_n;     // tokens of history it looks at (default 64; 0 = off, -1 = the whole context)
     uint64_t seed;

@@ -43,6 +43,8 @@ void sampling_probs(const float * logits, int32_t n, const sampler_config & cfg,
         return;
     }
 
+    // llama.cpp's order: top-k, top-p, min-p on the model's own distribution
+    // (temperature 1), then the temperature over the tokens left.
     std::vector<int32_t> idx(n);
     std::iota(idx.begin(), idx.end(), 0);
     auto by_logit = [logits](int32_t a, int32_t b) {
@@ -58,7 +60,7 @@ void sampling_probs(const float * logits, int32_t n, const sampler_config & cfg,
     std::vector<double> p(idx.size());
     double sum = 0.0;
     for (size_t j = 0; j < idx.size(); ++j) {
-        p[j] = std::exp((logits[idx[j]] - m) * inv_t);
+        p[j] = std::exp((double) (logits[idx[j]] - m));
         sum += p[j];
     }
     size_t keep = idx.size();
@@ -83,6 +85,7 @@ void sampling_probs(const float * logits, int32_t n, const sampler_config & cfg,
     }
     double kept_sum = 0.0;
     for (size_t j = 0; j < keep; ++j) {
+        p[j] = std::exp((double) (logits[idx[j]] - m) * inv_t);
         kept_sum += p[j];
     }
     for (size_t j = 0; j < keep; ++j) {

@@ -22,8 +22,9 @@ struct sampler_config {
 // Index of the largest logit (the first one on ties).
 int32_t argmax(const float * logits, int32_t n);
 
-// Fill probs[0..n) with the distribution the sampler draws from: softmax of
-// logits / temperature restricted to top-k, then top-p, then min-p (zero elsewhere).
+// Fill probs[0..n) with the distribution the sampler draws from: as llama.cpp,
+// top-k, then top-p, then min-p select tokens by the model's own probabilities
+// (temperature 1), and the temperature then shapes softmax over those (zero elsewhere).
 void sampling_probs(const float * logits, int32_t n, const sampler_config & cfg, std::vector<float> & probs);
 
 // Copy logits[0..n) into out with llama.cpp's repeat penalty applied to every
