@@ -20,8 +20,6 @@ _FLY = _cospec.FLY_DEFAULTS
 MODES = ("speculative", "target-only", "draft-only")
 _NATIVE_MODE = {"speculative": _cospec.MODE_SPECULATIVE, "target-only": _cospec.MODE_TARGET_ONLY,
                 "draft-only": _cospec.MODE_DRAFT_ONLY}
-# Arbiters that need no file: the lossless target, and FLy's fixed rule.
-BUILTIN_ARBITERS = ("target", "fly", "auto")
 
 
 def _f(default: Any, help: str, flags: tuple[str, ...] = (), **extra) -> Any:

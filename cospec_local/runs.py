@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .arbiters import bundled_arbiter_for
+from .arbiters import AUTO, bundled_arbiter_for
 
 ALIASES = {
     "target-only": ("target-only", None),
@@ -53,6 +53,8 @@ def parse_runs(text: str, draft_path: str | os.PathLike | None = None) -> list[R
             arbiter = label.split(":", 1)[1]
             if not arbiter:
                 raise ValueError(f"{label!r}: name the arbiter after the colon")
+            if arbiter == AUTO:  # resolved here, so records name the arbiter that ran
+                arbiter = bundled_arbiter_for(draft_path) or "target"
             runs.append(Run(label, "speculative", arbiter))
         else:
             raise ValueError(f"unknown run {label!r}; use target-only, draft-only, sps, fly, cospec, "

@@ -130,3 +130,13 @@ def test_runs_that_keep_mismatches_are_reproducible(tmp_path):
     assert sorted(first, key=key) == sorted(second, key=key)
     for run in ("fly", "cospec:demo-lora", "cospec:demo-features"):
         assert sum(r["kept"] for r in first if r["run"] == run) > 0, f"{run} should keep something on this pair"
+
+
+def test_a_run_with_the_auto_arbiter_records_the_arbiter_that_ran(target_path):
+    from cospec_local.arbiters import arbiter_identity
+    from cospec_local.models import resolve_model
+
+    (run,) = parse_runs("speculative:auto", resolve_model("demo-draft"))
+    assert run.arbiter == "demo-lora" and arbiter_identity(run.arbiter)["name"] == "demo-lora"
+    (run,) = parse_runs("speculative:auto", target_path)  # no bundled arbiter for this draft: lossless
+    assert run.arbiter == "target" and arbiter_identity(run.arbiter) == {"name": "target", "kind": "builtin"}
