@@ -68,6 +68,11 @@ def bundled_arbiter_for(draft_path: str | os.PathLike | None) -> str | None:
     return None
 
 
+def resolve_auto(draft_path: str | os.PathLike | None) -> str:
+    """What the `auto` arbiter means for this draft: its bundled learned arbiter, else target."""
+    return bundled_arbiter_for(draft_path) or "target"
+
+
 def arbiter_from_function(fn: Callable[[dict], Sequence[float]], name: str = "python", *,
                           begin: Callable | None = None, taken: Callable | None = None,
                           reset: Callable | None = None) -> Arbiter:

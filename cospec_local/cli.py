@@ -416,7 +416,7 @@ def models(as_json):
     for m in NAMED_MODELS.values():
         row = {"name": m.name, "description": m.description}
         try:
-            path = m.planned() if m.planned is not None else m.locate()  # listing makes nothing
+            path = m.path_without_making()  # listing makes nothing
             if path.is_file():
                 row.update(path=str(path), **describe_gguf(path))
             else:

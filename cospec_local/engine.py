@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from . import _cospec
-from .arbiters import AUTO, NAMED_ARBITERS, Arbiter, bundled_arbiter_for, onnx_head, resolve_arbiter_path
+from .arbiters import AUTO, NAMED_ARBITERS, Arbiter, onnx_head, resolve_arbiter_path, resolve_auto
 from .chat_template import ChatTemplate, from_gguf_metadata
 from .template_process import IsolatedChatTemplate
 from .errors import GenerationError, InvalidArgumentError, from_native
@@ -323,7 +323,7 @@ class Engine:
         if isinstance(spec, Arbiter):
             return spec, spec.name
         if spec == AUTO:
-            spec = bundled_arbiter_for(self.draft_path) or "target"
+            spec = resolve_auto(self.draft_path)
         if spec in (None, "target"):
             return Arbiter.target(), "target"
         if spec == "fly":

@@ -147,7 +147,7 @@ def markdown(summary: dict, title: str) -> str:
               "|---|---|---|---|---|---|---|---|---|---|"]
     for label, m in summary["runs"].items():
         rec = "-" if m.get("recovered") is None else f"{m['recovered']}/{summary.get('non_nested', 0)}"
-        lo, hi = m.get("accuracy_ci95", (m["accuracy"], m["accuracy"]))
+        lo, hi = m["accuracy_ci95"]
         lines.append(f"| {label} | {m['accuracy']:.1%} ({lo:.1%}-{hi:.1%}) | {m['predicted_per_second']:.1f} | {fmt(m['speedup'], '.2f')}x "
                      f"| {fmt(m['acceptance_rate'], '.1%')} | {fmt(m['mean_accepted_per_block'], '.2f')} "
                      f"| {m['arbiter_keeps']} | {m.get('arbiter_share', 0.0):.1%} | {rec} | {m.get('losses', '-')} |")
@@ -169,7 +169,7 @@ def plot(summary: dict, path: Path, title: str) -> Path | None:
         if m["speedup"] is None:
             continue
         acc = 100 * m["accuracy"]
-        lo, hi = (100 * v for v in m.get("accuracy_ci95", (m["accuracy"], m["accuracy"])))
+        lo, hi = (100 * v for v in m["accuracy_ci95"])
         ax.errorbar(m["speedup"], acc, yerr=[[acc - lo], [hi - acc]], fmt=markers[i % len(markers)], markersize=6,
                     capsize=3, label=f"{label}: {acc:.1f}% [{lo:.1f}, {hi:.1f}], {m['speedup']:.2f}x (n={m['n']})")
     ax.axvline(1.0, linestyle=":", linewidth=1, color="black")

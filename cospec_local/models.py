@@ -80,6 +80,10 @@ class NamedModel:
     # Derived models (made on first use): where the file is or will be, without making it.
     planned: Callable[[], Path] | None = None
 
+    def path_without_making(self) -> Path:
+        """The model's file, or for a derived model where it will be once made (it may not exist)."""
+        return self.planned() if self.planned is not None else self.locate()
+
 
 NAMED_MODELS = {
     m.name: m
@@ -144,7 +148,7 @@ def choose_draft(target: str | os.PathLike) -> tuple[str | None, str]:
     candidates = []
     for m in NAMED_MODELS.values():
         try:
-            path = m.planned() if m.planned is not None else m.locate()
+            path = m.path_without_making()
             if (path.is_file() and path.resolve() != target_path.resolve() and path.stat().st_size < size
                     and vocabulary_signature(path) == signature):
                 candidates.append((path.stat().st_size, m.name))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .arbiters import AUTO, bundled_arbiter_for
+from .arbiters import AUTO, bundled_arbiter_for, resolve_auto
 
 ALIASES = {
     "target-only": ("target-only", None),
@@ -54,7 +54,7 @@ def parse_runs(text: str, draft_path: str | os.PathLike | None = None) -> list[R
             if not arbiter:
                 raise ValueError(f"{label!r}: name the arbiter after the colon")
             if arbiter == AUTO:  # resolved here, so records name the arbiter that ran
-                arbiter = bundled_arbiter_for(draft_path) or "target"
+                arbiter = resolve_auto(draft_path)
             runs.append(Run(label, "speculative", arbiter))
         else:
             raise ValueError(f"unknown run {label!r}; use target-only, draft-only, sps, fly, cospec, "

@@ -14,6 +14,11 @@ def option(default, help: str):
     return dataclasses.field(default=default, metadata={"help": help})
 
 
+def comma_list(text: str) -> list[str]:
+    """The items of a comma-separated option, blanks dropped ("arith, pyfunc," -> ["arith", "pyfunc"])."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 def parse_config(cls: type[T], argv: list[str] | None = None, description: str | None = None) -> T:
     """Command-line flags --field-name for every field of the dataclass `cls`."""
     parser = argparse.ArgumentParser(description=description or cls.__doc__,

@@ -36,7 +36,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .config import option, parse_config
+from .config import comma_list, option, parse_config
 from .rewards import RewardConfig, group_advantages, rollout_reward
 
 
@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> None:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         state = saved["state"]
-    families = [f.strip() for f in cfg.families.split(",") if f.strip()]
+    families = comma_list(cfg.families)
     workers_threads = max(1, cfg.threads // cfg.workers)
     wcfg = WorkerConfig(str(target), str(draft), workers_threads, cfg.max_tokens)
     dev_problems = [p for f in families for p in load_task(f, "dev", cfg.dev)]
@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> None:
                 checkpoint_now()
                 plot_curves(state["log"], out / "curves.png", state["target_dev"])
         # The threshold the best policy ships with: its dev accuracy at each of the sweep's.
-        thresholds = [float(t) for t in cfg.sweep.split(",") if t.strip()]
+        thresholds = [float(t) for t in comma_list(cfg.sweep)]
         swept = state.get("sweep") or {}
         if thresholds and (swept.get("thresholds"), swept.get("best_step")) != (thresholds, state["best"]["step"]):
             ddp.barrier()  # rank 0 wrote best/

@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .config import option, parse_config
+from .config import comma_list, option, parse_config
 
 
 @dataclass
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     if manifest["draft_fingerprint"] != _cospec.model_fingerprint(str(draft)):
         sys.exit(f"{cfg.data} was collected with another draft than {draft}")
     states = load_states(cfg.data)
-    families = {f.strip() for f in cfg.families.split(",") if f.strip()}
+    families = set(comma_list(cfg.families))
     if families:
         unknown = families - {s["family"] for s in states}
         if unknown:
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     results = {"config": {k: str(v) for k, v in asdict(cfg).items()}, "data": manifest,
                "train_states": len(train_states), "train_decisive": sum(s["label"] >= 0 for s in train_states),
                "train_keep_better": sum(s["label"] == 1 for s in train_states), "arbiters": {}}
-    for kind in [k.strip() for k in cfg.arbiters.split(",") if k.strip()]:
+    for kind in comma_list(cfg.arbiters):
         t0 = time.time()
         torch.manual_seed(cfg.seed)
         if kind == "features":

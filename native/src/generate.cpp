@@ -262,8 +262,7 @@ class generation {
         for (size_t i = first; i < total; ++i) {
             penalty_history.push_back(i < seq.size() ? seq[i] : drafted[i - seq.size()]);
         }
-        cospec::apply_repeat_penalty(row, n, penalty_history.data(), penalty_history.size(), p.repeat_penalty,
-                                     penalized_row);
+        cospec::apply_repeat_penalty(row, n, penalty_history, p.repeat_penalty, penalized_row);
         return penalized_row.data();
     }
 

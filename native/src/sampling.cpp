@@ -93,14 +93,13 @@ void sampling_probs(const float * logits, int32_t n, const sampler_config & cfg,
     }
 }
 
-void apply_repeat_penalty(const float * logits, int32_t n, const int32_t * history, size_t n_history, float penalty,
+void apply_repeat_penalty(const float * logits, int32_t n, std::vector<int32_t> & history, float penalty,
                           std::vector<float> & out) {
     out.assign(logits, logits + n);
     // Once per distinct token, as llama.cpp does: a repeated token is not penalised twice.
-    std::vector<int32_t> distinct(history, history + n_history);
-    std::sort(distinct.begin(), distinct.end());
-    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-    for (const int32_t t : distinct) {
+    std::sort(history.begin(), history.end());
+    history.erase(std::unique(history.begin(), history.end()), history.end());
+    for (const int32_t t : history) {
         if (t >= 0 && t < n) {
             out[t] = out[t] > 0.0f ? out[t] / penalty : out[t] * penalty;
         }

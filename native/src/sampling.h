@@ -28,8 +28,9 @@ int32_t argmax(const float * logits, int32_t n);
 void sampling_probs(const float * logits, int32_t n, const sampler_config & cfg, std::vector<float> & probs);
 
 // Copy logits[0..n) into out with llama.cpp's repeat penalty applied to every
-// distinct token of history (ids outside [0, n) are ignored).
-void apply_repeat_penalty(const float * logits, int32_t n, const int32_t * history, size_t n_history, float penalty,
+// distinct token of history (ids outside [0, n) are ignored). history is a
+// scratch list: it is sorted and deduplicated in place.
+void apply_repeat_penalty(const float * logits, int32_t n, std::vector<int32_t> & history, float penalty,
                           std::vector<float> & out);
 
 // Draw one index from a probability vector (sums to 1 up to rounding).
