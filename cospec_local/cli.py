@@ -1,4 +1,4 @@
-"""The `cospec-local` command line: generate, chat, bench, eval, models.
+"""The `cospec-local` command line: generate, chat, serve, bench, eval, models.
 
 Flags follow llama.cpp's where one exists (-m, -md, -p, -n, -c, -t, --temp, --seed).
 """
@@ -280,6 +280,62 @@ def chat(load, params, system, color):
         except ChatTemplateError as exc:
             raise click.ClickException(str(exc)) from None
         ChatSession(engine, params, system=system, color=color).run(chat_banner(load.target, engine))
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+@main.command()
+@model_options
+@generation_options(exclude=("seed", "sample_arbiter", "stop", "ignore_eos"), max_tokens=512, arbiter="auto",
+                    **CHAT_SAMPLING)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Anything but loopback lets other machines in: use --api-key then.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535), help="Port (0: any free one).")
+@click.option("-np", "--parallel", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Engines, each generating one request at a time (each loads the models once more).")
+@click.option("--queue", "max_waiting", default=16, show_default=True, type=click.IntRange(0, 1 << 16),
+              help="Requests that may wait for a busy engine; beyond that the answer is 503 with Retry-After.")
+@click.option("--api-key", default=None, envvar="COSPEC_API_KEY",
+              help="Require Authorization: Bearer KEY on /v1 and /metrics (also from $COSPEC_API_KEY).")
+@click.option("-a", "--alias", default=None, help="The model name clients use (default: the -m value).")
+@click.option("--strict", is_flag=True, help="Refuse requests with fields the API does not know (400).")
+def serve(load, params, host, port, parallel, max_waiting, api_key, alias, strict):
+    """An OpenAI-compatible server (/v1/chat/completions, /v1/completions) with a web chat at /.
+
+    Requests may set mode and arbiter (the named ones, or this command's) per request; requests
+    without a seed get a fresh one, reported back in the response. Needs the `server` extra."""
+    try:
+        from .server import CospecServer, ServerSettings, bind
+        from .server import serve as run_server
+    except ImportError as exc:
+        raise click.ClickException(f"serve needs the server extra ({exc.name} is missing): "
+                                   "pip install 'cospec-local[server]'") from None
+    if host not in LOOPBACK and api_key is None:
+        click.echo(f"warning: listening on {host} without --api-key: anyone who can reach this port can use the "
+                   "models", err=True)
+    try:
+        sock = bind(host, port)  # before loading: a taken port fails at once
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    draft, params = draft_for_mode(load.target, load.draft, params)
+    engines = []
+    try:
+        for i in range(parallel):
+            engines.append(open_engine(load, draft, quiet=i > 0))
+        try:
+            for engine in engines:  # a bad arbiter fails now, not at the first request
+                if params.mode == "speculative":
+                    engine.arbiter(params.arbiter, threshold=params.arbiter_threshold, head=params.arbiter_head)
+        except (CospecError, FileNotFoundError) as exc:
+            raise click.ClickException(str(exc)) from None
+        settings = ServerSettings(model_id=alias or load.target, target=str(load.target), draft=draft,
+                                  api_key=api_key, strict=strict, max_waiting=max_waiting)
+        run_server(CospecServer(engines, params, settings), sock)
+    finally:
+        sock.close()
+        for engine in engines:
+            engine.close()
 
 
 RUNS_HELP = ("Comma-separated runs: target-only, draft-only, sps (lossless), fly, cospec (the bundled learned "

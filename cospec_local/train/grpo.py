@@ -58,6 +58,9 @@ class GRPOConfig:
                                  "this many times (it teaches nothing; DAPO's dynamic sampling, cheaply); 0: never.")
     prompts_per_step: int = option(32, "Prompts per step (over all processes).")
     group_size: int = option(8, "Rollouts per prompt (G).")
+    explore_temperature: float = option(1.0, "Rollouts draw decisions from sigmoid(logit(P(keep)) / this): above 1, "
+                                             "decisions the policy is sure of are tried the other way more often "
+                                             "(the importance weight corrects the update for it).")
     epochs: int = option(2, "Passes over each step's decisions (mu).")
     minibatch: int = option(64, "Blocks per optimizer step.")
     lr: float = option(5e-4, "AdamW learning rate.")
@@ -475,7 +478,8 @@ def main(argv: list[str] | None = None) -> None:
             live = [p for p in pool_problems if not cfg.prune_after or uniform.get(p.id, 0) < cfg.prune_after]
             prompts = rng.sample(live, min(cfg.prompts_per_step, len(live)))
             tasks = [("rollouts", p, str(policy_dir),
-                      [stable_int("grpo-rollout", cfg.seed, step, p.id, g) % (1 << 63) for g in range(cfg.group_size)])
+                      [stable_int("grpo-rollout", cfg.seed, step, p.id, g) % (1 << 63) for g in range(cfg.group_size)],
+                      cfg.explore_temperature)
                      for p in prompts]
             rollouts = [r for group in spread(tasks, "rollouts") for r in group]
             t_rollout = time.time() - t0 - t_eval

@@ -68,14 +68,21 @@ class RolloutWorker:
         return self.engine.generate(problem.prompt, self.params, stop=tuple(FAMILY_STOPS.get(problem.family, ())),
                                     **overrides)
 
-    def rollouts(self, problem: Problem, arbiter_path: str, seeds: list[int]) -> list[dict]:
+    def rollouts(self, problem: Problem, arbiter_path: str, seeds: list[int], temperature: float = 1.0) -> list[dict]:
+        """`temperature` > 1 draws decisions from sigmoid(logit(P(keep)) / temperature): the policy's
+        near-certain decisions are tried the other way more often. The recorded P(keep) is the one the
+        decision was drawn from, so the trainer's importance weight corrects for it."""
         policy = self._policy(arbiter_path)
         out = []
         for seed in seeds:
             blocks: list[dict] = []
 
             def decide(block):
-                return policy.score(block)
+                p = policy.score(block)
+                if temperature == 1.0:
+                    return p
+                logit = np.log(np.clip(p, 1e-6, 1 - 1e-6)) - np.log1p(-np.clip(p, 1e-6, 1 - 1e-6))
+                return (1.0 / (1.0 + np.exp(-logit / temperature))).astype(np.float32)
 
             def taken(block, decisions):
                 positions = [int(d[1]) for d in decisions]

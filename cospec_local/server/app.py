@@ -1,0 +1,348 @@
+"""The HTTP application: OpenAI's chat and text completions, models, health, metrics, the web chat.
+
+Starlette (ASGI) with server-sent events from sse-starlette. Every error answer has OpenAI's
+shape and a 4xx status when the request is at fault; the handlers never let an exception
+take the server down. See protocol.py for the requests, scheduler.py for the engines.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from typing import Callable
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from ..arbiters import AUTO, NAMED_ARBITERS
+from ..chat_template import ChatTemplateError
+from ..engine import Engine, Generation
+from ..errors import ArbiterError, CospecError, GenerationError, InvalidArgumentError
+from ..params import GenerationParams
+from .metrics import ServerMetrics
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, generation_params, parse_request
+from .scheduler import END, EnginePool, Job, ServerBusy
+
+MAX_BODY_BYTES = 8 << 20  # a request body larger than this is refused (413) before it is read whole
+RETRY_AFTER_S = 1
+
+
+@dataclass
+class ServerSettings:
+    model_id: str             # the name clients send as `model` (GET /v1/models lists it)
+    target: str               # what the models are, for /v1/models
+    draft: str | None
+    api_key: str | None = None
+    strict: bool = False      # unknown request fields: 400 instead of ignored
+    max_waiting: int = 16     # requests that may wait for an engine; more are answered 503
+
+
+class CospecServer:
+    def __init__(self, engines: list[Engine], defaults: GenerationParams, settings: ServerSettings):
+        self.pool = EnginePool(engines, settings.max_waiting)
+        self.defaults = defaults
+        self.settings = settings
+        self.metrics = ServerMetrics(self.pool)
+        self.has_draft = engines[0].has_draft
+        self.n_ctx = engines[0].n_ctx
+        # A request may choose among these; a folder path from a client would read the server's disk.
+        self.arbiters = {"target", "fly", AUTO, *NAMED_ARBITERS}
+        if isinstance(defaults.arbiter, str):
+            self.arbiters.add(defaults.arbiter)
+        self.model_ids = {settings.model_id}
+        self.created = int(time.time())
+
+    # ------------------------------------------------------------ plumbing
+
+    def app(self) -> Starlette:
+        routes = [
+            Route("/", self.index, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", self.metrics_text, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+        ]
+        handlers = {APIError: self._api_error, HTTPException: self._http_error, Exception: self._unexpected}
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app):
+            yield
+            self.pool.close()  # stop running generations; the engines' owner closes them
+
+        return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+
+    def _count(self, request: Request, status: int) -> None:
+        self.metrics.requests.labels(request.url.path, str(status)).inc()
+
+    async def _api_error(self, request: Request, exc: APIError) -> JSONResponse:
+        self._count(request, exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    async def _http_error(self, request: Request, exc: HTTPException) -> JSONResponse:
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return await self._api_error(request, APIError(exc.status_code, f"{request.method} {request.url.path}: "
+                                                                        f"{exc.detail}", code=kind))
+
+    async def _unexpected(self, request: Request, exc: Exception) -> JSONResponse:
+        self._count(request, 500)
+        return JSONResponse(APIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error").body(),
+                            status_code=500)
+
+    def _authorize(self, request: Request) -> None:
+        key = self.settings.api_key
+        if key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise APIError(401, "missing or wrong API key (Authorization: Bearer KEY)", code="invalid_api_key")
+
+    async def _json_body(self, request: Request):
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            raise APIError(413, f"the request body is over {MAX_BODY_BYTES} bytes", code="body_too_large")
+        body = bytearray()
+        try:
+            async for piece in request.stream():
+                body += piece
+                if len(body) > MAX_BODY_BYTES:
+                    raise APIError(413, f"the request body is over {MAX_BODY_BYTES} bytes", code="body_too_large")
+        except ClientDisconnect:
+            raise APIError(400, "the client went away before sending the whole body") from None
+        try:
+            return json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise APIError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
+
+    def _check_model(self, model: str) -> None:
+        if model not in self.model_ids:
+            raise APIError(404, f"the model {model!r} does not exist here; this server serves "
+                                f"{', '.join(sorted(self.model_ids))}", param="model", code="model_not_found")
+
+    # ------------------------------------------------------------ simple endpoints
+
+    async def index(self, request: Request) -> HTMLResponse:
+        page = resources.files("cospec_local.server").joinpath("static/index.html").read_text(encoding="utf-8")
+        self._count(request, 200)
+        return HTMLResponse(page, headers={"Cache-Control": "no-store"})
+
+    async def health(self, request: Request) -> JSONResponse:
+        self._count(request, 200)
+        return JSONResponse({"status": "ok", "engines": len(self.pool.engines), "engines_busy": self.pool.busy,
+                             "requests_waiting": self.pool.waiting, "auth": self.settings.api_key is not None})
+
+    async def metrics_text(self, request: Request) -> Response:
+        self._authorize(request)
+        self._count(request, 200)
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+    async def models(self, request: Request) -> JSONResponse:
+        self._authorize(request)
+        self._count(request, 200)
+        d = self.defaults
+        info = {"target": self.settings.target, "draft": self.settings.draft, "n_ctx": self.n_ctx,
+                "default_mode": d.mode if self.has_draft else "target-only",
+                "default_arbiter": d.arbiter if isinstance(d.arbiter, str) else getattr(d.arbiter, "name", None),
+                "arbiters": sorted(self.arbiters), "modes": ["speculative", "target-only", "draft-only"]
+                if self.has_draft else ["target-only"]}
+        return JSONResponse({"object": "list", "data": [
+            {"id": m, "object": "model", "created": self.created, "owned_by": "cospec-local", "cospec": info}
+            for m in sorted(self.model_ids)]})
+
+    # ------------------------------------------------------------ completions
+
+    async def chat_completions(self, request: Request) -> Response:
+        self._authorize(request)
+        req = parse_request(ChatCompletionRequest, await self._json_body(request), self.settings.strict)
+        self._check_model(req.model)
+        params = self._params(req)
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+        return await self._respond(request, req, params, lambda engine: engine.render_chat(messages), chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        self._authorize(request)
+        req = parse_request(CompletionRequest, await self._json_body(request), self.settings.strict)
+        self._check_model(req.model)
+        params = self._params(req)
+        prompt = req.prompt_input()
+
+        def tokens(engine: Engine) -> list[int]:
+            if isinstance(prompt, str):
+                return engine.tokenize(prompt)
+            bad = next((t for t in prompt if not 0 <= t < engine.n_vocab), None)
+            if bad is not None:
+                raise APIError(400, f"token id {bad} is outside the vocabulary (0..{engine.n_vocab - 1})",
+                               param="prompt")
+            return list(prompt)
+
+        return await self._respond(request, req, params, tokens, chat=False)
+
+    def _params(self, req) -> GenerationParams:
+        params = generation_params(req, self.defaults, self.arbiters, self.has_draft)
+        if req.seed is None and params.temperature > 0:
+            params = params.updated(seed=secrets.randbelow(2**63))  # OpenAI's default: a fresh seed; reported back
+        return params
+
+    def _prepare(self, engine: Engine, make_prompt: Callable, params: GenerationParams, chat: bool) -> list[int]:
+        """On the engine's thread: the prompt's tokens, and the arbiter loaded (so its errors are 400s)."""
+        try:
+            prompt = make_prompt(engine)
+        except ChatTemplateError as exc:
+            raise APIError(400, f"the chat template refused the messages: {exc}", param="messages") from None
+        if len(prompt) >= engine.n_ctx:
+            raise APIError(400, f"the prompt is {len(prompt)} tokens; the context holds {engine.n_ctx} "
+                                "(prompt and reply together)", param="messages" if chat else "prompt",
+                           code="context_length_exceeded")
+        if params.mode == "speculative":
+            try:
+                engine.arbiter(params.arbiter, threshold=params.arbiter_threshold, head=params.arbiter_head)
+            except (ArbiterError, InvalidArgumentError, FileNotFoundError) as exc:
+                raise APIError(400, f"arbiter {params.arbiter!r}: {exc}", param="arbiter") from None
+        return prompt
+
+    async def _respond(self, request: Request, req, params: GenerationParams, make_prompt: Callable,
+                       chat: bool) -> Response:
+        started = time.perf_counter()
+        try:
+            lease = await self.pool.acquire()
+        except ServerBusy:
+            raise APIError(503, "every engine is busy and the queue is full; retry later", "server_error",
+                           code="server_busy", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        try:
+            prompt = await lease.run(self._prepare, make_prompt, params, chat)
+        except BaseException:
+            lease.release()
+            raise
+        job = lease.start(prompt, params)
+        # Counted when the generation ends, however it ends (a stream whose client left included).
+        job.future.add_done_callback(lambda _: job.result is not None and self.metrics.generation(job.result))
+        reply = _Reply(chat, "chatcmpl-" if chat else "cmpl-", req.model, len(prompt), params, req.provenance)
+        self._count(request, 200)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return EventSourceResponse(self._stream(job, reply, started, include_usage), ping=15,
+                                       headers={"Cache-Control": "no-store"})
+        return JSONResponse(await self._whole(request, job, reply, started))
+
+    async def _whole(self, request: Request, job: Job, reply: "_Reply", started: float) -> dict:
+        first = None
+        while not job.future.done():
+            await asyncio.wait({job.future}, timeout=0.25)
+            if first is None and not job.events.empty():
+                first = time.perf_counter()
+            if not job.future.done() and await request.is_disconnected():
+                job.cancel()  # nobody is waiting for the answer
+        try:
+            result = await job.finish()
+        except GenerationError as exc:
+            raise APIError(500, f"generation failed: {exc}", "server_error", code=exc.status_name) from None
+        except CospecError as exc:
+            raise APIError(400, str(exc), code=exc.status_name) from None
+        events = []
+        while not job.events.empty():
+            events.append(job.events.get_nowait())
+        self._observe(result, started, first)
+        return reply.whole(result, [e for e in events if e is not END])
+
+    async def _stream(self, job: Job, reply: "_Reply", started: float, include_usage: bool):
+        first = None
+        try:
+            if reply.chat:
+                yield json.dumps(reply.chunk({"role": "assistant", "content": ""}))
+            pending: list = []  # tokens whose text is not complete yet (a split UTF-8 character)
+            async for event in job.tokens():
+                first = first or time.perf_counter()
+                pending.append(event)
+                if event.text:
+                    yield json.dumps(reply.chunk(reply.delta(event.text), tokens=pending))
+                    pending = []
+            try:
+                result = await job.finish()
+            except (GenerationError, CospecError) as exc:
+                yield json.dumps(APIError(500, f"generation failed: {exc}", "server_error",
+                                          code=exc.status_name).body())
+                return
+            self._observe(result, started, first)
+            yield json.dumps(reply.last_chunk(result, pending))
+            if include_usage:
+                yield json.dumps(reply.usage_chunk(result))
+            yield "[DONE]"
+        finally:
+            job.cancel()  # a client gone mid-stream: stop at once (nothing if it finished)
+
+    def _observe(self, result: Generation, started: float, first: float | None) -> None:
+        now = time.perf_counter()
+        self.metrics.latency.observe(now - started)
+        if first is not None:
+            self.metrics.first_token.observe(first - started)
+
+
+class _Reply:
+    """The response objects of one request, chat or text completion, whole or in chunks."""
+
+    def __init__(self, chat: bool, prefix: str, model: str, n_prompt: int, params: GenerationParams,
+                 provenance: bool):
+        self.chat, self.model, self.n_prompt, self.params, self.provenance = chat, model, n_prompt, params, provenance
+        self.id = prefix + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.object = "chat.completion" if chat else "text_completion"
+
+    def delta(self, text: str) -> dict:
+        return {"content": text}
+
+    @staticmethod
+    def _tokens(events) -> list[dict]:
+        """Per-token provenance (the extension): id (-1: held-back text at the end), provenance, text."""
+        return [{"id": e.token, "provenance": e.provenance, "text": e.text} for e in events]
+
+    def _choice(self, body, finish_reason) -> dict:
+        if self.chat:
+            key = "delta" if isinstance(body, dict) else "message"
+            value = body if isinstance(body, dict) else {"role": "assistant", "content": body}
+            return {"index": 0, key: value, "logprobs": None, "finish_reason": finish_reason}
+        text = body.get("content", "") if isinstance(body, dict) else body
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+    def chunk(self, delta: dict, finish_reason=None, tokens=None) -> dict:
+        out = {"id": self.id, "object": self.object + (".chunk" if self.chat else ""), "created": self.created,
+               "model": self.model, "choices": [self._choice(delta, finish_reason)]}
+        if self.provenance and tokens:
+            out["cospec"] = {"tokens": self._tokens(tokens)}
+        return out
+
+    def _summary(self, result: Generation) -> dict:
+        return {"mode": result.mode, "arbiter": result.arbiter, "stop_reason": result.stop_reason,
+                "seed": self.params.seed}
+
+    def usage(self, result: Generation) -> dict:
+        return {"prompt_tokens": self.n_prompt, "completion_tokens": len(result.tokens),
+                "total_tokens": self.n_prompt + len(result.tokens)}
+
+    def last_chunk(self, result: Generation, pending) -> dict:
+        out = self.chunk({}, result.finish_reason, tokens=pending)
+        out["timings"] = result.stats.to_json()
+        out.setdefault("cospec", {}).update(self._summary(result))
+        return out
+
+    def usage_chunk(self, result: Generation) -> dict:
+        return {"id": self.id, "object": self.object + (".chunk" if self.chat else ""), "created": self.created,
+                "model": self.model, "choices": [], "usage": self.usage(result)}
+
+    def whole(self, result: Generation, events) -> dict:
+        cospec = self._summary(result)
+        if self.provenance:
+            cospec["tokens"] = self._tokens(events)
+        return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
+                "choices": [self._choice(result.text, result.finish_reason)], "usage": self.usage(result),
+                "timings": result.stats.to_json(), "cospec": cospec}

@@ -1,0 +1,201 @@
+"""OpenAI's request and error shapes, and how a request becomes GenerationParams.
+
+Requests are validated with pydantic. Fields OpenAI defines but this server cannot honour
+(n > 1, logprobs, tools, ...) are refused with 400 naming the field, not silently ignored.
+Unknown fields are ignored, as OpenAI's own API does, unless the server runs with --strict.
+Extension fields (`mode`, `arbiter`, `top_k`, `min_p`, `repeat_penalty`, `draft_max`,
+`ignore_eos`, `provenance`) are top-level, as llama-server's are; OpenAI clients send them with `extra_body`.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ..params import MODES, GenerationParams
+
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+
+
+class APIError(Exception):
+    """An answer in OpenAI's error shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, list[TextPart], None] = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    """Fields both endpoints share: OpenAI's, then the server's extensions."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1, lt=2**31)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = Field(None, ge=0, lt=2**64)
+    stop: Union[str, list[str], None] = None
+    n: int = 1
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logprobs: Any = None
+    logit_bias: dict | None = None
+    user: str | None = None
+    # Extensions.
+    mode: Literal[MODES] | None = None  # type: ignore[valid-type]
+    arbiter: str | None = None
+    top_k: int | None = Field(None, ge=0, lt=2**31)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repeat_penalty: float | None = Field(None, gt=0, le=100)
+    draft_max: int | None = Field(None, ge=1, le=63)
+    ignore_eos: bool | None = None
+    provenance: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value):
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+        if any(not s for s in stops):
+            raise ValueError("stop strings must not be empty")
+        return stops
+
+    def refuse_unsupported(self) -> None:
+        """400 for OpenAI features this server does not implement, naming the field."""
+        if self.n != 1:
+            raise APIError(400, "n: only one choice per request is supported", param="n")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name) != 0:
+                raise APIError(400, f"{name} is not supported; use repeat_penalty (llama.cpp's)", param=name)
+        if self.logprobs not in (None, False):
+            raise APIError(400, "logprobs are not supported", param="logprobs")
+        if self.logit_bias:
+            raise APIError(400, "logit_bias is not supported", param="logit_bias")
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, lt=2**31)
+    tools: list | None = None
+    response_format: dict | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.tools:
+            raise APIError(400, "tools are not supported", param="tools")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise APIError(400, "only response_format type 'text' is supported", param="response_format")
+
+
+class CompletionRequest(_Common):
+    prompt: Union[str, list[str], list[int]]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
+            if len(self.prompt) != 1:
+                raise APIError(400, "one prompt per request is supported", param="prompt")
+        if self.echo:
+            raise APIError(400, "echo is not supported", param="echo")
+        if self.suffix:
+            raise APIError(400, "suffix is not supported", param="suffix")
+        if self.best_of not in (None, 1):
+            raise APIError(400, "best_of is not supported", param="best_of")
+
+    def prompt_input(self) -> str | list[int]:
+        """Text, or token ids."""
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
+            return self.prompt[0]
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise APIError(400, "prompt is empty", param="prompt")
+        return self.prompt
+
+
+def parse_request(cls: type[_Common], data: Any, strict: bool) -> _Common:
+    """The validated request, or APIError(400) naming the first bad field."""
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    if strict:
+        known = set(cls.model_fields)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise APIError(400, f"unknown field(s): {', '.join(unknown)}", param=unknown[0],
+                           code="unknown_field")
+    try:
+        request = cls.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
+    request.refuse_unsupported()
+    return request
+
+
+# The request's fields that set a GenerationParams field of the same meaning.
+_PARAM_FIELDS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "mode": "mode",
+                 "arbiter": "arbiter", "top_k": "top_k", "min_p": "min_p", "repeat_penalty": "repeat_penalty",
+                 "draft_max": "draft_max", "ignore_eos": "ignore_eos"}
+
+
+def generation_params(request: _Common, defaults: GenerationParams, allowed_arbiters: set[str],
+                      has_draft: bool) -> GenerationParams:
+    """The server's defaults with the request's own settings on top; 400 for values it refuses."""
+    changes: dict = {}
+    for field, param in _PARAM_FIELDS.items():
+        value = getattr(request, field)
+        if value is not None:
+            changes[param] = value
+    max_tokens = getattr(request, "max_completion_tokens", None) or request.max_tokens
+    if max_tokens is not None:
+        changes["max_tokens"] = max_tokens
+    if request.stop:
+        changes["stop"] = tuple(request.stop)
+    if "arbiter" in changes and changes["arbiter"] not in allowed_arbiters:
+        # A request must not make the server read an arbitrary folder from its disk.
+        raise APIError(400, f"arbiter {changes['arbiter']!r} is not served here; one of: "
+                            f"{', '.join(sorted(allowed_arbiters))}", param="arbiter")
+    params = defaults.updated(**changes)
+    if params.mode != "target-only" and not has_draft:
+        if "mode" in changes:
+            raise APIError(400, f"mode {params.mode!r} needs a draft model; this server has none", param="mode")
+        params = params.updated(mode="target-only")
+    try:
+        params.validate()
+    except ValueError as exc:
+        field = getattr(exc, "field", None)
+        param = next((k for k, v in _PARAM_FIELDS.items() if v == field), field)
+        raise APIError(400, str(exc), param=param) from None
+    return params

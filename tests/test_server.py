@@ -1,0 +1,303 @@
+"""`cospec-local serve` as clients meet it: the official openai client and raw HTTP against a live
+server process on the demo pair (and on SmolLM2 where a generation must run long)."""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from cospec_local import Engine
+from server_process import ServerProcess
+
+CHLOE = "Chloe has 7 candles and buys 24 more. How many candles does she have?"
+GREEDY = {"temperature": 0, "extra_body": {"repeat_penalty": 1.0}}
+PROVENANCES = {"match", "kept", "fallback", "bonus", "target", "draft", "text"}
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess("-c", "512", "-np", "2", "--queue", "8")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def long_server(target_path, draft_paths):
+    """SmolLM2 with --queue 0: a generation that ignores EOS runs for many seconds, and a second
+    request finds the only engine busy and no room to wait."""
+    srv = ServerProcess("-m", target_path, "-md", draft_paths["disagreeing"], "-a", "smollm2", "-c", "2048",
+                        "--queue", "0")
+    yield srv
+    srv.stop()
+
+
+def chat(client, content, **kw):
+    return client.chat.completions.create(model="demo-target", messages=[{"role": "user", "content": content}], **kw)
+
+
+def metric(server, name: str) -> float:
+    _, text = server.get("/metrics")
+    found = re.search(rf"^{name} (\S+)$", text.decode(), re.M)
+    assert found, f"{name} missing from /metrics"
+    return float(found.group(1))
+
+
+# ---------------------------------------------------------------- the API through the openai client
+
+def test_chat_completion_equals_the_engine_in_process(client):
+    for arbiter in ("target", "demo-lora"):
+        reply = chat(client, CHLOE, max_tokens=96, temperature=0, extra_body={"repeat_penalty": 1.0, "arbiter": arbiter})
+        with Engine("demo-target", "demo-draft", n_ctx=512, n_threads=1) as engine:
+            local = engine.create_chat_completion([{"role": "user", "content": CHLOE}], max_tokens=96, temperature=0,
+                                                  repeat_penalty=1.0, arbiter=arbiter)
+        assert reply.choices[0].message.content == local["choices"][0]["message"]["content"] != ""
+        assert reply.choices[0].finish_reason == local["choices"][0]["finish_reason"]
+        assert reply.usage.completion_tokens == local["usage"]["completion_tokens"]
+        extra = reply.model_extra
+        assert extra["cospec"]["arbiter"] == arbiter and extra["cospec"]["mode"] == "speculative"
+        assert extra["timings"]["predicted_n"] == reply.usage.completion_tokens
+        assert extra["timings"]["draft_n"] > 0
+
+
+def test_stream_carries_the_same_tokens_as_the_whole_answer(client):
+    settings = dict(max_tokens=80, temperature=0.8, seed=11)
+    whole = chat(client, CHLOE, **settings).choices[0].message.content
+    stream = chat(client, CHLOE, stream=True, stream_options={"include_usage": True}, **settings)
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole != ""
+    assert chunks[0].choices[0].delta.role == "assistant"
+    last = [c for c in chunks if c.choices][-1]
+    assert last.choices[0].finish_reason in ("stop", "length")
+    assert last.model_extra["timings"]["predicted_n"] > 0 and last.model_extra["cospec"]["seed"] == 11
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == last.model_extra["timings"]["predicted_n"]
+
+
+def test_a_request_without_seed_gets_one_and_it_reproduces(client):
+    first = chat(client, CHLOE, max_tokens=40, temperature=1.0)
+    seed = first.model_extra["cospec"]["seed"]
+    again = chat(client, CHLOE, max_tokens=40, temperature=1.0, seed=seed)
+    assert again.choices[0].message.content == first.choices[0].message.content
+
+
+def test_per_token_provenance_adds_up_to_the_text(client):
+    reply = chat(client, CHLOE, max_tokens=96, extra_body={"provenance": True, "repeat_penalty": 1.0,
+                                                           "arbiter": "demo-lora"}, temperature=0)
+    tokens = reply.model_extra["cospec"]["tokens"]
+    assert "".join(t["text"] for t in tokens) == reply.choices[0].message.content
+    assert len([t for t in tokens if t["id"] >= 0]) == reply.usage.completion_tokens
+    assert {t["provenance"] for t in tokens} <= PROVENANCES
+    assert sum(t["provenance"] == "kept" for t in tokens) == reply.model_extra["timings"]["arbiter_keeps"]
+    assert sum(t["provenance"] == "match" for t in tokens) == reply.model_extra["timings"]["draft_n_matched"]
+    stream = chat(client, CHLOE, max_tokens=96, stream=True, temperature=0,
+                  extra_body={"provenance": True, "repeat_penalty": 1.0, "arbiter": "demo-lora"})
+    streamed = [t for c in stream for t in (c.model_extra.get("cospec") or {}).get("tokens", [])]
+    assert streamed == tokens
+
+
+def test_mode_and_arbiter_per_request(client):
+    target = chat(client, CHLOE, max_tokens=64, extra_body={"mode": "target-only", "repeat_penalty": 1.0}, temperature=0)
+    assert target.model_extra["cospec"]["mode"] == "target-only" and target.model_extra["timings"]["draft_n"] == 0
+    sps = chat(client, CHLOE, max_tokens=64, extra_body={"arbiter": "target", "repeat_penalty": 1.0}, temperature=0)
+    assert sps.choices[0].message.content == target.choices[0].message.content  # lossless
+    with pytest.raises(openai.BadRequestError, match="not served here"):
+        chat(client, CHLOE, max_tokens=8, extra_body={"arbiter": "/etc"})
+    with pytest.raises(openai.BadRequestError):
+        chat(client, CHLOE, max_tokens=8, extra_body={"mode": "telepathy"})
+
+
+def test_text_completions_with_stop_and_token_prompts(client):
+    reply = client.completions.create(model="demo-target", prompt=CHLOE + "\n", max_tokens=64, temperature=0,
+                                      extra_body={"repeat_penalty": 1.0})
+    text = reply.choices[0].text
+    assert text and reply.object == "text_completion"
+    cut = text.split()[1]
+    stopped = client.completions.create(model="demo-target", prompt=CHLOE + "\n", max_tokens=64, temperature=0,
+                                        stop=[cut], extra_body={"repeat_penalty": 1.0})
+    assert stopped.choices[0].finish_reason == "stop" and cut not in stopped.choices[0].text
+    assert text.startswith(stopped.choices[0].text)
+    with Engine("demo-target", "demo-draft", n_ctx=512, n_threads=1) as engine:
+        ids = engine.tokenize(CHLOE + "\n")
+    by_ids = client.completions.create(model="demo-target", prompt=ids, max_tokens=64, temperature=0,
+                                       extra_body={"repeat_penalty": 1.0})
+    assert by_ids.choices[0].text == text
+    streamed = client.completions.create(model="demo-target", prompt=CHLOE + "\n", max_tokens=64, temperature=0,
+                                         stream=True, extra_body={"repeat_penalty": 1.0})
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == text
+
+
+def test_models_health_and_metrics(client, server):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["demo-target"]
+    info = models.data[0].model_extra["cospec"]
+    assert info["draft"] == "demo-draft" and "demo-lora" in info["arbiters"]
+    status, body = server.get("/health")
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    before = metric(server, "cospec_completion_tokens_total")
+    reply = chat(client, CHLOE, max_tokens=32, temperature=0)
+    assert metric(server, "cospec_completion_tokens_total") == before + reply.usage.completion_tokens
+    assert metric(server, "cospec_draft_tokens_total") > 0
+    assert 0 < metric(server, "cospec_acceptance_ratio") <= 1
+    assert metric(server, "cospec_time_to_first_token_seconds_count") > 0
+    assert metric(server, 'cospec_requests_total{endpoint="/v1/chat/completions",status="200"}') > 0
+
+
+# ---------------------------------------------------------------- bad requests
+
+def test_bad_requests_get_openai_errors_and_the_server_lives_on(client, server):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.code == "model_not_found"
+    for bad in ({"max_tokens": -5}, {"max_tokens": 0}, {"temperature": "hot"}, {"top_p": 0}, {"n": 2},
+                {"stop": ["a", "b", "c", "d", "e"]}, {"seed": -1}, {"presence_penalty": 0.5}):
+        with pytest.raises(openai.BadRequestError) as e:
+            chat(client, "hi", **{k: v for k, v in bad.items() if k in ("max_tokens", "n", "stop", "seed",
+                                                                          "presence_penalty")},
+                 extra_body={k: v for k, v in bad.items() if k in ("temperature", "top_p")})
+        assert e.value.status_code == 400 and e.value.body["param"], bad
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, "seven " * 600, max_tokens=8)
+    assert e.value.code == "context_length_exceeded"
+
+    raw = [(b"{not json", 400), (b"[1, 2]", 400), (b'{"model": "demo-target"}', 400),
+           (b'{"model": "demo-target", "messages": "hi"}', 400),
+           (b'{"model": "demo-target", "messages": [{"role": "wizard", "content": "x"}]}', 400),
+           (b'{"model": "demo-target", "messages": [{"role": "user", "content": 5}]}', 400),
+           (b'{"model": "demo-target", "messages": []}', 400), ("\udcff".encode("utf-8", "surrogatepass"), 400)]
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        for body, status in raw:
+            r = http.post("/v1/chat/completions", content=body, headers={"Content-Type": "application/json"})
+            assert r.status_code == status, body
+            assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+        r = http.post("/v1/completions", json={"model": "demo-target", "prompt": [10**9]})
+        assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"]
+        r = http.post("/v1/chat/completions", content=b"x" * (9 << 20))
+        assert r.status_code == 413
+        assert http.get("/v1/chat/completions").status_code == 405
+        r = http.get("/v2/nothing")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    assert server.alive()
+    assert chat(client, CHLOE, max_tokens=16).choices[0].message.content  # still serving
+
+
+def test_api_key_and_strict_fields():
+    srv = ServerProcess("-c", "512", "--api-key", "s3cret", "--strict")
+    try:
+        anonymous = openai.OpenAI(base_url=srv.api, api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            chat(anonymous, "hi", max_tokens=4)
+        with pytest.raises(openai.AuthenticationError):
+            anonymous.models.list()
+        with httpx.Client(base_url=srv.url) as http:
+            assert http.get("/metrics").status_code == 401
+            assert http.get("/health").status_code == 200  # for load balancers, as llama-server's
+        keyed = openai.OpenAI(base_url=srv.api, api_key="s3cret", max_retries=0)
+        assert chat(keyed, CHLOE, max_tokens=8).usage.completion_tokens > 0
+        with pytest.raises(openai.BadRequestError, match="unknown field"):
+            chat(keyed, CHLOE, max_tokens=8, extra_body={"temprature": 0.2})
+    finally:
+        srv.stop()
+
+
+# ---------------------------------------------------------------- engines, queue and disconnects
+
+def test_a_client_that_disconnects_aborts_its_generation(long_server):
+    body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 1500,
+            "stream": True, "ignore_eos": True, "mode": "target-only"}
+    aborted = metric(long_server, "cospec_generations_aborted_total")
+    with httpx.Client(base_url=long_server.url, timeout=60) as http:
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            got = [line for line, _ in zip(lines, range(12)) if line.startswith("data:")]
+            assert got
+        stopped = time.monotonic()
+        while json.loads(long_server.get("/health")[1])["engines_busy"]:
+            assert time.monotonic() - stopped < 5, "the generation went on after its client left"
+            time.sleep(0.05)
+    assert metric(long_server, "cospec_generations_aborted_total") == aborted + 1
+    assert metric(long_server, "cospec_completion_tokens_total") < 1000
+
+
+def test_a_full_queue_answers_503_then_serves_again(long_server):
+    model = "smollm2"
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": 1500, "stream": True, "ignore_eos": True,
+            "mode": "target-only"}
+    with httpx.Client(base_url=long_server.url, timeout=60) as http:
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            next(line for line in r.iter_lines() if line.startswith("data:"))  # the engine is busy now
+            busy = http.post("/v1/completions", json={"model": model, "prompt": "Hi", "max_tokens": 4})
+            assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+            assert busy.json()["error"]["code"] == "server_busy"
+        deadline = time.monotonic() + 10
+        while True:
+            r = http.post("/v1/completions", json={"model": model, "prompt": "Hi", "max_tokens": 4})
+            if r.status_code != 503 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0
+
+
+def test_concurrent_streams_for_a_minute_lose_and_duplicate_nothing():
+    """Load: 8 streaming clients on 2 engines with 3 waiting places, for about a minute. Each stream
+    must equal the prompt's whole greedy answer, or be a clean 503; the server's memory stays flat."""
+    server = ServerProcess("-c", "512", "-np", "2", "--queue", "3")
+    try:
+        _load(server, openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0, timeout=60))
+    finally:
+        server.stop()
+
+
+def _load(server, client):
+    prompts = [CHLOE, "What is 12 + 30?", "Tom has 5 apples and eats 2. How many are left?",
+               "Write a Python function that returns the square of x."]
+    reference = {p: chat(client, p, max_tokens=64, **GREEDY).choices[0].message.content for p in prompts}
+    counts = {"ok": 0, "busy": 0}
+    lock = threading.Lock()
+    failures: list[str] = []
+
+    def one_client(i: int, until: float) -> None:
+        own = openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0, timeout=60)
+        n = 0
+        while time.monotonic() < until:
+            prompt = prompts[(i + n) % len(prompts)]
+            n += 1
+            try:
+                stream = chat(own, prompt, max_tokens=64, stream=True, **GREEDY)
+                text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+            except openai.APIStatusError as exc:
+                with lock:
+                    if exc.status_code == 503:
+                        counts["busy"] += 1
+                    else:
+                        failures.append(f"{exc.status_code}: {exc}")
+                continue
+            with lock:
+                counts["ok"] += 1
+                if text != reference[prompt]:
+                    failures.append(f"{prompt!r}: {text!r} != {reference[prompt]!r}")
+
+    warm_until = time.monotonic() + 8
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: one_client(i, warm_until), range(8)))
+    rss_before = server.rss_kib()
+    until = time.monotonic() + 50
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: one_client(i, until), range(8)))
+    rss_after = server.rss_kib()
+    print("load:", counts, f"rss {rss_before} -> {rss_after} KiB")
+    assert not failures, failures[:3]
+    assert counts["ok"] > 50 and counts["busy"] > 0  # 8 clients, 5 places: some are turned away
+    assert rss_after - rss_before < 64 * 1024, (rss_before, rss_after)
+    assert server.alive()
