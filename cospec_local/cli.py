@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import threading
 from dataclasses import MISSING, dataclass, fields
 
 import click
@@ -34,6 +35,7 @@ class LoadSettings:
     n_threads: int
     n_gpu_layers: int | None  # None: all layers (llama.cpp's default), without asking for it
     n_gpu_layers_draft: int | None
+    rpc: str | None
     verbose: bool
 
 
@@ -61,9 +63,12 @@ def model_options(fn):
         click.option("-ngld", "--gpu-layers-draft", "n_gpu_layers_draft", default=None,
                      type=click.IntRange(-1, 1 << 16),
                      help="Draft layers to offload with a GPU build of llama.cpp (default, -1: all)."),
+        click.option("--rpc", "rpc", default=None, metavar="HOST:PORT[,...]",
+                     help="Put the target's layers (-ngl) on these `cospec-local rpc-server` machines (llama.cpp's "
+                          "RPC backend); the draft stays here."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's own log."),
     ]
-    names = ("target", "draft", "n_ctx", "n_threads", "n_gpu_layers", "n_gpu_layers_draft", "verbose")
+    names = ("target", "draft", "n_ctx", "n_threads", "n_gpu_layers", "n_gpu_layers_draft", "rpc", "verbose")
 
     def wrapper(**kwargs):
         load = LoadSettings(**{name: kwargs.pop(name) for name in names})
@@ -178,7 +183,7 @@ def open_engine(load: LoadSettings, draft: str | None, quiet: bool = False) -> E
         return Engine(load.target, draft, n_ctx=load.n_ctx, n_threads=load.n_threads,
                       n_gpu_layers=all_layers if load.n_gpu_layers is None else load.n_gpu_layers,
                       n_gpu_layers_draft=all_layers if load.n_gpu_layers_draft is None else load.n_gpu_layers_draft,
-                      progress=progress, verbose=load.verbose)
+                      progress=progress, verbose=load.verbose, rpc=load.rpc)
     except VocabMismatchError as exc:
         raise click.ClickException(f"{exc}\nfix: -md with a draft that has the target's tokenizer, or --mode "
                                    "target-only") from None
@@ -293,7 +298,8 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
               help="Address to listen on. Anything but loopback lets other machines in: use --api-key then.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535), help="Port (0: any free one).")
 @click.option("-np", "--parallel", default=1, show_default=True, type=click.IntRange(1, 64),
-              help="Engines, each generating one request at a time (each loads the models once more).")
+              help="Engines, each a process generating one request at a time (each loads the models once more; "
+                   "give each its share of the cores with -t).")
 @click.option("--queue", "max_waiting", default=16, show_default=True, type=click.IntRange(0, 1 << 16),
               help="Requests that may wait for a busy engine; beyond that the answer is 503 with Retry-After.")
 @click.option("--api-key", default=None, envvar="COSPEC_API_KEY",
@@ -308,6 +314,7 @@ def serve(load, params, host, port, parallel, max_waiting, api_key, alias, stric
     try:
         from .server import CospecServer, ServerSettings, bind
         from .server import serve as run_server
+        from .server.workers import EngineSpec, EngineUnavailable, EngineWorker
     except ImportError as exc:
         raise click.ClickException(f"serve needs the server extra ({exc.name} is missing): "
                                    "pip install 'cospec-local[server]'") from None
@@ -319,23 +326,69 @@ def serve(load, params, host, port, parallel, max_waiting, api_key, alias, stric
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     draft, params = draft_for_mode(load.target, load.draft, params)
-    engines = []
+    gpu_notice(load, quiet=False)
+    click.echo(f"target: {resolve_model(load.target)}\ndraft:  {resolve_model(draft) if draft else '-'}", err=True)
+    spec = EngineSpec(target=str(load.target), draft=draft, n_ctx=load.n_ctx, n_threads=load.n_threads,
+                      n_gpu_layers=-1 if load.n_gpu_layers is None else load.n_gpu_layers,
+                      n_gpu_layers_draft=-1 if load.n_gpu_layers_draft is None else load.n_gpu_layers_draft,
+                      rpc=load.rpc, verbose=load.verbose, preload=params)
+    workers = [EngineWorker(spec) for _ in range(parallel)]
     try:
-        for i in range(parallel):
-            engines.append(open_engine(load, draft, quiet=i > 0))
-        try:
-            for engine in engines:  # a bad arbiter fails now, not at the first request
-                if params.mode == "speculative":
-                    engine.arbiter(params.arbiter, threshold=params.arbiter_threshold, head=params.arbiter_head)
-        except (CospecError, FileNotFoundError) as exc:
-            raise click.ClickException(str(exc)) from None
+        for i, worker in enumerate(workers):
+            if parallel > 1:
+                click.echo(f"starting engine {i + 1} of {parallel}", err=True)
+            try:
+                worker.start()  # a bad model or arbiter fails here, not at the first request
+            except EngineUnavailable as exc:
+                raise click.ClickException(str(exc)) from None
         settings = ServerSettings(model_id=alias or load.target, target=str(load.target), draft=draft,
                                   api_key=api_key, strict=strict, max_waiting=max_waiting)
-        run_server(CospecServer(engines, params, settings), sock)
+        run_server(CospecServer(workers, params, settings), sock)
     finally:
         sock.close()
-        for engine in engines:
-            engine.close()
+        for worker in workers:
+            worker.close()
+
+
+@main.command("rpc-server")
+@click.option("-H", "--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. The protocol has no authentication: use a trusted network only.")
+@click.option("-p", "--port", default=50052, show_default=True, type=click.IntRange(1, 65535))
+@click.option("-t", "--threads", "n_threads", default=0, type=click.IntRange(0, MAX_THREADS),
+              help="CPU threads when serving the CPU (0: all cores).")
+@click.option("--cache", "cache_dir", default=None, type=click.Path(file_okay=False),
+              help="Folder caching large tensors sent here, so reloading a model sends less.")
+def rpc_server(host, port, n_threads, cache_dir):
+    """Lend this machine's GPUs (else its CPU) to engines elsewhere (their --rpc HOST:PORT), as
+    llama.cpp's rpc-server does. Runs until stopped (Ctrl-C)."""
+    import os
+
+    from . import _cospec
+    from .errors import from_native
+
+    if host not in LOOPBACK:
+        click.echo(f"warning: listening on {host}: llama.cpp's RPC protocol has no authentication or encryption; "
+                   "anyone who reaches this port can run computations here", err=True)
+    if not _cospec.supports_rpc():
+        raise click.ClickException("this llama.cpp build has no RPC backend: reinstall with "
+                                   "CMAKE_ARGS=\"-DGGML_RPC=on\" (./install.sh does)")
+    if cache_dir:
+        os.makedirs(cache_dir, exist_ok=True)
+    click.echo(f"rpc-server on {host}:{port}", err=True)
+    failure: list[BaseException] = []
+
+    def run_server():
+        try:
+            _cospec.rpc_server_run(host, port, n_threads, cache_dir)
+        except _cospec.CospecError as exc:
+            failure.append(from_native(exc))
+
+    # The server never returns; it runs beside this thread so that Ctrl-C ends the process.
+    server = threading.Thread(target=run_server, name="cospec-rpc-server", daemon=True)
+    server.start()
+    while server.is_alive():
+        server.join(0.2)
+    raise click.ClickException(str(failure[0]) if failure else "the RPC server stopped")
 
 
 RUNS_HELP = ("Comma-separated runs: target-only, draft-only, sps (lossless), fly, cospec (the bundled learned "

@@ -187,7 +187,7 @@ class Engine:
     def __init__(self, target: str | os.PathLike, draft: str | os.PathLike | None = None, *, n_ctx: int = 4096,
                  n_batch: int = 512, n_threads: int = 0, n_threads_batch: int = 0, n_gpu_layers: int = -1,
                  n_gpu_layers_draft: int = -1, progress: Callable[[str, float], object] | None = None,
-                 verbose: bool = False):
+                 verbose: bool = False, rpc: str | Sequence[str] | None = None):
         _cospec.set_llama_log(verbose)
         cancel = threading.Event()  # set by Ctrl-C while loading: the loader stops at its next step
 
@@ -203,7 +203,7 @@ class Engine:
         loading = _Background("cospec-load", lambda: _cospec.Engine(
             self.target_path, self.draft_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
             n_threads_batch=n_threads_batch, n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
-            progress=native_progress))
+            progress=native_progress, rpc_servers=rpc if isinstance(rpc, str) else ",".join(rpc or ())))
         try:
             loading.wait()
         except BaseException:

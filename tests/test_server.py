@@ -236,9 +236,11 @@ def test_a_full_queue_answers_503_then_serves_again(long_server):
             "mode": "target-only"}
     with httpx.Client(base_url=long_server.url, timeout=60) as http:
         with http.stream("POST", "/v1/completions", json=body) as r:
-            next(line for line in r.iter_lines() if line.startswith("data:"))  # the engine is busy now
+            lines = r.iter_lines()  # kept: a closed line iterator closes the stream, and the server stops
+            next(line for line in lines if line.startswith("data:"))  # the engine is busy now
             busy = http.post("/v1/completions", json={"model": model, "prompt": "Hi", "max_tokens": 4})
-            assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+            assert busy.status_code == 503
+            assert busy.headers["retry-after"] == "1"
             assert busy.json()["error"]["code"] == "server_busy"
         deadline = time.monotonic() + 10
         while True:

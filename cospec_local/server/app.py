@@ -15,7 +15,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from importlib import resources
-from typing import Callable
 
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
@@ -25,13 +24,12 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ..arbiters import AUTO, NAMED_ARBITERS
-from ..chat_template import ChatTemplateError
-from ..engine import Engine, Generation
-from ..errors import ArbiterError, CospecError, GenerationError, InvalidArgumentError
+from ..engine import Generation
 from ..params import GenerationParams
 from .metrics import ServerMetrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, generation_params, parse_request
 from .scheduler import END, EnginePool, Job, ServerBusy
+from .workers import EngineDied, EngineUnavailable, EngineWorker, GenerationFailed, RequestRefused
 
 MAX_BODY_BYTES = 8 << 20  # a request body larger than this is refused (413) before it is read whole
 RETRY_AFTER_S = 1
@@ -48,13 +46,14 @@ class ServerSettings:
 
 
 class CospecServer:
-    def __init__(self, engines: list[Engine], defaults: GenerationParams, settings: ServerSettings):
-        self.pool = EnginePool(engines, settings.max_waiting)
+    def __init__(self, workers: list[EngineWorker], defaults: GenerationParams, settings: ServerSettings):
+        """`workers`: started engine processes, all of the same models."""
+        self.pool = EnginePool(workers, settings.max_waiting)
         self.defaults = defaults
         self.settings = settings
         self.metrics = ServerMetrics(self.pool)
-        self.has_draft = engines[0].has_draft
-        self.n_ctx = engines[0].n_ctx
+        self.has_draft = workers[0].info["has_draft"]
+        self.n_ctx = workers[0].info["n_ctx"]
         # A request may choose among these; a folder path from a client would read the server's disk.
         self.arbiters = {"target", "fly", AUTO, *NAMED_ARBITERS}
         if isinstance(defaults.arbiter, str):
@@ -78,7 +77,7 @@ class CospecServer:
         @contextlib.asynccontextmanager
         async def lifespan(app):
             yield
-            self.pool.close()  # stop running generations; the engines' owner closes them
+            self.pool.close()  # stop running generations and the engine processes
 
         return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
 
@@ -139,7 +138,8 @@ class CospecServer:
 
     async def health(self, request: Request) -> JSONResponse:
         self._count(request, 200)
-        return JSONResponse({"status": "ok", "engines": len(self.pool.engines), "engines_busy": self.pool.busy,
+        return JSONResponse({"status": "ok", "engines": len(self.pool.workers), "engines_alive": self.pool.alive,
+                             "engines_busy": self.pool.busy,
                              "requests_waiting": self.pool.waiting, "auth": self.settings.api_key is not None})
 
     async def metrics_text(self, request: Request) -> Response:
@@ -168,25 +168,14 @@ class CospecServer:
         self._check_model(req.model)
         params = self._params(req)
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
-        return await self._respond(request, req, params, lambda engine: engine.render_chat(messages), chat=True)
+        return await self._respond(request, req, params, messages, chat=True)
 
     async def completions(self, request: Request) -> Response:
         self._authorize(request)
         req = parse_request(CompletionRequest, await self._json_body(request), self.settings.strict)
         self._check_model(req.model)
         params = self._params(req)
-        prompt = req.prompt_input()
-
-        def tokens(engine: Engine) -> list[int]:
-            if isinstance(prompt, str):
-                return engine.tokenize(prompt)
-            bad = next((t for t in prompt if not 0 <= t < engine.n_vocab), None)
-            if bad is not None:
-                raise APIError(400, f"token id {bad} is outside the vocabulary (0..{engine.n_vocab - 1})",
-                               param="prompt")
-            return list(prompt)
-
-        return await self._respond(request, req, params, tokens, chat=False)
+        return await self._respond(request, req, params, req.prompt_input(), chat=False)
 
     def _params(self, req) -> GenerationParams:
         params = generation_params(req, self.defaults, self.arbiters, self.has_draft)
@@ -194,25 +183,8 @@ class CospecServer:
             params = params.updated(seed=secrets.randbelow(2**63))  # OpenAI's default: a fresh seed; reported back
         return params
 
-    def _prepare(self, engine: Engine, make_prompt: Callable, params: GenerationParams, chat: bool) -> list[int]:
-        """On the engine's thread: the prompt's tokens, and the arbiter loaded (so its errors are 400s)."""
-        try:
-            prompt = make_prompt(engine)
-        except ChatTemplateError as exc:
-            raise APIError(400, f"the chat template refused the messages: {exc}", param="messages") from None
-        if len(prompt) >= engine.n_ctx:
-            raise APIError(400, f"the prompt is {len(prompt)} tokens; the context holds {engine.n_ctx} "
-                                "(prompt and reply together)", param="messages" if chat else "prompt",
-                           code="context_length_exceeded")
-        if params.mode == "speculative":
-            try:
-                engine.arbiter(params.arbiter, threshold=params.arbiter_threshold, head=params.arbiter_head)
-            except (ArbiterError, InvalidArgumentError, FileNotFoundError) as exc:
-                raise APIError(400, f"arbiter {params.arbiter!r}: {exc}", param="arbiter") from None
-        return prompt
-
-    async def _respond(self, request: Request, req, params: GenerationParams, make_prompt: Callable,
-                       chat: bool) -> Response:
+    async def _respond(self, request: Request, req, params: GenerationParams, payload, chat: bool) -> Response:
+        """Messages (chat) or a prompt (text or token ids) through an engine, whole or streamed."""
         started = time.perf_counter()
         try:
             lease = await self.pool.acquire()
@@ -220,9 +192,16 @@ class CospecServer:
             raise APIError(503, "every engine is busy and the queue is full; retry later", "server_error",
                            code="server_busy", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         try:
-            prompt = await lease.run(self._prepare, make_prompt, params, chat)
-        except BaseException:
+            prompt = await lease.prepare(chat, payload, params)
+        except BaseException as exc:
             lease.release()
+            if isinstance(exc, RequestRefused):
+                raise APIError(exc.args[0], exc.args[1], param=exc.args[2], code=exc.args[3]) from None
+            if isinstance(exc, EngineUnavailable):
+                raise APIError(503, f"no engine: {exc}", "server_error", code="engine_unavailable",
+                               headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+            if isinstance(exc, EngineDied):
+                raise APIError(500, str(exc), "server_error", code="engine_died") from None
             raise
         job = lease.start(prompt, params)
         # Counted when the generation ends, however it ends (a stream whose client left included).
@@ -245,10 +224,10 @@ class CospecServer:
                 job.cancel()  # nobody is waiting for the answer
         try:
             result = await job.finish()
-        except GenerationError as exc:
-            raise APIError(500, f"generation failed: {exc}", "server_error", code=exc.status_name) from None
-        except CospecError as exc:
-            raise APIError(400, str(exc), code=exc.status_name) from None
+        except (GenerationFailed, EngineDied) as exc:
+            raise APIError(500, f"generation failed: {exc}", "server_error", code="generation_failed") from None
+        except RequestRefused as exc:
+            raise APIError(exc.args[0], exc.args[1], param=exc.args[2], code=exc.args[3]) from None
         events = []
         while not job.events.empty():
             events.append(job.events.get_nowait())
@@ -269,9 +248,9 @@ class CospecServer:
                     pending = []
             try:
                 result = await job.finish()
-            except (GenerationError, CospecError) as exc:
+            except (GenerationFailed, EngineDied, RequestRefused) as exc:
                 yield json.dumps(APIError(500, f"generation failed: {exc}", "server_error",
-                                          code=exc.status_name).body())
+                                          code="generation_failed").body())
                 return
             self._observe(result, started, first)
             yield json.dumps(reply.last_chunk(result, pending))

@@ -32,7 +32,8 @@ class ServerMetrics:
         Gauge("cospec_acceptance_ratio", "Share of drafted tokens that reached the output, since start.",
               registry=r).set_function(lambda: self.accepted._value.get() / max(1.0, self.drafted._value.get()))
         Gauge("cospec_engines_busy", "Engines generating now.", registry=r).set_function(lambda: pool.busy)
-        Gauge("cospec_engines", "Engines (--parallel).", registry=r).set_function(lambda: len(pool.engines))
+        Gauge("cospec_engines", "Engines (--parallel).", registry=r).set_function(lambda: len(pool.workers))
+        Gauge("cospec_engines_alive", "Engine processes running.", registry=r).set_function(lambda: pool.alive)
         Gauge("cospec_requests_waiting", "Requests waiting for an engine.", registry=r).set_function(
             lambda: pool.waiting)
 

@@ -61,6 +61,15 @@ void cospec_set_llama_log(bool enabled);
 // without one, n_gpu_layers has no effect.
 bool cospec_supports_gpu_offload(void);
 
+// Whether this build of llama.cpp has its RPC backend (GGML_RPC=on).
+bool cospec_supports_rpc(void);
+
+// Serve this machine's devices (its GPUs, else its CPU with n_threads, 0: all cores) to engines
+// on other machines (rpc_servers = "HOST:PORT"), as llama.cpp's rpc-server does. Blocks for the
+// life of the process; returns only on failure. The protocol has no authentication: listen on
+// a trusted network only. cache_dir (NULL: none) caches large tensors sent to it.
+int32_t cospec_rpc_server_run(const char * host, int32_t port, int32_t n_threads, const char * cache_dir);
+
 // ---------------------------------------------------------------- engine
 
 typedef struct cospec_engine cospec_engine;
@@ -80,6 +89,12 @@ struct cospec_engine_params {
     int32_t n_gpu_layers_target; // layers to offload (-1 = all); only with a GPU build of llama.cpp
     int32_t n_gpu_layers_draft;
     bool    use_extra_buffers;   // let llama.cpp repack weights for CPU-specific kernels (AMX, ...); default false
+    // "HOST:PORT[,HOST:PORT...]": put the target's offloaded layers (n_gpu_layers_target) on these
+    // llama.cpp RPC servers (a build with GGML_RPC=on; see cospec_rpc_server_run); NULL or "": none.
+    // A server that cannot be reached fails cospec_engine_open. One that goes away mid-generation
+    // makes llama.cpp's RPC client abort the process (it fails on its own worker thread): run such
+    // engines in a process of their own, as `cospec-local serve` does.
+    const char * rpc_servers;
     cospec_progress_fn progress_callback;
     void * progress_user_data;
 };

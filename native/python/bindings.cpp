@@ -473,8 +473,10 @@ bool python_token(cospec_token token, int32_t provenance, const char * text, int
 class Engine {
   public:
     Engine(const std::string & target_path, std::optional<std::string> draft_path, int32_t n_ctx, int32_t n_batch,
-           int32_t n_threads, int32_t n_threads_batch, int32_t n_gpu_layers, int32_t n_gpu_layers_draft, py::object progress) {
+           int32_t n_threads, int32_t n_threads_batch, int32_t n_gpu_layers, int32_t n_gpu_layers_draft, py::object progress,
+           const std::string & rpc_servers) {
         cospec_engine_params p = cospec_engine_default_params();
+        p.rpc_servers = rpc_servers.c_str();
         p.target_path = target_path.c_str();
         p.draft_path = draft_path ? draft_path->c_str() : nullptr;
         p.n_ctx = n_ctx;
@@ -705,6 +707,18 @@ PYBIND11_MODULE(_cospec, m) {
     m.def("version", &cospec_version);
     m.def("set_llama_log", &cospec_set_llama_log, py::arg("enabled"));
     m.def("supports_gpu_offload", &cospec_supports_gpu_offload);
+    m.def("supports_rpc", &cospec_supports_rpc);
+    // Blocks for the life of the process (the GIL released); raises if the server cannot start.
+    m.def("rpc_server_run", [](const std::string & host, int32_t port, int32_t n_threads, std::optional<std::string> cache_dir) {
+        int32_t status;
+        std::string message;
+        {
+            py::gil_scoped_release released;
+            status = cospec_rpc_server_run(host.c_str(), port, n_threads, cache_dir ? cache_dir->c_str() : nullptr);
+            message = cospec_last_error();
+        }
+        throw native_error {status, message};
+    }, py::arg("host"), py::arg("port"), py::arg("n_threads") = 0, py::arg("cache_dir") = py::none());
     m.def("status_name", &cospec_status_name);
     m.def("entropy", [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, float temperature) {
         return cospec_entropy(logits.data(), (int32_t) logits.size(), temperature);
@@ -808,10 +822,11 @@ PYBIND11_MODULE(_cospec, m) {
         .def("close", &Arbiter::close);
 
     py::class_<Engine>(m, "Engine")
-        .def(py::init<const std::string &, std::optional<std::string>, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, py::object>(),
+        .def(py::init<const std::string &, std::optional<std::string>, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, py::object,
+                      const std::string &>(),
              py::arg("target_path"), py::arg("draft_path") = py::none(), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512,
              py::arg("n_threads") = 0, py::arg("n_threads_batch") = 0, py::arg("n_gpu_layers") = -1,
-             py::arg("n_gpu_layers_draft") = -1, py::arg("progress") = py::none())
+             py::arg("n_gpu_layers_draft") = -1, py::arg("progress") = py::none(), py::arg("rpc_servers") = "")
         .def("close", [](Engine & e) { e.close(); })
         .def("abort", [](Engine & e) { cospec_engine_abort(e.handle); })
         .def("reset", [](Engine & e) {

@@ -4,6 +4,7 @@
 
 #include "ggml.h"
 #include "gguf.h"
+#include "rpc.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -274,6 +275,21 @@ static int32_t load_model(const cospec_engine_params & p, int32_t which, model_s
         mp.progress_callback = on_load_progress;
         mp.progress_callback_user_data = &bridge;
     }
+    std::vector<ggml_backend_dev_t> devices;
+    if (which == 0 && p.rpc_servers != nullptr && p.rpc_servers[0] != '\0') {
+        if (const int32_t st = rpc_devices(p.rpc_servers, devices); st != COSPEC_OK) {
+            return st;
+        }
+        // The servers first (llama.cpp's order, least traffic), then this machine's GPUs; the CPU is implicit.
+        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+            ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+            if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_GPU) {
+                devices.push_back(dev);
+            }
+        }
+        devices.push_back(nullptr);
+        mp.devices = devices.data();
+    }
     slot.model = llama_model_load_from_file(path, mp);
     if (slot.model == nullptr) {
         std::string why = take_llama_errors();
@@ -456,6 +472,7 @@ cospec_engine_params cospec_engine_default_params(void) {
     p.n_ctx = 4096;
     p.n_batch = 512;
     p.n_threads = 0;
+    p.rpc_servers = nullptr;
     p.n_threads_batch = 0;
     p.n_gpu_layers_target = -1;
     p.n_gpu_layers_draft = -1;

@@ -1,0 +1,246 @@
+"""Engines in processes of their own, for `serve`.
+
+Why processes, not threads: every llama.cpp computation of one process runs on one thread (see
+the compute thread in native/python/bindings.cpp: OpenMP teams slow each other down otherwise),
+so engines in one process would take turns; in their own processes they run side by side
+(`--parallel N`). And an engine that dies takes only its process along: llama.cpp aborts the
+process when an RPC server goes away mid-generation, for one. The server then answers that
+request with an error and starts the engine again for the next one.
+
+The protocol on the pipe is (kind, args) from the server; from the engine process "ready",
+"ok", "token" (one TokenEvent, in order), "done" (the Generation) and "failed" / "refused" (an
+error of the engine or of the request).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from dataclasses import dataclass
+from typing import Callable
+
+from ..engine import Engine, Generation, TokenEvent
+from ..params import GenerationParams
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """How to open an engine, and the arbiter to load at once (so a bad one fails at start)."""
+
+    target: str
+    draft: str | None
+    n_ctx: int = 4096
+    n_threads: int = 0
+    n_gpu_layers: int = -1
+    n_gpu_layers_draft: int = -1
+    rpc: str | None = None
+    verbose: bool = False
+    preload: GenerationParams | None = None
+
+
+class EngineUnavailable(Exception):
+    """The engine process could not start (the reason is the message)."""
+
+
+class EngineDied(Exception):
+    """The engine process ended in the middle of a request."""
+
+
+class GenerationFailed(Exception):
+    """The engine reported an error in the middle of a generation (the message says which)."""
+
+
+class RequestRefused(Exception):
+    """The request cannot run on this engine: (status, message, param, code) for the API's error."""
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "it stopped answering"
+    if code < 0:
+        name = signal.Signals(-code).name
+        why = " (llama.cpp aborted: with --rpc, usually a lost RPC server)" if name == "SIGABRT" else ""
+        return f"it was ended by {name}{why}"
+    return f"it exited with code {code}"
+
+
+# ---------------------------------------------------------------- the engine process
+
+def prepare_prompt(engine: Engine, chat: bool, payload, params: GenerationParams) -> list[int]:
+    """The prompt's tokens (checked against the context), the arbiter loaded; RequestRefused for
+    what the request got wrong."""
+    from ..chat_template import ChatTemplateError
+    from ..errors import ArbiterError, InvalidArgumentError
+
+    param = "messages" if chat else "prompt"
+    if chat:
+        try:
+            prompt = engine.render_chat(payload)
+        except ChatTemplateError as exc:
+            raise RequestRefused(400, f"the chat template refused the messages: {exc}", param, None) from None
+    elif isinstance(payload, str):
+        prompt = engine.tokenize(payload)
+    else:
+        bad = next((t for t in payload if not 0 <= t < engine.n_vocab), None)
+        if bad is not None:
+            raise RequestRefused(400, f"token id {bad} is outside the vocabulary (0..{engine.n_vocab - 1})", param,
+                                 None)
+        prompt = list(payload)
+    if len(prompt) >= engine.n_ctx:
+        raise RequestRefused(400, f"the prompt is {len(prompt)} tokens; the context holds {engine.n_ctx} (prompt and "
+                                  "reply together)", param, "context_length_exceeded")
+    if params.mode == "speculative":
+        try:
+            engine.arbiter(params.arbiter, threshold=params.arbiter_threshold, head=params.arbiter_head)
+        except (ArbiterError, InvalidArgumentError, FileNotFoundError) as exc:
+            raise RequestRefused(400, f"arbiter {params.arbiter!r}: {exc}", "arbiter", None) from None
+    return prompt
+
+
+def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
+    from ..errors import CospecError, GenerationError
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server handles Ctrl-C and ends this process
+    try:
+        engine = Engine(spec.target, spec.draft, n_ctx=spec.n_ctx, n_threads=spec.n_threads,
+                        n_gpu_layers=spec.n_gpu_layers, n_gpu_layers_draft=spec.n_gpu_layers_draft,
+                        verbose=spec.verbose, rpc=spec.rpc)
+        p = spec.preload
+        if p is not None and p.mode == "speculative" and engine.has_draft:
+            engine.arbiter(p.arbiter, threshold=p.arbiter_threshold, head=p.arbiter_head)
+    except (CospecError, FileNotFoundError, ValueError) as exc:
+        conn.send(("failed", str(exc)))
+        return
+    running = {"id": None}
+
+    def stop(*_):
+        # The server's "stop" (a client went away) names its generation: a late signal cannot stop the next one.
+        if running["id"] is not None and stop_request.value == running["id"]:
+            engine.abort()
+
+    signal.signal(signal.SIGUSR1, stop)
+    conn.send(("ready", {"n_ctx": engine.n_ctx, "has_draft": engine.has_draft, "n_vocab": engine.n_vocab}))
+    while True:
+        try:
+            kind, args = conn.recv()
+        except EOFError:
+            break
+        try:
+            if kind == "prepare":
+                conn.send(("ok", prepare_prompt(engine, *args)))
+            elif kind == "generate":
+                generation_id, prompt, params = args
+                running["id"] = generation_id
+                try:
+                    for event in engine.stream(prompt, params):
+                        conn.send(("token", event))
+                finally:
+                    running["id"] = None
+                conn.send(("done", engine.last_result))
+        except RequestRefused as exc:
+            conn.send(("refused", exc.args))
+        except GenerationError as exc:
+            conn.send(("failed", f"{exc.status_name}: {exc}"))
+        except (CospecError, ValueError) as exc:
+            conn.send(("refused", (400, str(exc), None, getattr(exc, "status_name", None))))
+    engine.close()
+
+
+# ---------------------------------------------------------------- the server's side
+
+class EngineWorker:
+    """One engine process. Its methods block: the server calls them on its threads."""
+
+    def __init__(self, spec: EngineSpec):
+        self.spec = spec
+        self.process = None
+        self.conn = None
+        self.info: dict = {}
+        self.exit_reason: str | None = None  # why the last process ended, if it did
+        self._generations = 0
+        self._stop_request = None  # shared with the engine process: the generation a stop signal is for
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+    def start(self) -> None:
+        """Start the engine process and wait until its models are loaded (EngineUnavailable if not)."""
+        context = multiprocessing.get_context("spawn")
+        parent, child = context.Pipe()
+        self._stop_request = context.Value("q", -1, lock=False)
+        self.process = context.Process(target=_engine_main, args=(child, self.spec, self._stop_request), daemon=True,
+                                       name="cospec-engine")
+        self.process.start()
+        child.close()
+        self.conn = parent
+        try:
+            kind, value = parent.recv()
+        except (EOFError, OSError):
+            self.process.join(5)
+            raise EngineUnavailable(f"the engine process did not start: {describe_exit(self.process.exitcode)}") \
+                from None
+        if kind != "ready":
+            self.process.join(5)
+            raise EngineUnavailable(value)
+        self.info = value
+        self.exit_reason = None
+
+    def ensure_started(self) -> None:
+        if not self.alive:
+            self.close()
+            self.start()
+
+    def _receive(self):
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError):
+            self.process.join(5)
+            self.exit_reason = describe_exit(self.process.exitcode)
+            raise EngineDied(f"the engine process ended: {self.exit_reason}; it starts again for the next "
+                             "request") from None
+
+    def _reply(self, message):
+        kind, value = message
+        if kind == "refused":
+            raise RequestRefused(*value)
+        if kind == "failed":
+            raise GenerationFailed(value)
+        return value
+
+    def prepare(self, chat: bool, payload, params: GenerationParams) -> list[int]:
+        self.conn.send(("prepare", (chat, payload, params)))
+        return self._reply(self._receive())
+
+    def generate(self, prompt: list[int], params: GenerationParams,
+                 on_token: Callable[[TokenEvent], None]) -> Generation:
+        self._generations += 1
+        self.conn.send(("generate", (self._generations, prompt, params)))
+        while True:
+            kind, value = self._receive()
+            if kind == "token":
+                on_token(value)
+            elif kind == "done":
+                return value
+            else:
+                return self._reply((kind, value))
+
+    def abort(self) -> None:
+        """Stop the running generation (it still answers "done" with what it made)."""
+        if self.alive:
+            self._stop_request.value = self._generations
+            try:
+                os.kill(self.process.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        if self.process is not None:
+            self.process.join(5)  # it leaves its loop when the pipe closes
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join()
+            self.process = None
