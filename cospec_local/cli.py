@@ -342,7 +342,8 @@ def serve(load, params, host, port, parallel, max_waiting, api_key, alias, stric
             except EngineUnavailable as exc:
                 raise click.ClickException(str(exc)) from None
         settings = ServerSettings(model_id=alias or load.target, target=str(load.target), draft=draft,
-                                  api_key=api_key, strict=strict, max_waiting=max_waiting)
+                                  api_key=api_key, strict=strict, max_waiting=max_waiting,
+                                  allowed_hosts=frozenset(LOOPBACK) if host in LOOPBACK else None)
         run_server(CospecServer(workers, params, settings), sock)
     finally:
         sock.close()

@@ -12,6 +12,14 @@ import urllib.request
 CLI = [sys.executable, "-m", "cospec_local.cli"]
 
 
+def _rss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return int(next(line.split()[1] for line in f if line.startswith("VmRSS:")))
+    except (OSError, StopIteration):
+        return 0
+
+
 class ServerProcess:
     def __init__(self, *args: str, env: dict | None = None, timeout: float = 120):
         self.proc = subprocess.Popen([*CLI, "serve", "--port", "0", "-t", "1", *map(str, args)],
@@ -42,8 +50,20 @@ class ServerProcess:
             return response.status, response.read()
 
     def rss_kib(self) -> int:
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            return int(next(line.split()[1] for line in f if line.startswith("VmRSS:")))
+        """Resident memory of the server and its engine processes together."""
+        return sum(_rss_kib(pid) for pid in [self.proc.pid, *self.children()])
+
+    def children(self) -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        if int(f.read().rsplit(")", 1)[1].split()[1]) == self.proc.pid:
+                            found.append(int(entry))
+                except (OSError, IndexError, ValueError):
+                    pass
+        return found
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -67,6 +67,18 @@ def test_greedy_output_through_the_rpc_server_equals_the_local_run(target_path, 
     assert json.loads(out.stdout)["tokens"] == expected["speculative"]
 
 
+def test_one_server_serves_engines_of_one_process_not_of_two(target_path, rpc_server):
+    """llama.cpp keeps one connection per server in a process, and an rpc-server serves one client
+    at a time: a second engine here shares the connection; one in another process (`serve -np 2`)
+    is refused with the reason, after the handshake's 5 s, instead of waiting for ever."""
+    with Engine(target_path, n_ctx=256, n_threads=1, rpc=rpc_server) as first, \
+            Engine(target_path, n_ctx=256, n_threads=1, rpc=rpc_server) as second:
+        assert first.generate("Hi", max_tokens=4, mode="target-only").tokens == \
+            second.generate("Hi", max_tokens=4, mode="target-only").tokens
+    with pytest.raises(RuntimeError, match="one client at a time"):
+        ServerProcess("-m", target_path, "--mode", "target-only", "-c", "256", "-np", "2", "--rpc", rpc_server)
+
+
 def test_a_server_that_is_not_there_is_a_clear_error(target_path):
     with pytest.raises(ModelLoadError, match="cannot reach the RPC server at 127.0.0.1:1"):
         Engine(target_path, n_ctx=256, n_threads=1, rpc="127.0.0.1:1")

@@ -182,8 +182,20 @@ def test_bad_requests_get_openai_errors_and_the_server_lives_on(client, server):
             assert set(r.json()["error"]) == {"message", "type", "param", "code"}
         r = http.post("/v1/completions", json={"model": "demo-target", "prompt": [10**9]})
         assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"]
-        r = http.post("/v1/chat/completions", content=b"x" * (9 << 20))
+        r = http.post("/v1/chat/completions", content=b"x" * (9 << 20), headers={"Content-Type": "application/json"})
         assert r.status_code == 413
+        # Only JSON: a web page may send text/plain anywhere without asking first.
+        r = http.post("/v1/chat/completions", content=b'{"model": "demo-target", "messages": []}',
+                      headers={"Content-Type": "text/plain"})
+        assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+        # A loopback server answers only to loopback names (DNS rebinding).
+        r = http.get("/v1/models", headers={"Host": "attacker.example:8080"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_host"
+        # A lone surrogate in a stop string: a 400, and the engine lives on.
+        r = http.post("/v1/chat/completions", content=b'{"model": "demo-target", "messages": [{"role": "user", '
+                                                      b'"content": "hi"}], "stop": "\\ud800"}',
+                      headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["param"].startswith("stop"), r.text
         assert http.get("/v1/chat/completions").status_code == 405
         r = http.get("/v2/nothing")
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
@@ -228,6 +240,15 @@ def test_a_client_that_disconnects_aborts_its_generation(long_server):
             time.sleep(0.05)
     assert metric(long_server, "cospec_generations_aborted_total") == aborted + 1
     assert metric(long_server, "cospec_completion_tokens_total") < 1000
+    # A client gone before its first token: its stop comes just as the generation starts.
+    with httpx.Client(base_url=long_server.url, timeout=60) as http:
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+        stopped = time.monotonic()
+        while json.loads(long_server.get("/health")[1])["engines_busy"]:
+            assert time.monotonic() - stopped < 5, "a generation whose client left at once went on"
+            time.sleep(0.05)
+    assert metric(long_server, "cospec_generations_aborted_total") == aborted + 2
 
 
 def test_a_full_queue_answers_503_then_serves_again(long_server):

@@ -19,6 +19,7 @@ from importlib import resources
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -43,6 +44,27 @@ class ServerSettings:
     api_key: str | None = None
     strict: bool = False      # unknown request fields: 400 instead of ignored
     max_waiting: int = 16     # requests that may wait for an engine; more are answered 503
+    # Host headers accepted (None: any). A server on loopback accepts only loopback names, so a web
+    # page cannot reach it through a DNS name rebound to 127.0.0.1.
+    allowed_hosts: frozenset[str] | None = None
+
+
+class HostCheck:
+    """ASGI middleware: refuse Host headers outside `allowed` (None: any), in OpenAI's error shape."""
+
+    def __init__(self, app, allowed: frozenset[str] | None):
+        self.app, self.allowed = app, allowed
+
+    async def __call__(self, scope, receive, send):
+        if self.allowed is not None and scope["type"] == "http":
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            name = host if host.endswith("]") else host.rsplit(":", 1)[0]
+            if name.strip("[]") not in self.allowed:
+                body = APIError(400, f"Host {host!r} is not served here (a loopback server answers only to "
+                                     "loopback names)", code="invalid_host").body()
+                await JSONResponse(body, status_code=400)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class CospecServer:
@@ -74,12 +96,14 @@ class CospecServer:
         ]
         handlers = {APIError: self._api_error, HTTPException: self._http_error, Exception: self._unexpected}
 
+
         @contextlib.asynccontextmanager
         async def lifespan(app):
             yield
             self.pool.close()  # stop running generations and the engine processes
 
-        return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+        return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan,
+                         middleware=[Middleware(HostCheck, allowed=self.settings.allowed_hosts)])
 
     def _count(self, request: Request, status: int) -> None:
         self.metrics.requests.labels(request.url.path, str(status)).inc()
@@ -108,6 +132,11 @@ class CospecServer:
             raise APIError(401, "missing or wrong API key (Authorization: Bearer KEY)", code="invalid_api_key")
 
     async def _json_body(self, request: Request):
+        # JSON only: a web page can send other types (text/plain) to any origin without asking first.
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/json":
+            raise APIError(415, f"the body must be application/json, not {kind or 'untyped'}",
+                           code="unsupported_media_type")
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
             raise APIError(413, f"the request body is over {MAX_BODY_BYTES} bytes", code="body_too_large")

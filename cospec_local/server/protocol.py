@@ -88,6 +88,11 @@ class _Common(BaseModel):
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
         if any(not s for s in stops):
             raise ValueError("stop strings must not be empty")
+        for s in stops:
+            try:
+                s.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate, from JSON's \ud800 escapes
+                raise ValueError("stop strings must be valid UTF-8") from None
         return stops
 
     def refuse_unsupported(self) -> None:

@@ -9,8 +9,9 @@ cancelled generation (a client gone) can never overlap the next one on the same 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..engine import Generation
@@ -29,6 +30,7 @@ class EnginePool:
         self.waiting = 0
         self._idle: asyncio.Queue[EngineWorker] | None = None
         self._threads = ThreadPoolExecutor(max_workers=len(workers), thread_name_prefix="cospec-serve")
+        self._generation_ids = itertools.count(1)
 
     def _queue(self) -> asyncio.Queue:
         if self._idle is None:  # made in the event loop that uses it
@@ -60,9 +62,9 @@ class EnginePool:
         self._queue().put_nowait(worker)
 
     def close(self) -> None:
-        """Stop the running generations and the engine processes."""
+        """End the engine processes, then the threads that talk to them (they see the pipes close)."""
         for worker in self.workers:
-            worker.abort()
+            worker.stop_process()
         self._threads.shutdown(wait=True, cancel_futures=True)
         for worker in self.workers:
             worker.close()
@@ -76,6 +78,21 @@ class Lease:
     worker: EngineWorker
     loop: asyncio.AbstractEventLoop
     _released: bool = False
+    _in_use: bool = False  # a thread is working on the engine: it is given back when that work ends
+    _release_pending: bool = False
+
+    def _on_thread(self, fn, *args) -> Future:
+        """fn(*args) on the pool's threads; the lease is given back only after it, however it ends."""
+        self._in_use = True
+        work = self.pool._threads.submit(fn, *args)
+
+        def done(_):
+            self._in_use = False
+            if self._release_pending:
+                self.release()
+
+        work.add_done_callback(lambda f: self.loop.call_soon_threadsafe(done, f))
+        return work
 
     async def prepare(self, chat: bool, payload, params: GenerationParams) -> list[int]:
         """The prompt's tokens, on the engine (started again first if its process had ended)."""
@@ -84,19 +101,22 @@ class Lease:
             self.worker.ensure_started()
             return self.worker.prepare(chat, payload, params)
 
-        return await self.loop.run_in_executor(self.pool._threads, work)
+        return await asyncio.wrap_future(self._on_thread(work))
 
     def release(self) -> None:
-        if not self._released:
+        """Give the engine back (at once, or when the work on it ends: a cancelled request's thread
+        may still be talking to it)."""
+        if self._in_use:
+            self._release_pending = True
+        elif not self._released:
             self._released = True
             self.pool._give_back(self.worker)
 
     def start(self, prompt: list[int], params: GenerationParams) -> "Job":
         """Start generating; the lease is given back when the generation ends."""
-        job = Job(self.loop, self.worker)
-        future = self.loop.run_in_executor(self.pool._threads, job.work, prompt, params)
-        job.future = future
-        future.add_done_callback(lambda _: self.release())
+        job = Job(self.loop, self.worker, next(self.pool._generation_ids))
+        job.future = asyncio.wrap_future(self._on_thread(job.work, prompt, params))
+        self.release()  # takes effect when the generation's thread is done
         return job
 
 
@@ -109,6 +129,7 @@ class Job:
 
     loop: asyncio.AbstractEventLoop
     worker: EngineWorker
+    generation_id: int
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     future: asyncio.Future | None = None
@@ -117,7 +138,8 @@ class Job:
     def work(self, prompt: list[int], params: GenerationParams) -> Generation:
         put = self.events.put_nowait
         try:
-            self.result = self.worker.generate(prompt, params, lambda event: self.loop.call_soon_threadsafe(put, event))
+            self.result = self.worker.generate(self.generation_id, prompt, params,
+                                               lambda event: self.loop.call_soon_threadsafe(put, event))
             return self.result
         finally:
             self.loop.call_soon_threadsafe(put, END)
@@ -125,10 +147,8 @@ class Job:
     def cancel(self) -> None:
         """Stop the generation now (from the event loop: a client went away)."""
         self.cancelled.set()
-        # The engine is ours until the future is done (its lease is given back in the done callback,
-        # on this same loop), so the stop cannot reach another request's generation.
         if self.future is not None and not self.future.done():
-            self.worker.abort()
+            self.worker.request_stop(self.generation_id)  # names this generation: it cannot stop another
 
     async def tokens(self):
         """The TokenEvents as they come."""

@@ -58,7 +58,10 @@ def describe_exit(code: int | None) -> str:
     if code is None:
         return "it stopped answering"
     if code < 0:
-        name = signal.Signals(-code).name
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
         why = " (llama.cpp aborted: with --rpc, usually a lost RPC server)" if name == "SIGABRT" else ""
         return f"it was ended by {name}{why}"
     return f"it exited with code {code}"
@@ -115,6 +118,7 @@ def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
 
     def stop(*_):
         # The server's "stop" (a client went away) names its generation: a late signal cannot stop the next one.
+        # A stop that comes before the native loop starts (which clears the abort flag) is seen after the first token.
         if running["id"] is not None and stop_request.value == running["id"]:
             engine.abort()
 
@@ -134,6 +138,8 @@ def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
                 try:
                     for event in engine.stream(prompt, params):
                         conn.send(("token", event))
+                        if stop_request.value == generation_id:
+                            break  # closing the stream stops the native loop
                 finally:
                     running["id"] = None
                 conn.send(("done", engine.last_result))
@@ -143,6 +149,8 @@ def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
             conn.send(("failed", f"{exc.status_name}: {exc}"))
         except (CospecError, ValueError) as exc:
             conn.send(("refused", (400, str(exc), None, getattr(exc, "status_name", None))))
+        except Exception as exc:  # noqa: BLE001 - one request's failure must not end the engine
+            conn.send(("failed", f"{type(exc).__name__}: {exc}"))
     engine.close()
 
 
@@ -157,8 +165,7 @@ class EngineWorker:
         self.conn = None
         self.info: dict = {}
         self.exit_reason: str | None = None  # why the last process ended, if it did
-        self._generations = 0
-        self._stop_request = None  # shared with the engine process: the generation a stop signal is for
+        self._stop_request = None  # shared with the engine process: the generation a stop is for
 
     @property
     def alive(self) -> bool:
@@ -191,14 +198,22 @@ class EngineWorker:
             self.close()
             self.start()
 
+    def _died(self) -> EngineDied:
+        self.process.join(5)
+        self.exit_reason = describe_exit(self.process.exitcode)
+        return EngineDied(f"the engine process ended: {self.exit_reason}; it starts again for the next request")
+
+    def _send(self, message) -> None:
+        try:
+            self.conn.send(message)
+        except (OSError, ValueError):
+            raise self._died() from None
+
     def _receive(self):
         try:
             return self.conn.recv()
         except (EOFError, OSError):
-            self.process.join(5)
-            self.exit_reason = describe_exit(self.process.exitcode)
-            raise EngineDied(f"the engine process ended: {self.exit_reason}; it starts again for the next "
-                             "request") from None
+            raise self._died() from None
 
     def _reply(self, message):
         kind, value = message
@@ -209,13 +224,13 @@ class EngineWorker:
         return value
 
     def prepare(self, chat: bool, payload, params: GenerationParams) -> list[int]:
-        self.conn.send(("prepare", (chat, payload, params)))
+        self._send(("prepare", (chat, payload, params)))
         return self._reply(self._receive())
 
-    def generate(self, prompt: list[int], params: GenerationParams,
+    def generate(self, generation_id: int, prompt: list[int], params: GenerationParams,
                  on_token: Callable[[TokenEvent], None]) -> Generation:
-        self._generations += 1
-        self.conn.send(("generate", (self._generations, prompt, params)))
+        """`generation_id` (unique in this server) is what request_stop names."""
+        self._send(("generate", (generation_id, prompt, params)))
         while True:
             kind, value = self._receive()
             if kind == "token":
@@ -225,22 +240,28 @@ class EngineWorker:
             else:
                 return self._reply((kind, value))
 
-    def abort(self) -> None:
-        """Stop the running generation (it still answers "done" with what it made)."""
+    def request_stop(self, generation_id: int) -> None:
+        """Stop that generation, whether it is running or about to start; it still answers "done"
+        with what it made. Safe from any thread; a stop for a generation already over does nothing."""
         if self.alive:
-            self._stop_request.value = self._generations
+            self._stop_request.value = generation_id
             try:
                 os.kill(self.process.pid, signal.SIGUSR1)
             except ProcessLookupError:
                 pass
 
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-        if self.process is not None:
-            self.process.join(5)  # it leaves its loop when the pipe closes
+    def stop_process(self) -> None:
+        """End the engine process (a thread blocked reading its pipe then gets EngineDied)."""
+        if self.process is not None and self.process.is_alive():
+            self.process.terminate()
+            self.process.join(5)
             if self.process.is_alive():
                 self.process.kill()
                 self.process.join()
-            self.process = None
+
+    def close(self) -> None:
+        self.stop_process()
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        self.process = None

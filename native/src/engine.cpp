@@ -255,7 +255,8 @@ static bool on_load_progress(float progress, void * data) {
     return go_on;
 }
 
-static int32_t load_model(const cospec_engine_params & p, int32_t which, model_slot & slot) {
+static int32_t load_model(const cospec_engine_params & p, int32_t which, model_slot & slot,
+                          cospec::rpc_connections & rpc) {
     const char * path = which == 0 ? p.target_path : p.draft_path;
     const char * role = which == 0 ? "target" : "draft";
     const std::string what = std::string(role) + " model";
@@ -277,7 +278,7 @@ static int32_t load_model(const cospec_engine_params & p, int32_t which, model_s
     }
     std::vector<ggml_backend_dev_t> devices;
     if (which == 0 && p.rpc_servers != nullptr && p.rpc_servers[0] != '\0') {
-        if (const int32_t st = rpc_devices(p.rpc_servers, devices); st != COSPEC_OK) {
+        if (const int32_t st = rpc_devices(p.rpc_servers, devices, rpc); st != COSPEC_OK) {
             return st;
         }
         // The servers first (llama.cpp's order, least traffic), then this machine's GPUs; the CPU is implicit.
@@ -501,12 +502,12 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
     init_backend();
     try {
         auto e = std::make_unique<cospec_engine>();
-        if (int32_t st = load_model(*params, 0, e->target); st != COSPEC_OK) {
+        if (int32_t st = load_model(*params, 0, e->target, e->rpc); st != COSPEC_OK) {
             return st;
         }
         e->has_draft = params->draft_path != nullptr && params->draft_path[0] != '\0';
         if (e->has_draft) {
-            if (int32_t st = load_model(*params, 1, e->draft); st != COSPEC_OK) {
+            if (int32_t st = load_model(*params, 1, e->draft, e->rpc); st != COSPEC_OK) {
                 return st;
             }
             e->draft_path = params->draft_path;

@@ -4,6 +4,7 @@
 #include "draft_tuner.h"
 #include "internal.h"
 #include "llama.h"
+#include "rpc.h"
 
 #include <atomic>
 #include <mutex>
@@ -35,7 +36,9 @@ struct model_slot {
 };
 
 struct cospec_engine {
-    // Declared first so it outlives the contexts whose abort callback reads it.
+    // The RPC servers of the target; first, so the models on them are freed before it lets go.
+    cospec::rpc_connections rpc;
+    // Declared early so it outlives the contexts whose abort callback reads it.
     std::atomic<bool> abort_flag {false};
     model_slot target;
     model_slot draft;

@@ -2,62 +2,28 @@
 // GGML_RPC=on): devices of remote rpc servers for the target, and the server side.
 #include "rpc.h"
 
+#include "ggml-rpc.h"
+
 #include "internal.h"
 
+#include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
-#include <mutex>
-#include <stdexcept>
-#include <netdb.h>
-#include <poll.h>
 #include <fcntl.h>
+#include <netdb.h>
+#include <mutex>
+#include <poll.h>
+#include <map>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <thread>
 #include <unistd.h>
-#include <algorithm>
 
 namespace {
 
-void on_ggml_abort(const char * message);
-
-void install_abort_hook() {
-    static std::once_flag once;
-    std::call_once(once, [] { ggml_set_abort_callback(on_ggml_abort); });
-}
-
-// A ggml abort on a thread inside an `aborts_throw` scope.
-struct ggml_failure : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
-
-thread_local bool t_aborts_throw = false;
-
-void on_ggml_abort(const char * message) {
-    if (t_aborts_throw) {
-        t_aborts_throw = false; // one throw per scope: cleanup code must not throw again
-        throw ggml_failure(message);
-    }
-    std::fprintf(stderr, "%s\n", message); // ggml's own behaviour, before it aborts
-}
-
-// While alive, a ggml abort on this thread throws ggml_failure instead of ending the process:
-// around the RPC client's handshake, which aborts on the calling thread when a server answers
-// but not as one. (A server lost mid-generation fails on the client's own worker thread, where
-// nothing can be caught: that still ends the process.)
-class aborts_throw {
-public:
-    aborts_throw() : previous(t_aborts_throw) {
-        install_abort_hook();
-        t_aborts_throw = true;
-    }
-    ~aborts_throw() { t_aborts_throw = previous; }
-    aborts_throw(const aborts_throw &) = delete;
-    aborts_throw & operator=(const aborts_throw &) = delete;
-private:
-    bool previous;
-};
-
+// Engines of this process using each RPC server.
+std::mutex g_in_use_mutex;
+std::map<std::string, int> g_in_use;
 
 ggml_backend_reg_t rpc_registry() {
     ggml_backend_load_all();
@@ -67,8 +33,41 @@ ggml_backend_reg_t rpc_registry() {
 const char * const NO_RPC = "this llama.cpp build has no RPC backend (reinstall it with CMAKE_ARGS=\"-DGGML_RPC=on\", "
                             "as ./install.sh does)";
 
-// Connect to host:port within `timeout_ms`: the RPC backend itself would abort the process on a
-// refused connection, and wait for minutes on an unreachable host.
+// Both ends of llama.cpp's RPC handshake (ggml-rpc.cpp: HELLO is command 14; a request is
+// | command (1 byte) | size (8 bytes) | data |, a response | size (8 bytes) | data |).
+constexpr uint8_t RPC_HELLO = 14;
+constexpr size_t RPC_CAPS_SIZE = 24;
+
+bool send_all(int fd, const void * data, size_t n) {
+    const char * p = static_cast<const char *>(data);
+    while (n > 0) {
+        const ssize_t sent = send(fd, p, n, MSG_NOSIGNAL);
+        if (sent <= 0) {
+            return false;
+        }
+        p += sent;
+        n -= (size_t) sent;
+    }
+    return true;
+}
+
+bool recv_all(int fd, void * data, size_t n) {
+    char * p = static_cast<char *>(data);
+    while (n > 0) {
+        const ssize_t got = recv(fd, p, n, 0);
+        if (got <= 0) {
+            return false;
+        }
+        p += got;
+        n -= (size_t) got;
+    }
+    return true;
+}
+
+// Connect to host:port and shake hands as an RPC client would, all within `timeout_ms`: the RPC
+// backend itself aborts the process on a refused connection, waits for minutes on an
+// unreachable host, and for ever on a server busy with another client (an rpc-server serves one
+// at a time). Returns "" when the server answered as one of this build's protocol.
 std::string probe(const std::string & host, const std::string & port, int timeout_ms) {
     addrinfo hints {};
     hints.ai_family = AF_UNSPEC;
@@ -78,8 +77,9 @@ std::string probe(const std::string & host, const std::string & port, int timeou
         return std::string("cannot resolve host: ") + gai_strerror(rc);
     }
     std::string error = "no address";
-    for (addrinfo * a = found; a != nullptr; a = a->ai_next) {
-        int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    int fd = -1;
+    for (addrinfo * a = found; a != nullptr && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
         if (fd < 0) {
             error = std::strerror(errno);
             continue;
@@ -89,34 +89,56 @@ std::string probe(const std::string & host, const std::string & port, int timeou
         if (rc != 0 && errno == EINPROGRESS) {
             pollfd p {fd, POLLOUT, 0};
             rc = poll(&p, 1, timeout_ms);
-            if (rc == 0) {
-                error = "no answer within " + std::to_string(timeout_ms / 1000) + " s";
-                close(fd);
-                continue;
+            int so_error = ETIMEDOUT;
+            if (rc > 0) {
+                socklen_t len = sizeof(so_error);
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len);
             }
-            int so_error = 0;
-            socklen_t len = sizeof(so_error);
-            getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len);
             rc = so_error == 0 ? 0 : -1;
             errno = so_error;
         }
-        if (rc == 0) {
+        if (rc != 0) {
+            error = errno == ETIMEDOUT ? "no answer within " + std::to_string(timeout_ms / 1000) + " s"
+                                       : std::strerror(errno);
             close(fd);
-            freeaddrinfo(found);
-            return "";
+            fd = -1;
         }
-        error = std::strerror(errno);
-        close(fd);
     }
     freeaddrinfo(found);
-    return error;
+    if (fd < 0) {
+        return error;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) & ~O_NONBLOCK);
+    timeval tv {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    uint8_t request[1 + 8 + RPC_CAPS_SIZE] = {};
+    request[0] = RPC_HELLO;
+    const uint64_t request_size = RPC_CAPS_SIZE; // no transport capabilities: plain TCP
+    std::memcpy(request + 1, &request_size, sizeof(request_size));
+    uint64_t response_size = 0;
+    uint8_t response[4 + RPC_CAPS_SIZE] = {};
+    std::string why;
+    if (!send_all(fd, request, sizeof(request)) || !recv_all(fd, &response_size, sizeof(response_size)) ||
+        response_size != sizeof(response) || !recv_all(fd, response, sizeof(response))) {
+        why = response_size == 0 ? "it accepted the connection but did not answer the RPC handshake within " +
+                                       std::to_string(timeout_ms / 1000) + " s (an rpc-server serves one client at a "
+                                       "time: is another engine or program using it?)"
+                                 : "it did not answer as an RPC server";
+    } else if (response[0] != RPC_PROTO_MAJOR_VERSION || response[1] > RPC_PROTO_MINOR_VERSION) {
+        why = "it speaks RPC protocol " + std::to_string(response[0]) + "." + std::to_string(response[1]) +
+              ", this build " + std::to_string(RPC_PROTO_MAJOR_VERSION) + "." + std::to_string(RPC_PROTO_MINOR_VERSION) +
+              " (use the same llama.cpp version on both machines)";
+    }
+    close(fd);
+    return why;
 }
 
 } // namespace
 
 namespace cospec {
 
-int32_t rpc_devices(const std::string & servers, std::vector<ggml_backend_dev_t> & out) {
+int32_t rpc_devices(const std::string & servers, std::vector<ggml_backend_dev_t> & out, rpc_connections & held) {
     ggml_backend_reg_t reg = rpc_registry();
     if (reg == nullptr) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, NO_RPC);
@@ -136,25 +158,33 @@ int32_t rpc_devices(const std::string & servers, std::vector<ggml_backend_dev_t>
             endpoint.find_first_not_of("0123456789", colon + 1) != std::string::npos) {
             return fail(COSPEC_ERR_INVALID_ARGUMENT, "RPC server '" + endpoint + "': expected HOST:PORT");
         }
-        if (std::string why = probe(endpoint.substr(0, colon), endpoint.substr(colon + 1), 5000); !why.empty()) {
+        std::unique_lock<std::mutex> lock(g_in_use_mutex);
+        const bool connected = g_in_use[endpoint] > 0;  // a new handshake would wait behind that connection
+        lock.unlock();
+        if (std::string why = connected ? "" : probe(endpoint.substr(0, colon), endpoint.substr(colon + 1), 5000);
+            !why.empty()) {
             return fail(COSPEC_ERR_MODEL_LOAD, "cannot reach the RPC server at " + endpoint + ": " + why +
                                                    " (is `cospec-local rpc-server` running there?)");
         }
-        ggml_backend_reg_t server = nullptr;
-        try {
-            aborts_throw guard;
-            server = add_server(endpoint.c_str());
-        } catch (const ggml_failure & ex) {
-            return fail(COSPEC_ERR_MODEL_LOAD, "the RPC server at " + endpoint + " did not answer as one: " + ex.what());
-        }
+        ggml_backend_reg_t server = add_server(endpoint.c_str());
         if (server == nullptr || ggml_backend_reg_dev_count(server) == 0) {
             return fail(COSPEC_ERR_MODEL_LOAD, "the RPC server at " + endpoint + " offers no device");
         }
         for (size_t i = 0; i < ggml_backend_reg_dev_count(server); ++i) {
             out.push_back(ggml_backend_reg_dev_get(server, i));
         }
+        lock.lock();
+        g_in_use[endpoint] += 1;
+        held.endpoints.push_back(endpoint);
     }
     return COSPEC_OK;
+}
+
+rpc_connections::~rpc_connections() {
+    std::lock_guard<std::mutex> lock(g_in_use_mutex);
+    for (const auto & endpoint : endpoints) {
+        g_in_use[endpoint] -= 1;
+    }
 }
 
 } // namespace cospec
