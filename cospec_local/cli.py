@@ -38,6 +38,14 @@ class LoadSettings:
     rpc: str | None
     verbose: bool
 
+    def engine_options(self, draft: str | None) -> dict:
+        """Engine's keyword arguments for these settings and `draft` (the one chosen for the mode)."""
+        all_layers = -1
+        return dict(target=self.target, draft=draft, n_ctx=self.n_ctx, n_threads=self.n_threads,
+                    n_gpu_layers=all_layers if self.n_gpu_layers is None else self.n_gpu_layers,
+                    n_gpu_layers_draft=all_layers if self.n_gpu_layers_draft is None else self.n_gpu_layers_draft,
+                    rpc=self.rpc, verbose=self.verbose)
+
 
 def _check_ctx(ctx, param, value: int) -> int:
     if 0 < value < MIN_CTX:
@@ -175,15 +183,11 @@ def open_engine(load: LoadSettings, draft: str | None, quiet: bool = False) -> E
         return True
 
     gpu_notice(load, quiet)
-    all_layers = -1
     try:
         if not quiet:
             click.echo(f"target: {resolve_model(load.target)}\ndraft:  {resolve_model(draft) if draft else '-'}",
                        err=True)
-        return Engine(load.target, draft, n_ctx=load.n_ctx, n_threads=load.n_threads,
-                      n_gpu_layers=all_layers if load.n_gpu_layers is None else load.n_gpu_layers,
-                      n_gpu_layers_draft=all_layers if load.n_gpu_layers_draft is None else load.n_gpu_layers_draft,
-                      progress=progress, verbose=load.verbose, rpc=load.rpc)
+        return Engine(**load.engine_options(draft), progress=progress)
     except VocabMismatchError as exc:
         raise click.ClickException(f"{exc}\nfix: -md with a draft that has the target's tokenizer, or --mode "
                                    "target-only") from None
@@ -328,10 +332,7 @@ def serve(load, params, host, port, parallel, max_waiting, api_key, alias, stric
     draft, params = draft_for_mode(load.target, load.draft, params)
     gpu_notice(load, quiet=False)
     click.echo(f"target: {resolve_model(load.target)}\ndraft:  {resolve_model(draft) if draft else '-'}", err=True)
-    spec = EngineSpec(target=str(load.target), draft=draft, n_ctx=load.n_ctx, n_threads=load.n_threads,
-                      n_gpu_layers=-1 if load.n_gpu_layers is None else load.n_gpu_layers,
-                      n_gpu_layers_draft=-1 if load.n_gpu_layers_draft is None else load.n_gpu_layers_draft,
-                      rpc=load.rpc, verbose=load.verbose, preload=params)
+    spec = EngineSpec(**load.engine_options(draft), preload=params)
     workers = [EngineWorker(spec) for _ in range(parallel)]
     try:
         for i, worker in enumerate(workers):

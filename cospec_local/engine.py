@@ -485,7 +485,7 @@ class Engine:
             "model": self.model_name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
                          "finish_reason": result.finish_reason}],
-            "usage": _usage(len(prompt), result),
+            "usage": openai_usage(len(prompt), result),
             "timings": result.stats.to_json(),
             "cospec": {"mode": result.mode, "arbiter": result.arbiter, "provenance": result.provenance,
                        "stop_reason": result.stop_reason},
@@ -503,7 +503,7 @@ class Engine:
                 yield chunk({"content": event.text})
         result = self.last_result
         final = chunk({}, result.finish_reason)
-        final["usage"] = _usage(len(prompt), result)
+        final["usage"] = openai_usage(len(prompt), result)
         final["timings"] = result.stats.to_json()
         yield final
 
@@ -556,6 +556,7 @@ class _Background:
         return self.result
 
 
-def _usage(n_prompt: int, result: Generation) -> dict:
+def openai_usage(n_prompt: int, result: Generation) -> dict:
+    """OpenAI's `usage` object of a generation from a prompt of n_prompt tokens."""
     return {"prompt_tokens": n_prompt, "completion_tokens": len(result.tokens),
             "total_tokens": n_prompt + len(result.tokens)}

@@ -25,7 +25,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ..arbiters import AUTO, NAMED_ARBITERS
-from ..engine import Generation
+from ..engine import Generation, openai_usage
 from ..params import GenerationParams
 from .metrics import ServerMetrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, generation_params, parse_request
@@ -95,7 +95,6 @@ class CospecServer:
             Route("/v1/completions", self.completions, methods=["POST"]),
         ]
         handlers = {APIError: self._api_error, HTTPException: self._http_error, Exception: self._unexpected}
-
 
         @contextlib.asynccontextmanager
         async def lifespan(app):
@@ -225,7 +224,7 @@ class CospecServer:
         except BaseException as exc:
             lease.release()
             if isinstance(exc, RequestRefused):
-                raise APIError(exc.args[0], exc.args[1], param=exc.args[2], code=exc.args[3]) from None
+                raise _refused(exc) from None
             if isinstance(exc, EngineUnavailable):
                 raise APIError(503, f"no engine: {exc}", "server_error", code="engine_unavailable",
                                headers={"Retry-After": str(RETRY_AFTER_S)}) from None
@@ -256,7 +255,7 @@ class CospecServer:
         except (GenerationFailed, EngineDied) as exc:
             raise APIError(500, f"generation failed: {exc}", "server_error", code="generation_failed") from None
         except RequestRefused as exc:
-            raise APIError(exc.args[0], exc.args[1], param=exc.args[2], code=exc.args[3]) from None
+            raise _refused(exc) from None
         events = []
         while not job.events.empty():
             events.append(job.events.get_nowait())
@@ -296,6 +295,11 @@ class CospecServer:
             self.metrics.first_token.observe(first - started)
 
 
+def _refused(exc: RequestRefused) -> APIError:
+    status, message, param, code = exc.args
+    return APIError(status, message, param=param, code=code)
+
+
 class _Reply:
     """The response objects of one request, chat or text completion, whole or in chunks."""
 
@@ -305,6 +309,7 @@ class _Reply:
         self.id = prefix + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
+        self.chunk_object = self.object + ".chunk" if chat else self.object  # OpenAI's text chunks keep the name
 
     def delta(self, text: str) -> dict:
         return {"content": text}
@@ -323,8 +328,8 @@ class _Reply:
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
     def chunk(self, delta: dict, finish_reason=None, tokens=None) -> dict:
-        out = {"id": self.id, "object": self.object + (".chunk" if self.chat else ""), "created": self.created,
-               "model": self.model, "choices": [self._choice(delta, finish_reason)]}
+        out = {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model,
+               "choices": [self._choice(delta, finish_reason)]}
         if self.provenance and tokens:
             out["cospec"] = {"tokens": self._tokens(tokens)}
         return out
@@ -333,9 +338,6 @@ class _Reply:
         return {"mode": result.mode, "arbiter": result.arbiter, "stop_reason": result.stop_reason,
                 "seed": self.params.seed}
 
-    def usage(self, result: Generation) -> dict:
-        return {"prompt_tokens": self.n_prompt, "completion_tokens": len(result.tokens),
-                "total_tokens": self.n_prompt + len(result.tokens)}
 
     def last_chunk(self, result: Generation, pending) -> dict:
         out = self.chunk({}, result.finish_reason, tokens=pending)
@@ -344,13 +346,13 @@ class _Reply:
         return out
 
     def usage_chunk(self, result: Generation) -> dict:
-        return {"id": self.id, "object": self.object + (".chunk" if self.chat else ""), "created": self.created,
-                "model": self.model, "choices": [], "usage": self.usage(result)}
+        return {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model,
+                "choices": [], "usage": openai_usage(self.n_prompt, result)}
 
     def whole(self, result: Generation, events) -> dict:
         cospec = self._summary(result)
         if self.provenance:
             cospec["tokens"] = self._tokens(events)
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
-                "choices": [self._choice(result.text, result.finish_reason)], "usage": self.usage(result),
+                "choices": [self._choice(result.text, result.finish_reason)], "usage": openai_usage(self.n_prompt, result),
                 "timings": result.stats.to_json(), "cospec": cospec}

@@ -169,20 +169,19 @@ def parse_request(cls: type[_Common], data: Any, strict: bool) -> _Common:
     return request
 
 
-# The request's fields that set a GenerationParams field of the same meaning.
-_PARAM_FIELDS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "mode": "mode",
-                 "arbiter": "arbiter", "top_k": "top_k", "min_p": "min_p", "repeat_penalty": "repeat_penalty",
-                 "draft_max": "draft_max", "ignore_eos": "ignore_eos"}
+# The request's fields that set the GenerationParams field of the same name.
+_PARAM_FIELDS = ("temperature", "top_p", "seed", "mode", "arbiter", "top_k", "min_p", "repeat_penalty", "draft_max",
+                 "ignore_eos")
 
 
 def generation_params(request: _Common, defaults: GenerationParams, allowed_arbiters: set[str],
                       has_draft: bool) -> GenerationParams:
     """The server's defaults with the request's own settings on top; 400 for values it refuses."""
     changes: dict = {}
-    for field, param in _PARAM_FIELDS.items():
+    for field in _PARAM_FIELDS:
         value = getattr(request, field)
         if value is not None:
-            changes[param] = value
+            changes[field] = value
     max_tokens = getattr(request, "max_completion_tokens", None) or request.max_tokens
     if max_tokens is not None:
         changes["max_tokens"] = max_tokens
@@ -200,7 +199,5 @@ def generation_params(request: _Common, defaults: GenerationParams, allowed_arbi
     try:
         params.validate()
     except ValueError as exc:
-        field = getattr(exc, "field", None)
-        param = next((k for k, v in _PARAM_FIELDS.items() if v == field), field)
-        raise APIError(400, str(exc), param=param) from None
+        raise APIError(400, str(exc), param=getattr(exc, "field", None)) from None
     return params

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -131,7 +130,6 @@ class Job:
     worker: EngineWorker
     generation_id: int
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
-    cancelled: threading.Event = field(default_factory=threading.Event)
     future: asyncio.Future | None = None
     result: Generation | None = None
 
@@ -146,7 +144,6 @@ class Job:
 
     def cancel(self) -> None:
         """Stop the generation now (from the event loop: a client went away)."""
-        self.cancelled.set()
         if self.future is not None and not self.future.done():
             self.worker.request_stop(self.generation_id)  # names this generation: it cannot stop another
 

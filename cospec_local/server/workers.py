@@ -164,7 +164,6 @@ class EngineWorker:
         self.process = None
         self.conn = None
         self.info: dict = {}
-        self.exit_reason: str | None = None  # why the last process ended, if it did
         self._stop_request = None  # shared with the engine process: the generation a stop is for
 
     @property
@@ -191,7 +190,6 @@ class EngineWorker:
             self.process.join(5)
             raise EngineUnavailable(value)
         self.info = value
-        self.exit_reason = None
 
     def ensure_started(self) -> None:
         if not self.alive:
@@ -200,8 +198,8 @@ class EngineWorker:
 
     def _died(self) -> EngineDied:
         self.process.join(5)
-        self.exit_reason = describe_exit(self.process.exitcode)
-        return EngineDied(f"the engine process ended: {self.exit_reason}; it starts again for the next request")
+        return EngineDied(f"the engine process ended: {describe_exit(self.process.exitcode)}; it starts again for "
+                          "the next request")
 
     def _send(self, message) -> None:
         try:
