@@ -1,10 +1,14 @@
 """Compare the sps loop with llama.cpp's own `llama-speculative-simple` on the
-same models, K, threads and prompt, alternating runs so machine noise hits both.
+same models, K, threads, offload and prompt, alternating runs so machine noise
+hits both. Both draft exactly K tokens per block (our adaptive length is off).
 
 Build llama-speculative-simple from the llama.cpp source that llama-cpp-python
-0.3.36 vendors (its sdist's vendor/llama.cpp), then:
+0.3.36 vendors (its sdist's vendor/llama.cpp), with the same GGML flags as the
+install (e.g. -DGGML_CUDA=on), then:
 
-    python bench/compare_llama_cpp.py --llama-bin BUILD/bin -m TARGET.gguf -md DRAFT.gguf --draft-max 4
+    python bench/compare_llama_cpp.py --llama-bin BUILD/bin -m TARGET -md DRAFT --draft-max 4 [-ngl 99]
+
+TARGET and DRAFT are GGUF files or named models (`cospec-local models`).
 """
 from __future__ import annotations
 
@@ -15,13 +19,16 @@ import statistics
 import subprocess
 import sys
 
+from cospec_local.models import resolve_model
+
 PROMPT = "Once upon a time, in a small village by the sea,"
 
 
-def run_llama(bin_dir, target, draft, k, n, threads):
+def run_llama(bin_dir, target, draft, k, n, threads, ngl):
     cmd = [f"{bin_dir}/llama-speculative-simple", "-m", target, "-md", draft, "-p", PROMPT, "-n", str(n),
            "--spec-type", "draft-simple", "--spec-draft-n-max", str(k), "--temp", "0", "--top-k", "1",
-           "-t", str(threads), "-td", str(threads), "-c", "4096", "--no-repack", "--draft-p-min", "0"]
+           "-t", str(threads), "-td", str(threads), "-c", "4096", "--no-repack", "--draft-p-min", "0",
+           "-ngl", str(ngl), "-ngld", str(ngl)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", out.stderr + out.stdout)
     acc = re.search(r"accept\s+=\s+([\d.]+)%", out.stderr + out.stdout)
@@ -31,9 +38,10 @@ def run_llama(bin_dir, target, draft, k, n, threads):
             "acceptance": float(acc.group(1)) / 100 if acc else None}
 
 
-def run_cospec(target, draft, k, n, threads):
+def run_cospec(target, draft, k, n, threads, ngl):
     cmd = [sys.executable, "-m", "cospec_local.cli", "generate", "-m", target, "-md", draft, "-p", PROMPT,
-           "-n", str(n), "--mode", "sps", "--draft-max", str(k), "-t", str(threads), "-c", "4096", "--json"]
+           "-n", str(n), "--mode", "sps", "--draft-max", str(k), "--fixed-draft", "-t", str(threads), "-c", "4096",
+           "-ngl", str(ngl), "-ngld", str(ngl), "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         sys.exit("cospec-local failed:\n" + out.stderr[-3000:])
@@ -51,14 +59,17 @@ def main():
     ap.add_argument("--draft-max", type=int, default=4)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-t", type=int, default=2)
+    ap.add_argument("-ngl", type=int, default=0, help="layers to offload, the same for target and draft (0: CPU)")
     ap.add_argument("--runs", type=int, default=3)
     a = ap.parse_args()
+    target, draft = str(resolve_model(a.m)), str(resolve_model(a.md))
     llama, ours = [], []
     for _ in range(a.runs):
-        llama.append(run_llama(a.llama_bin, a.m, a.md, a.draft_max, a.n, a.t))
-        ours.append(run_cospec(a.m, a.md, a.draft_max, a.n, a.t))
+        llama.append(run_llama(a.llama_bin, target, draft, a.draft_max, a.n, a.t, a.ngl))
+        ours.append(run_cospec(target, draft, a.draft_max, a.n, a.t, a.ngl))
     med = lambda rows, key: statistics.median(r[key] for r in rows)
-    print(json.dumps({"draft_max": a.draft_max, "threads": a.t, "runs": a.runs,
+    print(json.dumps({"target": a.m, "draft": a.md, "draft_max": a.draft_max, "threads": a.t, "ngl": a.ngl,
+                      "runs": a.runs,
                       "llama_speculative_simple": {"tps_median": med(llama, "tps"), "runs": llama},
                       "cospec_sps": {"tps_median": med(ours, "tps"), "runs": ours},
                       "ratio_cospec_over_llama": med(ours, "tps") / med(llama, "tps")}, indent=1))

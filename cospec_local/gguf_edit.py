@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import gguf
+import numpy as np
 
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 
@@ -53,15 +54,17 @@ def rewrite_gguf(
     dst: str | Path,
     kv_edit: KvEdit = lambda key, value: value,
     keep_tensor: Callable[[str], bool] = lambda name: True,
-    add_kv: dict[str, tuple[Any, gguf.GGUFValueType]] | None = None,
+    add_kv: dict[str, tuple] | None = None,
     add_tensors: Iterable[tuple[str, Any, gguf.GGMLQuantizationType | None]] = (),
+    arch: str | None = None,
 ) -> Path:
     """Copy `reader` to `dst`, editing metadata values and filtering tensors.
 
-    `add_kv` maps key -> (value, type) for keys written after the copied ones
+    `add_kv` maps key -> (value, type[, array element type]) for keys written after the copied ones
     (drop the key in `kv_edit` when replacing an existing one). `add_tensors`
     are (name, data, raw type or None for a plain float array) written after the
     kept tensors, e.g. new weights for a model that keeps the source's metadata.
+    `arch` changes general.architecture (its keys are the caller's to rename).
 
     Tensors keep their raw (quantized) bytes and ggml type. Follows gguf-py's
     own gguf_new_metadata.py: the reader hands out tensor data in numpy order
@@ -72,7 +75,7 @@ def rewrite_gguf(
     if Path(reader.data.filename).resolve() == dst.resolve():
         raise ValueError("destination must differ from the source (it is memory-mapped)")
     tmp = dst.with_name(dst.name + ".tmp")  # never leave a half-written GGUF at dst
-    writer = gguf.GGUFWriter(tmp, architecture(reader), endianess=reader.endianess)
+    writer = gguf.GGUFWriter(tmp, arch or architecture(reader), endianess=reader.endianess)
     writer.data_alignment = reader.alignment  # general.alignment is copied below
 
     for field in reader.fields.values():
@@ -83,8 +86,8 @@ def rewrite_gguf(
         if value is not None:
             sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
             writer.add_key_value(field.name, value, field.types[0], sub_type=sub_type)
-    for key, (value, vtype) in (add_kv or {}).items():
-        writer.add_key_value(key, value, vtype)
+    for key, (value, vtype, *sub_type) in (add_kv or {}).items():
+        writer.add_key_value(key, value, vtype, sub_type=sub_type[0] if sub_type else None)
 
     for t in reader.tensors:
         if keep_tensor(t.name):
@@ -133,3 +136,68 @@ def truncate_layers(src: str | Path, dst: str | Path, n_layers: int) -> Path:
     name = f"{old.contents() if old else Path(src).stem} (truncated draft: first {n_layers} of {total} layers)"
     return rewrite_gguf(reader, dst, kv_edit, keep_tensor,
                         add_kv={gguf.Keys.General.NAME: (name, gguf.GGUFValueType.STRING)})
+
+
+def add_ffn_blocks(src: str | Path, dst: str | Path, n_blocks: int, n_ff: int,
+                   weight_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.Q8_0) -> Path:
+    """Write to `dst` the llama model `src` followed by `n_blocks` feed-forward blocks of width
+    `n_ff` whose weights are zero, so it computes `src`'s function bit for bit at a larger
+    per-token cost: a 135M model made to read as many bytes per token as a 1B or 8B one, for
+    benchmarks of speculation at realistic sizes.
+
+    An extra block has no attention and its FFN outputs silu(0) * 0 projected by zeros: it adds
+    exactly 0 to the residual stream. It still costs what a real FFN of that shape costs, since a
+    dense matrix product reads and multiplies every weight whatever its value. llama.cpp's llama
+    architecture takes one FFN length for all blocks, so the result is written as `deci` (Llama
+    with per-block head counts and FFN lengths, blocks without attention allowed), whose graph
+    runs the same operations for the original blocks. `weight_type` must be a block format
+    whose all-zero block is the value 0 (Q4_0, Q8_0).
+    """
+    reader = open_gguf(src)
+    arch, total = architecture(reader), block_count(reader)
+    if arch != "llama":
+        raise ValueError(f"only llama models can be extended, not {arch!r}")
+    if weight_type not in (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q8_0):
+        raise ValueError(f"extra blocks are Q4_0 or Q8_0, not {weight_type.name}")
+    if n_blocks < 1 or n_ff < 256 or n_ff % 256:
+        raise ValueError(f"need n_blocks >= 1 and n_ff a positive multiple of 256, got {n_blocks}, {n_ff}")
+    per_block = ("feed_forward_length", "attention.head_count", "attention.head_count_kv")
+    values = {f: reader.get_field(f"{arch}.{f}").contents() for f in per_block + ("embedding_length",)}
+    if any(isinstance(v, list) for v in values.values()):
+        raise ValueError("models with per-block head counts or FFN lengths are not supported")
+    n_embd = values["embedding_length"]
+    extra = {"feed_forward_length": n_ff, "attention.head_count": 0, "attention.head_count_kv": 0}
+    new_arch = "deci"
+
+    def kv_edit(key: str, value: Any) -> Any:
+        if key.startswith(f"{arch}."):
+            return None  # re-added below under the new architecture's prefix
+        return None if key == gguf.Keys.General.NAME else value
+
+    add_kv = {}
+    for field in reader.fields.values():
+        if field.name.startswith(f"{arch}."):
+            rest = field.name[len(arch) + 1:]
+            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            add_kv[f"{new_arch}.{rest}"] = (field.contents(), field.types[0], sub)
+    u32 = gguf.GGUFValueType.UINT32
+    add_kv[f"{new_arch}.block_count"] = (total + n_blocks, u32)
+    for f in per_block:
+        add_kv[f"{new_arch}.{f}"] = ([values[f]] * total + [extra[f]] * n_blocks, gguf.GGUFValueType.ARRAY, u32)
+    old = reader.get_field(gguf.Keys.General.NAME)
+    add_kv[gguf.Keys.General.NAME] = (f"{old.contents() if old else Path(src).stem} (+{n_blocks} zero FFN blocks "
+                                      f"of {n_ff}: same function, larger per-token cost)", gguf.GGUFValueType.STRING)
+
+    block, type_size = gguf.GGML_QUANT_SIZES[weight_type]
+
+    def zeros(n_in: int, n_out: int) -> np.ndarray:  # numpy order of a raw quantized tensor: a row of bytes per output
+        return np.zeros((n_out, n_in // block * type_size), dtype=np.uint8)
+
+    def extra_tensors():
+        for i in range(total, total + n_blocks):
+            yield f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32), None
+            yield f"blk.{i}.ffn_gate.weight", zeros(n_embd, n_ff), weight_type
+            yield f"blk.{i}.ffn_up.weight", zeros(n_embd, n_ff), weight_type
+            yield f"blk.{i}.ffn_down.weight", zeros(n_ff, n_embd), weight_type
+
+    return rewrite_gguf(reader, dst, kv_edit, add_kv=add_kv, add_tensors=extra_tensors(), arch=new_arch)

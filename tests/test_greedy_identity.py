@@ -74,3 +74,27 @@ def test_adaptive_draft_length_is_lossless_and_backs_off(engine_for, reference, 
         adaptive_drafted += adaptive.stats.n_drafted
     if kind == "disagreeing":
         assert adaptive_drafted < fixed_drafted / 3
+
+
+@pytest.mark.parametrize("weight_type", ["Q8_0", "Q4_0"])
+def test_zero_ffn_blocks_keep_the_function(target_path, model_dir, engine_for, reference, weight_type):
+    """A target made costlier by zero feed-forward blocks (the realistic-size benchmark's models)
+    computes the source's function exactly: the same greedy tokens, alone and verifying the
+    source drafting for it."""
+    import gguf
+
+    from cospec_local import Engine
+    from cospec_local.gguf_edit import add_ffn_blocks, architecture, block_count, open_gguf
+
+    path = add_ffn_blocks(target_path, model_dir / f"plus2-{weight_type}.gguf", 2, 512,
+                          gguf.GGMLQuantizationType[weight_type])
+    reader = open_gguf(path)
+    assert (architecture(reader), block_count(reader)) == ("deci", 32)
+    assert reader.get_field("deci.feed_forward_length").contents() == [1536] * 30 + [512] * 2
+    with Engine(path, target_path, n_ctx=512) as costly:
+        for prompt in PROMPTS:
+            alone = costly.generate(prompt, mode="target-only", max_tokens=N_TOKENS, ignore_eos=True)
+            verified = costly.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True,
+                                       adaptive_draft=False)
+            assert alone.tokens == verified.tokens == reference("self", prompt)
+            assert verified.stats.n_fallback == 0

@@ -8,7 +8,6 @@ namespace cospec {
 namespace {
 constexpr double DECAY = 0.9;    // per block: the estimates follow the last ~10 blocks
 constexpr double SMOOTH = 0.2;   // weight of a new timing sample
-constexpr int64_t EXPLORE = 16;  // every this many blocks, try the other side
 
 double ema(double old, double x) {
     return old <= 0.0 ? x : (1.0 - SMOOTH) * old + SMOOTH * x;
@@ -16,7 +15,7 @@ double ema(double old, double x) {
 } // namespace
 
 void draft_tuner::observe_block(int32_t kd, int32_t accepted, bool rejected) {
-    n_blocks += 1;
+    since_explore += 1;
     if (kd <= 0) {
         return;
     }
@@ -88,10 +87,16 @@ int32_t draft_tuner::choose(int32_t k_max) {
             best = k;
         }
     }
+    if (exploring) { // what the exploring block taught decides when to explore next
+        exploring = false;
+        explore_every = best == 0 ? std::min(2 * explore_every, EXPLORE_MAX) : EXPLORE_MIN;
+    }
     // Keep the estimates alive: the acceptance rate is only seen while
     // drafting, the cost of a plain step only while not drafting.
     // (With fixed costs only the acceptance needs keeping alive.)
-    if (n_blocks % EXPLORE == 0 && (best == 0 || !fixed_costs)) {
+    if (since_explore >= (best == 0 ? explore_every : EXPLORE_MIN) && (best == 0 || !fixed_costs)) {
+        since_explore = 0;
+        exploring = best == 0;
         best = best == 0 ? 1 : 0;
     }
     return last_k = best;

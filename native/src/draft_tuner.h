@@ -39,9 +39,19 @@ class draft_tuner {
     double rej_sum = 1.0; // (prior: a = 0.5)
     double t_draft = -1.0;
     double t_verify[MAX_BATCH + 1] = {};
-    int64_t n_blocks = 0;
+    int64_t since_explore = 0;          // blocks since the last exploring one
+    int64_t explore_every = EXPLORE_MIN; // blocks between exploring ones
+    bool exploring = false;             // the last chosen length was an exploration
     int32_t last_k = 0;
     bool fixed_costs = false;
+
+    // While drafting does not pay, one block in explore_every still drafts, to
+    // see whether the draft has started agreeing. Each such block costs a draft
+    // catch-up and a longer verify, so the interval doubles after every
+    // exploration that confirms plain steps (up to EXPLORE_MAX), and goes back
+    // to EXPLORE_MIN once drafting pays.
+    static constexpr int64_t EXPLORE_MIN = 16;
+    static constexpr int64_t EXPLORE_MAX = 128;
 };
 
 } // namespace cospec

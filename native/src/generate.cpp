@@ -166,7 +166,8 @@ class generation {
 
     // Per-block buffers, kept across steps to avoid reallocations.
     std::vector<llama_token> drafted;
-    int32_t n_draft_decodes = 0; // llama_decode calls of the current block's drafting
+    int32_t n_draft_decodes = 0; // draft steps of the current block the tuner is told of
+    double t_draft_catch_up_ms = 0.0; // time of a long catch-up, left out of the tuner's draft steps
     std::vector<float> draft_logits;
     std::vector<std::vector<float>> draft_probs;
     std::vector<float> target_logits_copy;
@@ -182,9 +183,16 @@ class generation {
 
     // Decode s.batch. A failed or aborted decode may have left part of the
     // batch in the cache: drop everything from pos0 on so `cached` stays true.
+    // The time includes the device's work: on a GPU llama_decode returns once
+    // the work is queued, and the tuner's cost model needs what a step costs.
+    // (Every decode's results are read right after it, so waiting here adds
+    // no stall that reading them would not.)
     int32_t decode(model_slot & s, double & t_acc, llama_pos pos0) {
         const auto t0 = clock_type::now();
         const int32_t ret = llama_decode(s.ctx, s.batch);
+        if (ret == 0) {
+            llama_synchronize(s.ctx);
+        }
         t_acc += ms_since(t0);
         if (ret == 0) {
             return COSPEC_OK;
@@ -362,13 +370,20 @@ class generation {
 
     // ------------------------------------------------------------ steps
 
-    int32_t plain_step(model_slot & s, int32_t provenance, double & t_acc) {
+    // One token from model `s`. *n_decoded (if given) says how many tokens it
+    // decoded: 1 but after a prompt, or after tokens `s` has not seen.
+    int32_t plain_step(model_slot & s, int32_t provenance, double & t_acc, size_t * n_decoded = nullptr) {
         const size_t n_past = seq.size() - 1; // position of the last token
         if (n_past >= (size_t) e.n_ctx) {
             stop = COSPEC_STOP_CONTEXT_FULL;
             return COSPEC_OK;
         }
-        if (const int32_t status = sync(s, n_past + 1, true, t_acc, nullptr); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+        size_t n_reused = 0;
+        const int32_t status = sync(s, n_past + 1, true, t_acc, &n_reused);
+        if (n_decoded != nullptr) {
+            *n_decoded = n_past + 1 - n_reused;
+        }
+        if (status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
         const float * row = llama_get_logits_ith(s.ctx, -1);
@@ -385,14 +400,23 @@ class generation {
     int32_t draft_block(int32_t k) {
         drafted.clear();
         n_draft_decodes = 0;
+        t_draft_catch_up_ms = 0.0;
         const size_t n_past = seq.size() - 1;
         if (k <= 0) {
             return COSPEC_OK;
         }
-        if (const int32_t status = sync(e.draft, n_past + 1, true, st.t_draft_ms, nullptr); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+        // The first decode also catches the draft up on the tokens it has not
+        // seen: after a block that is the bonus or fallback token (and the last
+        // drafted one), after plain steps every token since. A long catch-up
+        // is not a draft step, so the tuner is not told its time.
+        const double t_before = st.t_draft_ms;
+        size_t n_reused = 0;
+        if (const int32_t status = sync(e.draft, n_past + 1, true, st.t_draft_ms, &n_reused); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
-        n_draft_decodes = 1;
+        const bool long_catch_up = n_past + 1 - n_reused > 2;
+        t_draft_catch_up_ms = long_catch_up ? st.t_draft_ms - t_before : 0.0;
+        n_draft_decodes = long_catch_up ? 0 : 1;
         const int32_t nv = e.draft.n_vocab;
         if (keep_draft_logits) {
             draft_logits.resize((size_t) k * nv);
@@ -644,8 +668,11 @@ class generation {
         if (k == 0) {
             // Nothing to draft: a plain target step, not a block.
             const double before = st.t_verify_ms;
-            const int32_t status = plain_step(e.target, COSPEC_PROV_TARGET, st.t_verify_ms);
-            tuner->observe_verify(1, st.t_verify_ms - before);
+            size_t n_decoded = 0;
+            const int32_t status = plain_step(e.target, COSPEC_PROV_TARGET, st.t_verify_ms, &n_decoded);
+            if (n_decoded == 1) { // a step, not a prompt
+                tuner->observe_verify(1, st.t_verify_ms - before);
+            }
             tuner->observe_block(0, 0, false);
             return status;
         }
@@ -654,7 +681,7 @@ class generation {
             return status;
         }
         if (n_draft_decodes > 0) {
-            tuner->observe_draft_step((st.t_draft_ms - t_draft_before) / n_draft_decodes);
+            tuner->observe_draft_step((st.t_draft_ms - t_draft_before - t_draft_catch_up_ms) / n_draft_decodes);
         }
         const float * rows = nullptr;
         if (const int32_t status = verify_block(n_past, &rows); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
