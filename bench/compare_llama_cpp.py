@@ -40,7 +40,7 @@ def run_llama(bin_dir, target, draft, k, n, threads, ngl):
 
 def run_cospec(target, draft, k, n, threads, ngl):
     cmd = [sys.executable, "-m", "cospec_local.cli", "generate", "-m", target, "-md", draft, "-p", PROMPT,
-           "-n", str(n), "--mode", "sps", "--draft-max", str(k), "--fixed-draft", "-t", str(threads), "-c", "4096",
+           "-n", str(n), "--mode", "speculative", "--arbiter", "target", "--draft-max", str(k), "--fixed-draft", "-t", str(threads), "-c", "4096",
            "-ngl", str(ngl), "-ngld", str(ngl), "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:

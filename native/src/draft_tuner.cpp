@@ -8,9 +8,12 @@ namespace cospec {
 namespace {
 constexpr double DECAY = 0.9;    // per block: the estimates follow the last ~10 blocks
 constexpr double SMOOTH = 0.2;   // weight of a new timing sample
+constexpr double MIN_GAIN = 1.05; // drafting must promise this speed-up over plain steps
 
+// A time sample far above the estimate is mostly the machine (a preempted
+// thread), not the step: it moves the estimate at most to 3x.
 double ema(double old, double x) {
-    return old <= 0.0 ? x : (1.0 - SMOOTH) * old + SMOOTH * x;
+    return old <= 0.0 ? x : (1.0 - SMOOTH) * old + SMOOTH * std::min(x, 3.0 * old);
 }
 } // namespace
 
@@ -76,7 +79,12 @@ int32_t draft_tuner::choose(int32_t k_max) {
     }
     const double a = std::min(acceptance(), 0.99);
     int32_t best = 0;
-    double best_rate = 1.0 / verify_cost(1);
+    // Measured costs leave out what a block costs beyond its decodes (the
+    // draft's catch-up, judging, bookkeeping), so drafting must promise a
+    // margin over plain steps; near break-even, noise in the timings would
+    // otherwise flip between the two at a loss. A fixed cost model is the
+    // caller's and is taken as it is.
+    double best_rate = (fixed_costs ? 1.0 : MIN_GAIN) / verify_cost(1);
     double tokens = 1.0, a_pow = 1.0;
     for (int32_t k = 1; k <= k_max; ++k) {
         a_pow *= a;

@@ -153,6 +153,7 @@ class generation {
     cospec::draft_tuner call_tuner;
     cospec::draft_tuner * tuner = nullptr;
     bool greedy = true;
+    bool previous_step_plain = false; // the last speculative step drafted nothing
     bool penalize = false; // a repeat penalty is on
     std::vector<float> penalized_row;
     std::vector<llama_token> penalty_history;
@@ -670,12 +671,19 @@ class generation {
             const double before = st.t_verify_ms;
             size_t n_decoded = 0;
             const int32_t status = plain_step(e.target, COSPEC_PROV_TARGET, st.t_verify_ms, &n_decoded);
-            if (n_decoded == 1) { // a step, not a prompt
+            // What a plain step costs in a run of plain steps: not a prompt, and
+            // not the first step after a block, which pays for llama.cpp
+            // rebuilding its graph for one token after K + 1 (a cost of the
+            // switch, which would otherwise make plain steps look dearer right
+            // after every block and pull the tuner back into drafting).
+            if (n_decoded == 1 && previous_step_plain) {
                 tuner->observe_verify(1, st.t_verify_ms - before);
             }
+            previous_step_plain = true;
             tuner->observe_block(0, 0, false);
             return status;
         }
+        previous_step_plain = false;
         const double t_draft_before = st.t_draft_ms;
         if (const int32_t status = draft_block(k); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
