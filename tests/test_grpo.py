@@ -19,7 +19,8 @@ from cospec_local import Engine  # noqa: E402
 from cospec_local.arbiters import NAMED_ARBITERS  # noqa: E402
 from cospec_local.models import resolve_model  # noqa: E402
 from cospec_local.tasks import load_task  # noqa: E402
-from cospec_local.train.grpo import GRPOConfig, decision_items, grpo_update, policy_probs, score_groups  # noqa: E402
+from cospec_local.train.grpo import (GRPOConfig, decision_items, grpo_update, policy_probs, score_groups,  # noqa: E402
+                                     state_items)
 from cospec_local.train.rewards import RewardConfig, group_advantages, rollout_reward, span_after_keeps  # noqa: E402
 from cospec_local.train.rollout import RolloutWorker, WorkerConfig  # noqa: E402
 
@@ -114,6 +115,25 @@ def test_score_groups_groups_by_problem():
     assert len(items) == 2 and [it["advantage"] for it in items] == adv[:2]
 
 
+def test_state_items_values():
+    """credit=state: a state whose choices ended differently gives one item per choice, advantage
+    +-(q_keep - q_reject) / 2, weighted by the policy's P(choice) (p_behaviour 1 for the choice
+    taken); a state whose choices ended alike gives nothing."""
+    def state(q_keep, q_reject, position=1):
+        return {"context": [1, 2], "draft": [3, 5], "target": [3, 6, 7], "features": [[0.0] * 16] * 2,
+                "position": position, "p_keep": 0.7, "kept": True, "q_keep": q_keep, "q_reject": q_reject}
+
+    results = [{"problem_id": "a", "correct": True, "decisions": 3, "kept": 2, "states": [state(1.0, 0.5), state(0.5, 0.5)]},
+               {"problem_id": "b", "correct": False, "decisions": 1, "kept": 0, "states": [state(0.0, 1.0)]}]
+    items, stats = state_items(results)
+    assert [(it["keep"], it["p_behaviour"], it["advantage"]) for it in items] == [
+        ([1.0], [1.0], 0.25), ([0.0], [0.0], -0.25), ([1.0], [1.0], -0.5), ([0.0], [0.0], 0.5)]
+    assert all(it["positions"] == [1] for it in items)
+    assert stats["states"] == 3 and stats["informative_states"] == 2 and stats["keep_better"] == 1
+    assert stats["keep_rate"] == 0.5 and stats["correct"] == 0.5
+    assert stats["q_keep"] == pytest.approx(0.5) and stats["q_reject"] == pytest.approx(2 / 3)
+
+
 # ---------------------------------------------------------------- rollouts of the engine
 
 @pytest.fixture(scope="module")
@@ -174,6 +194,24 @@ def test_rollouts_are_seeded_and_recorded_as_decided(worker, mismatch_problems, 
                     n_reject += not keep
     assert n_keep > 0 and n_reject > 0  # P(keep) inside (0, 1): both decisions drawn
     assert any(runs[p.id][0] != runs[p.id][1] for p in mismatch_problems)  # seeds matter
+
+
+def test_branches_try_both_choices_at_decision_states(worker, mismatch_problems, recorded):
+    """credit=state: the states are decisions of a policy rollout (mismatches), each choice is
+    continued and scored, and the same seed gives the same states and outcomes."""
+    folder, _ = recorded
+    n_states = 0
+    for problem in mismatch_problems:
+        first = worker.branches(problem, str(folder), 5, 2, 2)
+        assert worker.branches(problem, str(folder), 5, 2, 2) == first
+        assert len(first["states"]) == min(2, first["decisions"])
+        for st in first["states"]:
+            j = st["position"]
+            assert st["draft"][j] != st["target"][j]  # a decision is made at a mismatch
+            assert st["q_keep"] in (0.0, 0.5, 1.0) and st["q_reject"] in (0.0, 0.5, 1.0)
+            assert 0.0 < st["p_keep"] < 1.0
+        n_states += len(first["states"])
+    assert n_states >= 3
 
 
 def test_recorded_blocks_give_the_engines_probabilities(worker, recorded):

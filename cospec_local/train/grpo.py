@@ -58,6 +58,13 @@ class GRPOConfig:
                                  "this many times (it teaches nothing; DAPO's dynamic sampling, cheaply); 0: never.")
     prompts_per_step: int = option(32, "Prompts per step (over all processes).")
     group_size: int = option(8, "Rollouts per prompt (G).")
+    credit: str = option("rollout", "What a decision is credited with: rollout (the advantage of its whole "
+                                    "rollout within the prompt's group) or state (both choices tried at single "
+                                    "decision states of a policy rollout and continued by the policy: the "
+                                    "difference of their outcomes).")
+    states_per_prompt: int = option(2, "credit=state: decision states per prompt's rollout.")
+    continuations: int = option(2, "credit=state: continuations of each choice at a state (the same seeds for "
+                                   "both choices, so their difference is paired).")
     explore_temperature: float = option(1.0, "Rollouts draw decisions from sigmoid(logit(P(keep)) / this): above 1, "
                                              "decisions the policy is sure of are tried the other way more often "
                                              "(the importance weight corrects the update for it).")
@@ -105,6 +112,34 @@ def decision_items(rollouts: list[dict], advantages: list[float]) -> list[dict]:
                           "features": b["features"], "positions": b["positions"],
                           "keep": [float(k) for k in b["keep"]], "p_behaviour": b["p_keep"], "advantage": a})
     return items
+
+
+def state_items(results: list[dict]) -> tuple[list[dict], dict]:
+    """credit=state: two items per decision state whose choices ended differently, one per choice,
+    with advantage +-(q_keep - q_reject) / 2 (the value of each choice over their mean). The
+    surrogate weighs each item by the policy's P(choice) before the update (p_behaviour is set so
+    that the importance weight is exactly that), so the pair's gradient is
+    (q_keep - q_reject) x grad P(keep): the exact policy gradient at that state."""
+    items = []
+    states = [s for r in results for s in r["states"]]
+    for st in states:
+        gap = st["q_keep"] - st["q_reject"]
+        if gap == 0.0:
+            continue
+        for keep in (1.0, 0.0):
+            items.append({"context": st["context"], "draft": st["draft"], "target": st["target"],
+                          "features": st["features"], "positions": [st["position"]], "keep": [keep],
+                          "p_behaviour": [keep], "advantage": gap / 2 if keep else -gap / 2})
+    n_dec = sum(r["decisions"] for r in results)
+    stats = {"correct": sum(r["correct"] for r in results) / max(1, len(results)),
+             "keep_rate": sum(r["kept"] for r in results) / max(1, n_dec),
+             "decisions_per_rollout": n_dec / max(1, len(results)), "states": len(states),
+             "informative_states": sum(s["q_keep"] != s["q_reject"] for s in states),
+             "keep_better": sum(s["q_keep"] > s["q_reject"] for s in states),
+             "q_keep": sum(s["q_keep"] for s in states) / max(1, len(states)),
+             "q_reject": sum(s["q_reject"] for s in states) / max(1, len(states)),
+             "reward": sum(r["correct"] for r in results) / max(1, len(results))}
+    return items, stats
 
 
 def policy_probs(model, items: list[dict], with_tokens: bool):
@@ -331,9 +366,12 @@ def main(argv: list[str] | None = None) -> None:
     if cfg.init is None or cfg.out is None:
         sys.exit("--init and --out are required")
     for name, low in (("steps", 1), ("eval_every", 1), ("dev", 1), ("minibatch", 1), ("group_size", 2),
-                      ("prompts_per_step", 1), ("epochs", 1), ("pool", 1), ("workers", 1), ("threads", 1)):
+                      ("prompts_per_step", 1), ("epochs", 1), ("pool", 1), ("workers", 1), ("threads", 1),
+                      ("states_per_prompt", 1), ("continuations", 1)):
         if getattr(cfg, name) < low:
             sys.exit(f"--{name.replace('_', '-')} must be at least {low}")
+    if cfg.credit not in ("rollout", "state"):
+        sys.exit(f"--credit must be rollout or state, not {cfg.credit!r}")
     import torch
     from tqdm import tqdm
 
@@ -477,19 +515,29 @@ def main(argv: list[str] | None = None) -> None:
             uniform = state.setdefault("uniform", {})  # prompt id -> groups with one outcome only
             live = [p for p in pool_problems if not cfg.prune_after or uniform.get(p.id, 0) < cfg.prune_after]
             prompts = rng.sample(live, min(cfg.prompts_per_step, len(live)))
-            tasks = [("rollouts", p, str(policy_dir),
-                      [stable_int("grpo-rollout", cfg.seed, step, p.id, g) % (1 << 63) for g in range(cfg.group_size)],
-                      cfg.explore_temperature)
-                     for p in prompts]
-            rollouts = [r for group in spread(tasks, "rollouts") for r in group]
-            t_rollout = time.time() - t0 - t_eval
-            rewards, advantages, stats = score_groups(rollouts, rc)
-            for p in prompts:
-                outcomes = {r["correct"] for r in rollouts if r["problem_id"] == p.id}
-                if len(outcomes) == 1:
-                    uniform[p.id] = uniform.get(p.id, 0) + 1
+            if cfg.credit == "state":
+                tasks = [("branches", p, str(policy_dir), stable_int("grpo-rollout", cfg.seed, step, p.id) % (1 << 63),
+                          cfg.states_per_prompt, cfg.continuations, cfg.explore_temperature) for p in prompts]
+                results = spread(tasks, "decision states")
+                t_rollout = time.time() - t0 - t_eval
+                items, stats = state_items(results)
+                for r in results:  # a prompt whose states never split teaches nothing
+                    if r["states"] and all(st["q_keep"] == st["q_reject"] for st in r["states"]):
+                        uniform[r["problem_id"]] = uniform.get(r["problem_id"], 0) + 1
+            else:
+                tasks = [("rollouts", p, str(policy_dir),
+                          [stable_int("grpo-rollout", cfg.seed, step, p.id, g) % (1 << 63)
+                           for g in range(cfg.group_size)], cfg.explore_temperature)
+                         for p in prompts]
+                rollouts = [r for group in spread(tasks, "rollouts") for r in group]
+                t_rollout = time.time() - t0 - t_eval
+                rewards, advantages, stats = score_groups(rollouts, rc)
+                for p in prompts:
+                    outcomes = {r["correct"] for r in rollouts if r["problem_id"] == p.id}
+                    if len(outcomes) == 1:
+                        uniform[p.id] = uniform.get(p.id, 0) + 1
+                items = decision_items(rollouts, advantages)
             stats["live_prompts"] = len(live)
-            items = decision_items(rollouts, advantages)
             update = grpo_update(model, ref, items, cfg, optimizer, with_tokens, rank, world, train_model, step)
             record.update(stats)
             record.update(update)

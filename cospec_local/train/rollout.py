@@ -68,38 +68,92 @@ class RolloutWorker:
         return self.engine.generate(problem.prompt, self.params, stop=tuple(FAMILY_STOPS.get(problem.family, ())),
                                     **overrides)
 
+    def _sampled(self, prompt, policy, seed: int, temperature: float, **overrides):
+        """One generation with decisions drawn from the policy (at `temperature`, see `rollouts`).
+        Returns the run, its decided blocks as the update needs them, and one (block index in that
+        list, position, generated-token index, P(keep), keep) per decision."""
+        blocks: list[dict] = []
+        decisions_made: list[tuple] = []
+
+        def decide(block):
+            p = policy.score(block)
+            if temperature == 1.0:
+                return p
+            logit = np.log(np.clip(p, 1e-6, 1 - 1e-6)) - np.log1p(-np.clip(p, 1e-6, 1 - 1e-6))
+            return (1.0 / (1.0 + np.exp(-logit / temperature))).astype(np.float32)
+
+        def taken(block, decisions):
+            positions = [int(d[1]) for d in decisions]
+            draft, logits = block["draft"], block["target_logits"]
+            blocks.append({
+                "context": block["context"].tolist(), "draft": draft.tolist(), "target": block["target"].tolist(),
+                "features": _cospec.block_features(block).tolist(), "positions": positions,
+                "keep": [bool(d[4]) for d in decisions], "p_keep": [float(d[3]) for d in decisions],
+                "p_target": [_softmax_at(logits[j], int(draft[j])) for j in positions],
+            })
+            decisions_made.extend((len(blocks) - 1, int(d[1]), int(d[2]), float(d[3]), bool(d[4])) for d in decisions)
+
+        recorder = arbiter_from_function(decide, "rollout", taken=taken)
+        self.engine.reset()  # every generation from a clean cache: a function of its inputs alone
+        run = self.engine.generate(prompt, self.params, arbiter=recorder, sample_arbiter=True, seed=seed,
+                                   **overrides)
+        return run, blocks, decisions_made
+
     def rollouts(self, problem: Problem, arbiter_path: str, seeds: list[int], temperature: float = 1.0) -> list[dict]:
         """`temperature` > 1 draws decisions from sigmoid(logit(P(keep)) / temperature): the policy's
         near-certain decisions are tried the other way more often. The recorded P(keep) is the one the
         decision was drawn from, so the trainer's importance weight corrects for it."""
         policy = self._policy(arbiter_path)
+        stop = tuple(FAMILY_STOPS.get(problem.family, ()))
         out = []
         for seed in seeds:
-            blocks: list[dict] = []
-
-            def decide(block):
-                p = policy.score(block)
-                if temperature == 1.0:
-                    return p
-                logit = np.log(np.clip(p, 1e-6, 1 - 1e-6)) - np.log1p(-np.clip(p, 1e-6, 1 - 1e-6))
-                return (1.0 / (1.0 + np.exp(-logit / temperature))).astype(np.float32)
-
-            def taken(block, decisions):
-                positions = [int(d[1]) for d in decisions]
-                draft, logits = block["draft"], block["target_logits"]
-                blocks.append({
-                    "context": block["context"].tolist(), "draft": draft.tolist(), "target": block["target"].tolist(),
-                    "features": _cospec.block_features(block).tolist(), "positions": positions,
-                    "keep": [bool(d[4]) for d in decisions], "p_keep": [float(d[3]) for d in decisions],
-                    "p_target": [_softmax_at(logits[j], int(draft[j])) for j in positions],
-                })
-
-            recorder = arbiter_from_function(decide, "rollout", taken=taken)
-            run = self._generate(problem, arbiter=recorder, sample_arbiter=True, seed=seed)
+            run, blocks, _ = self._sampled(problem.prompt, policy, seed, temperature, stop=stop)
             out.append({"problem_id": problem.id, "family": problem.family, "seed": seed,
                         "correct": bool(score(problem, run.text)), "text": run.text, "provenance": run.provenance,
                         "blocks": blocks})
         return out
+
+    def branches(self, problem: Problem, arbiter_path: str, seed: int, n_states: int, continuations: int,
+                 temperature: float = 1.0) -> dict:
+        """Credit for single decisions: one rollout of the policy, then at up to `n_states` of its
+        decisions (drawn by `seed`) both choices are taken and each is continued `continuations`
+        times by the policy. A state's q_keep / q_reject is the share of its continuations that end
+        correct: their difference is what that one decision was worth, with the rest of the
+        rollout held to the policy. A continuation is a generation from the prompt's tokens, the
+        tokens generated before the decision and the chosen token (no engine support needed)."""
+        policy = self._policy(arbiter_path)
+        stop = tuple(FAMILY_STOPS.get(problem.family, ()))
+        run, blocks, decisions = self._sampled(problem.prompt, policy, seed, temperature, stop=stop)
+        prompt_tokens = self.engine.tokenize(problem.prompt)
+        generated = list(run.tokens)
+        rng = np.random.default_rng(seed)
+        chosen = sorted(rng.choice(len(decisions), size=min(n_states, len(decisions)), replace=False).tolist())
+        states = []
+        for c, i in enumerate(chosen):
+            b, j, t, p_keep, kept = decisions[i]
+            block = blocks[b]
+            q = {}
+            for keep in (True, False):
+                token = block["draft"][j] if keep else block["target"][j]
+                answer_so_far = generated[:t] + [token]
+                left = self.params.max_tokens - len(answer_so_far)
+                outcomes = []
+                for r in range(continuations):
+                    if self.engine.is_eog(token) or left <= 0:
+                        text = self.engine.detokenize(generated[:t] if self.engine.is_eog(token) else answer_so_far)
+                    else:
+                        cont, _, _ = self._sampled(prompt_tokens + answer_so_far, policy,
+                                                   (seed * 1_000_003 + c * 1009 + r) % (1 << 63),
+                                                   temperature, stop=stop, max_tokens=left)
+                        text = self.engine.detokenize(answer_so_far) + cont.text
+                    outcomes.append(bool(score(problem, text)))
+                q[keep] = sum(outcomes) / len(outcomes)
+            states.append({"context": block["context"], "draft": block["draft"], "target": block["target"],
+                           "features": block["features"], "position": j, "p_keep": p_keep, "kept": kept,
+                           "q_keep": q[True], "q_reject": q[False]})
+        return {"problem_id": problem.id, "family": problem.family, "seed": seed,
+                "correct": bool(score(problem, run.text)), "decisions": len(decisions),
+                "kept": sum(d[4] for d in decisions), "states": states}
 
     def greedy(self, problem: Problem, arbiter: str, threshold: float | None = None) -> dict:
         """Decisions by threshold (the arbiter's own, or `threshold`)."""
