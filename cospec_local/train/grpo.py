@@ -65,6 +65,8 @@ class GRPOConfig:
     states_per_prompt: int = option(2, "credit=state: decision states per prompt's rollout.")
     continuations: int = option(2, "credit=state: continuations of each choice at a state (the same seeds for "
                                    "both choices, so their difference is paired).")
+    greedy_continuations: bool = option(False, "credit=state: continue each choice once, deciding by the policy's "
+                                               "threshold as it is used, instead of sampling its decisions.")
     explore_temperature: float = option(1.0, "Rollouts draw decisions from sigmoid(logit(P(keep)) / this): above 1, "
                                              "decisions the policy is sure of are tried the other way more often "
                                              "(the importance weight corrects the update for it).")
@@ -517,7 +519,8 @@ def main(argv: list[str] | None = None) -> None:
             prompts = rng.sample(live, min(cfg.prompts_per_step, len(live)))
             if cfg.credit == "state":
                 tasks = [("branches", p, str(policy_dir), stable_int("grpo-rollout", cfg.seed, step, p.id) % (1 << 63),
-                          cfg.states_per_prompt, cfg.continuations, cfg.explore_temperature) for p in prompts]
+                          cfg.states_per_prompt, cfg.continuations, cfg.explore_temperature,
+                          cfg.greedy_continuations) for p in prompts]
                 results = spread(tasks, "decision states")
                 t_rollout = time.time() - t0 - t_eval
                 items, stats = state_items(results)

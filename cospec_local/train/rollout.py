@@ -114,13 +114,15 @@ class RolloutWorker:
         return out
 
     def branches(self, problem: Problem, arbiter_path: str, seed: int, n_states: int, continuations: int,
-                 temperature: float = 1.0) -> dict:
+                 temperature: float = 1.0, greedy_continuations: bool = False) -> dict:
         """Credit for single decisions: one rollout of the policy, then at up to `n_states` of its
         decisions (drawn by `seed`) both choices are taken and each is continued `continuations`
         times by the policy. A state's q_keep / q_reject is the share of its continuations that end
         correct: their difference is what that one decision was worth, with the rest of the
         rollout held to the policy. A continuation is a generation from the prompt's tokens, the
-        tokens generated before the decision and the chosen token (no engine support needed)."""
+        tokens generated before the decision and the chosen token (no engine support needed).
+        With `greedy_continuations` the continuations decide by the policy's threshold, as it is
+        used (and evaluated): one continuation per choice then says it all."""
         policy = self._policy(arbiter_path)
         stop = tuple(FAMILY_STOPS.get(problem.family, ()))
         run, blocks, decisions = self._sampled(problem.prompt, policy, seed, temperature, stop=stop)
@@ -138,9 +140,14 @@ class RolloutWorker:
                 answer_so_far = generated[:t] + [token]
                 left = self.params.max_tokens - len(answer_so_far)
                 outcomes = []
-                for r in range(continuations):
+                for r in range(1 if greedy_continuations else continuations):
                     if self.engine.is_eog(token) or left <= 0:
                         text = self.engine.detokenize(generated[:t] if self.engine.is_eog(token) else answer_so_far)
+                    elif greedy_continuations:
+                        self.engine.reset()
+                        cont = self.engine.generate(prompt_tokens + answer_so_far, self.params, arbiter=policy,
+                                                    stop=stop, max_tokens=left)
+                        text = self.engine.detokenize(answer_so_far) + cont.text
                     else:
                         cont, _, _ = self._sampled(prompt_tokens + answer_so_far, policy,
                                                    (seed * 1_000_003 + c * 1009 + r) % (1 << 63),
