@@ -20,5 +20,6 @@ step smol_adaptive 60 $CL bench -m "$S" -md "$SD" --chat --prompts "$CHAT" --dra
 step make_big 120 python3 bench/costly_target.py "$S" "$BIG" --size 8b
 step big_fixed 120 $CL bench -m "$BIG" -md "$S" --draft-max 1,4,8,16 --modes target-only,sps -n 64
 step big_adaptive 60 $CL bench -m "$BIG" -md "$S" --draft-max 16 --adaptive-draft --modes target-only,sps -n 64
+# compare_llama_cpp_gpu.py is the kit's own (copied beside proj/ by its run.sh)
 step loop_vs_llama 150 python3 $D/compare_llama_cpp_gpu.py --bin $D/bin --pairs "$S:$SD,$DT:$DD,$BIG:$S" --k 4 --runs 3 --ngl 99
 echo ALL-DONE

@@ -74,7 +74,9 @@ def rewrite_gguf(
     dst = Path(dst)
     if Path(reader.data.filename).resolve() == dst.resolve():
         raise ValueError("destination must differ from the source (it is memory-mapped)")
-    tmp = dst.with_name(dst.name + ".tmp")  # never leave a half-written GGUF at dst
+    # Never leave a half-written GGUF at dst; a name of its own, since several processes may
+    # make the same derived model at once (the last rename wins, with identical contents).
+    tmp = dst.with_name(f"{dst.name}.{os.getpid()}.tmp")
     writer = gguf.GGUFWriter(tmp, arch or architecture(reader), endianess=reader.endianess)
     writer.data_alignment = reader.alignment  # general.alignment is copied below
 
@@ -141,17 +143,20 @@ def truncate_layers(src: str | Path, dst: str | Path, n_layers: int) -> Path:
 def add_ffn_blocks(src: str | Path, dst: str | Path, n_blocks: int, n_ff: int,
                    weight_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.Q8_0) -> Path:
     """Write to `dst` the llama model `src` followed by `n_blocks` feed-forward blocks of width
-    `n_ff` whose weights are zero, so it computes `src`'s function bit for bit at a larger
-    per-token cost: a 135M model made to read as many bytes per token as a 1B or 8B one, for
-    benchmarks of speculation at realistic sizes.
+    `n_ff` whose weights are zero: `src`'s function at a larger per-token cost, a 135M model made
+    to read as many bytes per token as a 1B or 8B one, for benchmarks of speculation at realistic
+    sizes.
 
     An extra block has no attention and its FFN outputs silu(0) * 0 projected by zeros: it adds
     exactly 0 to the residual stream. It still costs what a real FFN of that shape costs, since a
     dense matrix product reads and multiplies every weight whatever its value. llama.cpp's llama
     architecture takes one FFN length for all blocks, so the result is written as `deci` (Llama
-    with per-block head counts and FFN lengths, blocks without attention allowed), whose graph
-    runs the same operations for the original blocks. `weight_type` must be a block format
-    whose all-zero block is the value 0 (Q4_0, Q8_0).
+    with per-block head counts and FFN lengths, blocks without attention allowed). Its graph runs
+    the same operations for the original blocks but one: when only some rows' logits are wanted
+    (a prompt), the selection of those rows moves from the last original block to the last extra
+    one, so that block's FFN runs on every row, which can change the last bits of a prompt's
+    logits. Greedy outputs are tested equal. `weight_type` must be a block format whose all-zero
+    block is the value 0 (Q4_0, Q8_0).
     """
     reader = open_gguf(src)
     arch, total = architecture(reader), block_count(reader)
@@ -161,8 +166,16 @@ def add_ffn_blocks(src: str | Path, dst: str | Path, n_blocks: int, n_ff: int,
         raise ValueError(f"extra blocks are Q4_0 or Q8_0, not {weight_type.name}")
     if n_blocks < 1 or n_ff < 256 or n_ff % 256:
         raise ValueError(f"need n_blocks >= 1 and n_ff a positive multiple of 256, got {n_blocks}, {n_ff}")
+    experts = reader.get_field(f"{arch}.expert_count")
+    if experts is not None and experts.contents():
+        raise ValueError("mixture-of-experts models are not supported")
     per_block = ("feed_forward_length", "attention.head_count", "attention.head_count_kv")
-    values = {f: reader.get_field(f"{arch}.{f}").contents() for f in per_block + ("embedding_length",)}
+    fields = {f: reader.get_field(f"{arch}.{f}") for f in per_block + ("embedding_length",)}
+    if fields["attention.head_count_kv"] is None:  # optional: as many KV heads as heads
+        fields["attention.head_count_kv"] = fields["attention.head_count"]
+    if any(v is None for v in fields.values()):
+        raise ValueError(f"{src} lacks {arch}.{', '.join(f for f, v in fields.items() if v is None)}")
+    values = {f: v.contents() for f, v in fields.items()}
     if any(isinstance(v, list) for v in values.values()):
         raise ValueError("models with per-block head counts or FFN lengths are not supported")
     n_embd = values["embedding_length"]

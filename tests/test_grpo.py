@@ -19,8 +19,8 @@ from cospec_local import Engine  # noqa: E402
 from cospec_local.arbiters import NAMED_ARBITERS  # noqa: E402
 from cospec_local.models import resolve_model  # noqa: E402
 from cospec_local.tasks import load_task  # noqa: E402
-from cospec_local.train.grpo import (GRPOConfig, decision_items, grpo_update, policy_probs, score_groups,  # noqa: E402
-                                     state_items)
+from cospec_local.train.grpo import (GRPOConfig, decision_items, grpo_loss, grpo_update,  # noqa: E402
+                                     policy_probs, score_groups, state_items)
 from cospec_local.train.rewards import RewardConfig, group_advantages, rollout_reward, span_after_keeps  # noqa: E402
 from cospec_local.train.rollout import RolloutWorker, WorkerConfig  # noqa: E402
 
@@ -132,6 +132,24 @@ def test_state_items_values():
     assert stats["states"] == 3 and stats["informative_states"] == 2 and stats["keep_better"] == 1
     assert stats["keep_rate"] == 0.5 and stats["correct"] == 0.5
     assert stats["q_keep"] == pytest.approx(0.5) and stats["q_reject"] == pytest.approx(2 / 3)
+
+
+def test_a_state_pair_gives_the_policy_gradient_at_its_state():
+    """The two items of a state, weighted as grpo_update weighs them (P(choice) before the update
+    over p_behaviour), give d(-loss)/dP(keep) = q_keep - q_reject at ratio 1."""
+    items, _ = state_items([{"problem_id": "a", "correct": True, "decisions": 1, "kept": 1, "states": [
+        {"context": [1], "draft": [3], "target": [4, 5], "features": [[0.0] * 16], "position": 0, "p_keep": 0.3,
+         "kept": True, "q_keep": 1.0, "q_reject": 0.25}]}])
+    p = torch.tensor(0.3, requires_grad=True)
+    p_new = torch.stack([p, p])
+    actions = torch.tensor([it["keep"][0] for it in items])
+    behaviour = torch.tensor([it["p_behaviour"][0] for it in items]).clamp(1e-6, 1 - 1e-6)
+    old = p_new.detach()
+    weights = torch.where(actions > 0.5, old, 1 - old) / torch.where(actions > 0.5, behaviour, 1 - behaviour)
+    advantages = torch.tensor([it["advantage"] for it in items])
+    loss, _ = grpo_loss(p_new, actions, advantages, old, old, weights, clip_eps=0.2, beta=0.0, normalizer=1.0)
+    loss.backward()
+    assert -float(p.grad) == pytest.approx(1.0 - 0.25, rel=1e-4)
 
 
 # ---------------------------------------------------------------- rollouts of the engine

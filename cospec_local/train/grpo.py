@@ -120,8 +120,9 @@ def state_items(results: list[dict]) -> tuple[list[dict], dict]:
     """credit=state: two items per decision state whose choices ended differently, one per choice,
     with advantage +-(q_keep - q_reject) / 2 (the value of each choice over their mean). The
     surrogate weighs each item by the policy's P(choice) before the update (p_behaviour is set so
-    that the importance weight is exactly that), so the pair's gradient is
-    (q_keep - q_reject) x grad P(keep): the exact policy gradient at that state."""
+    that the importance weight is exactly that), so at the start of the update (ratio 1) the pair's
+    gradient is (q_keep - q_reject) x grad P(keep): the policy gradient at that state, with the
+    q's estimated by the continuations."""
     items = []
     states = [s for r in results for s in r["states"]]
     for st in states:
@@ -525,7 +526,7 @@ def main(argv: list[str] | None = None) -> None:
                 t_rollout = time.time() - t0 - t_eval
                 items, stats = state_items(results)
                 for r in results:  # a prompt whose states never split teaches nothing
-                    if r["states"] and all(st["q_keep"] == st["q_reject"] for st in r["states"]):
+                    if all(st["q_keep"] == st["q_reject"] for st in r["states"]):
                         uniform[r["problem_id"]] = uniform.get(r["problem_id"], 0) + 1
             else:
                 tasks = [("rollouts", p, str(policy_dir),

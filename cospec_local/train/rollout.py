@@ -45,6 +45,12 @@ def _softmax_at(logits: np.ndarray, token: int) -> float:
     return float(z[token] / z.sum())
 
 
+def _cut_at_stops(text: str, stops: tuple[str, ...]) -> str:
+    """`text` up to its first stop string, as the engine would have ended it."""
+    ends = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return text[:min(ends)] if ends else text
+
+
 class RolloutWorker:
     def __init__(self, cfg: WorkerConfig):
         self.cfg = cfg
@@ -138,22 +144,26 @@ class RolloutWorker:
             for keep in (True, False):
                 token = block["draft"][j] if keep else block["target"][j]
                 answer_so_far = generated[:t] + [token]
+                so_far = self.engine.detokenize(generated[:t] if self.engine.is_eog(token) else answer_so_far)
                 left = self.params.max_tokens - len(answer_so_far)
+                ended = self.engine.is_eog(token) or left <= 0 or _cut_at_stops(so_far, stop) != so_far
                 outcomes = []
                 for r in range(1 if greedy_continuations else continuations):
-                    if self.engine.is_eog(token) or left <= 0:
-                        text = self.engine.detokenize(generated[:t] if self.engine.is_eog(token) else answer_so_far)
+                    if ended:
+                        text = so_far
                     elif greedy_continuations:
                         self.engine.reset()
                         cont = self.engine.generate(prompt_tokens + answer_so_far, self.params, arbiter=policy,
                                                     stop=stop, max_tokens=left)
-                        text = self.engine.detokenize(answer_so_far) + cont.text
+                        text = so_far + cont.text
                     else:
                         cont, _, _ = self._sampled(prompt_tokens + answer_so_far, policy,
                                                    (seed * 1_000_003 + c * 1009 + r) % (1 << 63),
                                                    temperature, stop=stop, max_tokens=left)
-                        text = self.engine.detokenize(answer_so_far) + cont.text
-                    outcomes.append(bool(score(problem, text)))
+                        text = so_far + cont.text
+                    # The engine ends a generation at a stop string; one completed by the chosen
+                    # token, or spanning the join, ends the answer there too.
+                    outcomes.append(bool(score(problem, _cut_at_stops(text, stop))))
                 q[keep] = sum(outcomes) / len(outcomes)
             states.append({"context": block["context"], "draft": block["draft"], "target": block["target"],
                            "features": block["features"], "position": j, "p_keep": p_keep, "kept": kept,

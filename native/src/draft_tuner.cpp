@@ -20,6 +20,7 @@ double ema(double old, double x) {
 void draft_tuner::observe_block(int32_t kd, int32_t accepted, bool rejected) {
     since_explore += 1;
     if (kd <= 0) {
+        exploring = false; // an exploring block cut to nothing (budget, context) taught nothing
         return;
     }
     acc_sum = DECAY * acc_sum + accepted;
@@ -77,6 +78,10 @@ int32_t draft_tuner::choose(int32_t k_max) {
     if (t_draft <= 0.0) {
         return last_k = k_max;
     }
+    if (plain_probe_left > 0) {
+        plain_probe_left -= 1;
+        return last_k = 0;
+    }
     const double a = std::min(acceptance(), 0.99);
     int32_t best = 0;
     // Measured costs leave out what a block costs beyond its decodes (the
@@ -98,6 +103,8 @@ int32_t draft_tuner::choose(int32_t k_max) {
     if (exploring) { // what the exploring block taught decides when to explore next
         exploring = false;
         explore_every = best == 0 ? std::min(2 * explore_every, EXPLORE_MAX) : EXPLORE_MIN;
+    } else if (best > 0) {
+        explore_every = EXPLORE_MIN;
     }
     // Keep the estimates alive: the acceptance rate is only seen while
     // drafting, the cost of a plain step only while not drafting.
@@ -105,6 +112,7 @@ int32_t draft_tuner::choose(int32_t k_max) {
     if (since_explore >= (best == 0 ? explore_every : EXPLORE_MIN) && (best == 0 || !fixed_costs)) {
         since_explore = 0;
         exploring = best == 0;
+        plain_probe_left = best == 0 ? 0 : 1;
         best = best == 0 ? 1 : 0;
     }
     return last_k = best;

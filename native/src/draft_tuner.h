@@ -31,6 +31,8 @@ class draft_tuner {
     void use_fixed_costs(double draft_cost, double verify_marginal);
 
     double acceptance() const { return acc_sum / (acc_sum + rej_sum); }
+    // Whether verifying n tokens has been timed yet.
+    bool knows_verify_cost(int32_t n) const { return n >= 1 && n <= MAX_BATCH && t_verify[n] > 0.0; }
 
   private:
     double verify_cost(int32_t n) const;
@@ -42,6 +44,7 @@ class draft_tuner {
     int64_t since_explore = 0;          // blocks since the last exploring one
     int64_t explore_every = EXPLORE_MIN; // blocks between exploring ones
     bool exploring = false;             // the last chosen length was an exploration
+    int32_t plain_probe_left = 0;       // plain steps still to take in a probe of their cost
     int32_t last_k = 0;
     bool fixed_costs = false;
 
@@ -49,7 +52,9 @@ class draft_tuner {
     // see whether the draft has started agreeing. Each such block costs a draft
     // catch-up and a longer verify, so the interval doubles after every
     // exploration that confirms plain steps (up to EXPLORE_MAX), and goes back
-    // to EXPLORE_MIN once drafting pays.
+    // to EXPLORE_MIN once drafting pays. While drafting, the probe of a plain
+    // step's cost is two plain steps: the first after a block is not a fair
+    // sample (see generate.cpp).
     static constexpr int64_t EXPLORE_MIN = 16;
     static constexpr int64_t EXPLORE_MAX = 128;
 };

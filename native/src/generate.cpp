@@ -538,7 +538,11 @@ class generation {
         if (const int32_t status = decode(t, st.t_verify_ms, (llama_pos) n_past); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
-        tuner->observe_verify(kd + 1, st.t_verify_ms - t_verify_before);
+        // Like a plain step after a block, the first block after plain steps pays
+        // for a graph rebuild: not a fair sample of its size, once one is known.
+        if (kd > 0 && (!previous_step_plain || !tuner->knows_verify_cost(kd + 1))) {
+            tuner->observe_verify(kd + 1, st.t_verify_ms - t_verify_before);
+        }
         t.cached.push_back(seq.back());
         t.cached.insert(t.cached.end(), drafted.begin(), drafted.end());
         st.n_blocks += 1;
@@ -683,7 +687,6 @@ class generation {
             tuner->observe_block(0, 0, false);
             return status;
         }
-        previous_step_plain = false;
         const double t_draft_before = st.t_draft_ms;
         if (const int32_t status = draft_block(k); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
@@ -692,8 +695,10 @@ class generation {
             tuner->observe_draft_step((st.t_draft_ms - t_draft_before - t_draft_catch_up_ms) / n_draft_decodes);
         }
         const float * rows = nullptr;
-        if (const int32_t status = verify_block(n_past, &rows); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
-            return status;
+        const int32_t verified = verify_block(n_past, &rows);
+        previous_step_plain = false;
+        if (verified != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+            return verified;
         }
         if (const int32_t status = arbitrate(n_past, rows); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
