@@ -140,8 +140,8 @@ def state_items(results: list[dict]) -> tuple[list[dict], dict]:
              "informative_states": sum(s["q_keep"] != s["q_reject"] for s in states),
              "keep_better": sum(s["q_keep"] > s["q_reject"] for s in states),
              "q_keep": sum(s["q_keep"] for s in states) / max(1, len(states)),
-             "q_reject": sum(s["q_reject"] for s in states) / max(1, len(states)),
-             "reward": sum(r["correct"] for r in results) / max(1, len(results))}
+             "q_reject": sum(s["q_reject"] for s in states) / max(1, len(states))}
+    stats["reward"] = stats["correct"]  # the log's and progress bar's reward: the rollouts' outcome
     return items, stats
 
 

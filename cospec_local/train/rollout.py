@@ -144,14 +144,16 @@ class RolloutWorker:
             for keep in (True, False):
                 token = block["draft"][j] if keep else block["target"][j]
                 answer_so_far = generated[:t] + [token]
-                so_far = self.engine.detokenize(generated[:t] if self.engine.is_eog(token) else answer_so_far)
+                eog = self.engine.is_eog(token)
+                so_far = self.engine.detokenize(generated[:t] if eog else answer_so_far)
                 left = self.params.max_tokens - len(answer_so_far)
-                ended = self.engine.is_eog(token) or left <= 0 or _cut_at_stops(so_far, stop) != so_far
+                ended = eog or left <= 0 or _cut_at_stops(so_far, stop) != so_far
+                if ended:  # nothing to continue: one outcome, scored once
+                    q[keep] = float(score(problem, _cut_at_stops(so_far, stop)))
+                    continue
                 outcomes = []
                 for r in range(1 if greedy_continuations else continuations):
-                    if ended:
-                        text = so_far
-                    elif greedy_continuations:
+                    if greedy_continuations:
                         self.engine.reset()
                         cont = self.engine.generate(prompt_tokens + answer_so_far, self.params, arbiter=policy,
                                                     stop=stop, max_tokens=left)

@@ -167,8 +167,6 @@ class generation {
 
     // Per-block buffers, kept across steps to avoid reallocations.
     std::vector<llama_token> drafted;
-    int32_t n_draft_decodes = 0; // draft steps of the current block the tuner is told of
-    double t_draft_catch_up_ms = 0.0; // time of a long catch-up, left out of the tuner's draft steps
     std::vector<float> draft_logits;
     std::vector<std::vector<float>> draft_probs;
     std::vector<float> target_logits_copy;
@@ -400,8 +398,6 @@ class generation {
     // copied per token only when the arbiter reads them.
     int32_t draft_block(int32_t k) {
         drafted.clear();
-        n_draft_decodes = 0;
-        t_draft_catch_up_ms = 0.0;
         const size_t n_past = seq.size() - 1;
         if (k <= 0) {
             return COSPEC_OK;
@@ -410,14 +406,16 @@ class generation {
         // seen: after a block that is the bonus or fallback token (and the last
         // drafted one), after plain steps every token since. A long catch-up
         // is not a draft step, so the tuner is not told its time.
-        const double t_before = st.t_draft_ms;
+        double t_steps_from = st.t_draft_ms;
         size_t n_reused = 0;
         if (const int32_t status = sync(e.draft, n_past + 1, true, st.t_draft_ms, &n_reused); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
-        const bool long_catch_up = n_past + 1 - n_reused > 2;
-        t_draft_catch_up_ms = long_catch_up ? st.t_draft_ms - t_before : 0.0;
-        n_draft_decodes = long_catch_up ? 0 : 1;
+        int32_t n_steps = 1; // draft decodes the tuner is told of
+        if (n_past + 1 - n_reused > 2) {
+            t_steps_from = st.t_draft_ms;
+            n_steps = 0;
+        }
         const int32_t nv = e.draft.n_vocab;
         if (keep_draft_logits) {
             draft_logits.resize((size_t) k * nv);
@@ -459,7 +457,10 @@ class generation {
                 return status;
             }
             e.draft.cached.push_back(d);
-            n_draft_decodes += 1;
+            n_steps += 1;
+        }
+        if (n_steps > 0) {
+            tuner->observe_draft_step((st.t_draft_ms - t_steps_from) / n_steps);
         }
         return COSPEC_OK;
     }
@@ -687,12 +688,8 @@ class generation {
             tuner->observe_block(0, 0, false);
             return status;
         }
-        const double t_draft_before = st.t_draft_ms;
         if (const int32_t status = draft_block(k); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
-        }
-        if (n_draft_decodes > 0) {
-            tuner->observe_draft_step((st.t_draft_ms - t_draft_before - t_draft_catch_up_ms) / n_draft_decodes);
         }
         const float * rows = nullptr;
         const int32_t verified = verify_block(n_past, &rows);
