@@ -232,6 +232,31 @@ def test_branches_try_both_choices_at_decision_states(worker, mismatch_problems,
     assert n_states >= 3
 
 
+def test_policy_states_are_the_policys_own_decisions_with_both_branches_scored(worker, mismatch_problems, recorded):
+    """collect --policy: the run decides as the arbiter does natively (same tokens and answer), its
+    states are its decisions at mismatches, both choices are scored, and the choice the run took,
+    continued by the policy, mostly ends as the run did (a re-read prefix can round differently in
+    Q8_0's batched product, so not always)."""
+    folder, _ = recorded
+    states, same_as_run = [], []
+    for problem in mismatch_problems:
+        got = worker.policy_states(problem, str(folder), "train")
+        assert worker.policy_states(problem, str(folder), "train") == got
+        native = worker.greedy(problem, str(folder))
+        assert got["summary"]["tokens"] == native["tokens"] and got["summary"]["correct"] == native["correct"]
+        assert len(got["states"]) == native["decisions"]
+        for st in got["states"]:
+            j = st["position"]
+            assert st["draft"][j] != st["target"][j] and st["mismatch"][j] == 1
+            assert st["kept"] == (st["p_keep"] >= 0.5)  # the lenient arbiter's threshold
+            assert st["label"] == (-1 if st["keep_correct"] == st["reject_correct"] else int(st["keep_correct"]))
+            taken = st["keep_correct"] if st["kept"] else st["reject_correct"]
+            same_as_run.append(taken == got["summary"]["correct"])
+        states += got["states"]
+    assert len(states) >= 4 and any(s["kept"] for s in states) and not all(s["kept"] for s in states)
+    assert sum(same_as_run) >= 0.75 * len(same_as_run)
+
+
 def test_recorded_blocks_give_the_engines_probabilities(worker, recorded):
     """The recorded state reproduces P(keep) when scored again: what the update trains on is what
     the engine decided on."""

@@ -16,6 +16,13 @@ decision gives the same answer there, so they teach nothing about accuracy.
     python -m cospec_local.train.collect --out runs/arbiter-data --families arith,pyfunc \\
         --train 3000 --dev 300 --threads 2
 
+With --policy ARBITER the states are the ones that arbiter meets as it runs, labelled with its own
+continuations (RolloutWorker.policy_states): the second round of a warm-up trained on both
+(DAgger's aggregation), whose first round's states the arbiter never sees beyond the first
+mismatch of a block or after a kept token. Those runs go to --workers processes, one engine each.
+
+    python -m cospec_local.train.collect --out runs/arbiter-data-policy --policy runs/arbiters/lora --workers 2
+
 Writes OUT/states.jsonl (one decision state a line) and OUT/problems.jsonl (one line per
 problem done: the resume point), and OUT/manifest.json (models and settings; a resumed run with
 other ones is refused). Runs the engine only: never import torch here.
@@ -31,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import _cospec
-from ..arbiters import arbiter_from_function
+from ..arbiters import arbiter_from_function, arbiter_identity, resolve_arbiter_path
 from ..engine import Engine
 from ..evaluate import model_identity
 from ..params import GenerationParams
@@ -129,7 +136,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dev", type=int, default=300, help="Dev-split problems per family.")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads of the engine.")
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="Most tokens per answer.")
+    ap.add_argument("--policy", default=None,
+                    help="A learned arbiter (name or folder): collect the states it meets, labelled with its own "
+                         "continuations, instead of plain speculative decoding's first mismatches.")
+    ap.add_argument("--workers", type=int, default=2, help="Engine processes of a --policy collection (threads "
+                                                           "are shared among them).")
     args = ap.parse_args(argv)
+    if args.workers < 1:
+        sys.exit("--workers must be at least 1")
 
     from tqdm import tqdm
 
@@ -141,6 +155,8 @@ def main(argv: list[str] | None = None) -> None:
                     "draft_fingerprint": _cospec.model_fingerprint(engine.draft_path),
                     "params": {k: v for k, v in vars(params).items() if k not in ("arbiter", "stop")},
                     "families": families}
+        if args.policy is not None:
+            manifest["policy"] = arbiter_identity(args.policy)
         manifest_path = args.out / "manifest.json"
         if manifest_path.is_file() and json.loads(manifest_path.read_text()) != manifest:
             sys.exit(f"{args.out} holds states of other models or settings; use another --out")
@@ -148,22 +164,36 @@ def main(argv: list[str] | None = None) -> None:
         done = {row["problem_id"] for row in read_jsonl(args.out / "problems.jsonl")}
         todo = [(p, split) for split, n in (("dev", args.dev), ("train", args.train)) if n > 0
                 for f in families for p in load_task(f, split, n) if p.id not in done]
-        collector = Collector(engine, params)
+        if args.policy is not None:
+            from .rollout import RolloutPool, WorkerConfig
+
+            pool = RolloutPool(WorkerConfig(str(engine.target_path), str(engine.draft_path),
+                                            max(1, args.threads // args.workers), args.max_tokens), args.workers)
+            policy = str(resolve_arbiter_path(args.policy))
+            results = ((r["summary"], r["states"]) for r in
+                       pool.map(("policy_states", p, policy, split) for p, split in todo))
+        else:
+            pool = None
+            collector = Collector(engine, params)
+            results = (collector.problem(p, split) for p, split in todo)
         t0 = time.time()
-        with (args.out / "states.jsonl").open("a", encoding="utf-8") as states_log, \
-                (args.out / "problems.jsonl").open("a", encoding="utf-8") as problems_log:
-            bar = tqdm(todo, desc="collecting", unit="problem", file=sys.stderr)
-            n_states = n_decisive = 0
-            for problem, split in bar:
-                summary, states = collector.problem(problem, split)
-                for s in states:
-                    states_log.write(json.dumps(s) + "\n")
-                    n_decisive += s["label"] >= 0
-                n_states += len(states)
-                states_log.flush()
-                problems_log.write(json.dumps(summary) + "\n")  # after its states: the resume point
-                problems_log.flush()
-                bar.set_postfix(states=n_states, decisive=n_decisive)
+        try:
+            with (args.out / "states.jsonl").open("a", encoding="utf-8") as states_log, \
+                    (args.out / "problems.jsonl").open("a", encoding="utf-8") as problems_log:
+                bar = tqdm(results, total=len(todo), desc="collecting", unit="problem", file=sys.stderr)
+                n_states = n_decisive = 0
+                for summary, states in bar:
+                    for s in states:
+                        states_log.write(json.dumps(s) + "\n")
+                        n_decisive += s["label"] >= 0
+                    n_states += len(states)
+                    states_log.flush()
+                    problems_log.write(json.dumps(summary) + "\n")  # after its states: the resume point
+                    problems_log.flush()
+                    bar.set_postfix(states=n_states, decisive=n_decisive)
+        finally:  # the workers end with the collection, Ctrl-C included (problems.jsonl is the resume point)
+            if pool is not None:
+                pool.close()
     print(f"collected {len(todo)} problems, {n_states} states ({n_decisive} decisive) in {time.time() - t0:.0f} s")
 
 

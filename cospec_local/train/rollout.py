@@ -174,6 +174,62 @@ class RolloutWorker:
                 "correct": bool(score(problem, run.text)), "decisions": len(decisions),
                 "kept": sum(d[4] for d in decisions), "states": states}
 
+    def policy_states(self, problem: Problem, arbiter_path: str, split: str) -> dict:
+        """Branch-oracle states where the policy itself meets them (for collect.py --policy): one
+        generation deciding by the policy's threshold; at every decision it applied, both choices are
+        taken and each is continued by the policy (by threshold, as it is used). Labels as collect.py's:
+        1 where only keeping ends right, 0 where only rejecting does, -1 for ties. Unlike collect.py's
+        states (first mismatches of plain speculative decoding, each branch continued by the target),
+        these include the mismatches after a kept token and credit a choice with the policy's own
+        later decisions, the states and the continuation the arbiter meets when it runs."""
+        policy = self._policy(arbiter_path)
+        threshold = policy.threshold
+        stop = tuple(FAMILY_STOPS.get(problem.family, ()))
+        prompt = self.engine.tokenize(problem.prompt)
+        seen: dict[int, dict] = {}
+        decisions: list[tuple] = []
+
+        def decide(block):
+            p = np.asarray(policy.score(block), dtype=np.float32)
+            seen[block["index"]] = {"context": block["context"].tolist(), "draft": block["draft"].tolist(),
+                                    "target": block["target"].tolist(),
+                                    "mismatch": block["mismatch"].astype(int).tolist(),
+                                    "features": _cospec.block_features(block).tolist(), "p_keep": p.tolist()}
+            return (p >= threshold).astype(np.float32)
+
+        def taken(block, applied):
+            decisions.extend((block["index"], int(d[1]), int(d[2]), bool(d[4])) for d in applied)
+
+        self.engine.reset()
+        run = self.engine.generate(prompt, self.params, arbiter=arbiter_from_function(decide, "policy", taken=taken),
+                                   stop=stop)
+        generated = list(run.tokens)
+        states = []
+        for index, j, t, kept in decisions:
+            s = seen[index]
+            correct = {}
+            for keep in (True, False):
+                token = s["draft"][j] if keep else s["target"][j]
+                answer_so_far = generated[:t] + [token]
+                eog = self.engine.is_eog(token)
+                so_far = self.engine.detokenize(generated[:t] if eog else answer_so_far)
+                left = self.params.max_tokens - len(answer_so_far)
+                text = so_far
+                if not (eog or left <= 0 or _cut_at_stops(so_far, stop) != so_far):
+                    self.engine.reset()
+                    text += self.engine.generate(prompt + answer_so_far, self.params, arbiter=policy, stop=stop,
+                                                 max_tokens=left).text
+                correct[keep] = bool(score(problem, _cut_at_stops(text, stop)))
+            label = -1 if correct[True] == correct[False] else int(correct[True])
+            states.append({"problem_id": problem.id, "family": problem.family, "split": split,
+                           "prompt_len": len(prompt), "context": s["context"], "draft": s["draft"],
+                           "target": s["target"], "mismatch": s["mismatch"], "position": j,
+                           "features": s["features"], "p_keep": s["p_keep"][j], "kept": kept,
+                           "keep_correct": correct[True], "reject_correct": correct[False], "label": label})
+        summary = {"problem_id": problem.id, "family": problem.family, "split": split,
+                   "correct": bool(score(problem, run.text)), "tokens": len(run.tokens), "states": len(states)}
+        return {"summary": summary, "states": states}
+
     def greedy(self, problem: Problem, arbiter: str, threshold: float | None = None) -> dict:
         """Decisions by threshold (the arbiter's own, or `threshold`)."""
         spec = self._policy(arbiter, threshold) if arbiter not in ("target", "fly") else arbiter

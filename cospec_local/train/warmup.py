@@ -12,6 +12,13 @@ on the dev split: precision and recall of "keep" on decisive states, and the sha
 
 Writes OUT/features and OUT/lora (the arbiter folders the engine loads; converters/arbiter_export)
 and OUT/warmup_log.json. Run data collection first, in its own process (collect.py).
+
+A second round trains on the first round's states together with those its arbiter meets as it
+runs (DAgger's aggregation): mismatches after kept tokens, labelled with that arbiter's own
+continuations.
+
+    python -m cospec_local.train.collect --out runs/policy-data --policy runs/arbiters/lora
+    python -m cospec_local.train.warmup --data runs/arbiter-data,runs/policy-data --out runs/arbiters-2
 """
 from __future__ import annotations
 
@@ -30,7 +37,9 @@ from .config import comma_list, option, parse_config
 class WarmupConfig:
     """Supervised warm-up of the features and LoRA arbiters on branch-oracle states."""
 
-    data: Path = option(None, "Folder written by cospec_local.train.collect (states.jsonl, manifest.json).")
+    data: str = option(None, "Folders written by cospec_local.train.collect (states.jsonl, manifest.json), "
+                             "comma-separated: e.g. plain speculative decoding's states and those an earlier "
+                             "arbiter met (collect --policy), trained on together.")
     out: Path = option(None, "Folder for the arbiters (features/, lora/) and warmup_log.json.")
     draft: str = option("demo-draft", "The draft GGUF the states were collected with (named model or path); the "
                                       "arbiters are bound to its fingerprint.")
@@ -158,21 +167,27 @@ def main(argv: list[str] | None = None) -> None:
 
     assert N_FEATURES == _cospec.N_FEATURES
     draft = resolve_model(cfg.draft)
-    manifest = json.loads((cfg.data / "manifest.json").read_text())
-    if manifest["draft_fingerprint"] != _cospec.model_fingerprint(str(draft)):
-        sys.exit(f"{cfg.data} was collected with another draft than {draft}")
-    states = load_states(cfg.data)
+    folders = [Path(f) for f in comma_list(cfg.data)]
+    manifests, states = [], []
+    for folder in folders:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        if manifest["draft_fingerprint"] != _cospec.model_fingerprint(str(draft)):
+            sys.exit(f"{folder} was collected with another draft than {draft}")
+        if manifests and manifest["target"] != manifests[0]["target"]:
+            sys.exit(f"{folder} was collected with another target than {folders[0]}")
+        manifests.append(manifest)
+        states += load_states(folder)
     families = set(comma_list(cfg.families))
     if families:
         unknown = families - {s["family"] for s in states}
         if unknown:
-            sys.exit(f"{cfg.data} holds no states of {', '.join(sorted(unknown))}")
+            sys.exit(f"{cfg.data} hold no states of {', '.join(sorted(unknown))}")
         states = [s for s in states if s["family"] in families]
     train_states = [s for s in states if s["split"] == "train"]
     dev_states = [s for s in states if s["split"] == "dev"]
     cfg.out.mkdir(parents=True, exist_ok=True)
     log: list = []
-    results = {"config": {k: str(v) for k, v in asdict(cfg).items()}, "data": manifest,
+    results = {"config": {k: str(v) for k, v in asdict(cfg).items()}, "data": manifests,
                "train_states": len(train_states), "train_decisive": sum(s["label"] >= 0 for s in train_states),
                "train_keep_better": sum(s["label"] == 1 for s in train_states), "arbiters": {}}
     for kind in comma_list(cfg.arbiters):
@@ -199,7 +214,8 @@ def main(argv: list[str] | None = None) -> None:
                     "train": report(predict(model, train_states, make_batch, with_tokens), train_states, threshold),
                     "train_seconds": round(wall, 1)}
         results["arbiters"][kind] = measured
-        info = {"warmup": measured, "data": {"draft": manifest["draft"], "target": manifest["target"],
+        info = {"warmup": measured, "data": {"draft": manifests[0]["draft"], "target": manifests[0]["target"],
+                                             "policies": [m["policy"] for m in manifests if "policy" in m],
                                              "train_states": results["train_states"],
                                              "families": sorted(families) or "all"},
                 "config": results["config"]}
@@ -207,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
         description = {"features": "MLP over the block's features, warm-up on branch-oracle labels",
                        "lora": "draft + LoRA adapter, head over hidden states and features, warm-up on "
                                "branch-oracle labels"}[kind]
+        if any("policy" in m for m in manifests):
+            description += " (plain speculative decoding's states and those an earlier arbiter met)"
         if families:
             description += f" ({', '.join(sorted(families))} only)"
             name += "-" + "-".join(sorted(families))
