@@ -2,7 +2,8 @@
 # GPU checks of speculation's real costs (bench/RESULTS.md), for the CUDA kit of the project's
 # GPU notes: after its prepare.sh, `cp bench/gpu_check.sh .gpu/check.sh`, then run the kit.
 # $1: folder with proj/ (and optionally smollm2.gguf, SmolLM2-135M Q4_1) and bin/ (llama.cpp
-# tools); $2: output folder. Each step has its own time limit; about 6 minutes in all.
+# tools); $2: output folder. Each step has its own time limit; about 7 minutes in all. The verify-pass
+# invariant test runs where pytest is installed (`pip download -d .gpu pytest` puts its wheels in the kit).
 D=$1; O=$2
 DT=$D/proj/cospec_local/data/demo/demo-target-q8_0.gguf; DD=$D/proj/cospec_local/data/demo/demo-draft-q8_0.gguf
 SD=$(find $D/proj/cospec_local/data -name 'smollm2-135m-draft*.gguf' | head -1)
@@ -13,6 +14,9 @@ CL="python3 -m cospec_local.cli"
 step() { local name=$1 lim=$2; shift 2; local t0=$(date +%s); echo "== $name"; timeout "$lim" "$@" > "$O/$name.out" 2> "$O/$name.err"; local rc=$?; echo "   rc=$rc $(( $(date +%s) - t0 )) s"; tail -25 "$O/$name.out"; [ $rc = 0 ] || tail -8 "$O/$name.err"; }
 cd $D/proj
 nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv
+if python3 -c "import pytest" 2>/dev/null; then   # each emitted token is the verify pass's greedy choice
+  step verify_invariant 120 python3 -m pytest -q -p no:cacheprovider tests/test_greedy_identity.py -k "verify_pass and demo"
+fi
 step demo_fixed 90 $CL bench -m "$DT" -md "$DD" --draft-max 1,2,4 --modes target-only,sps -n 64 --repeat 2
 step demo_adaptive 60 $CL bench -m "$DT" -md "$DD" --draft-max 8 --adaptive-draft --modes target-only,sps -n 64 --repeat 3
 step smol_fixed 90 $CL bench -m "$S" -md "$SD" --chat --prompts "$CHAT" --draft-max 1,2,4 --modes target-only,sps -n 64

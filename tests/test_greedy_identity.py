@@ -98,3 +98,56 @@ def test_zero_ffn_blocks_keep_the_function(target_path, model_dir, engine_for, r
                                        adaptive_draft=False)
             assert alone.tokens == verified.tokens == reference("self", prompt)
             assert verified.stats.n_fallback == 0
+
+
+@pytest.mark.parametrize("pair", ["mixed", "demo"])
+def test_every_emitted_token_is_the_verify_passs_choice(request, pair):
+    """The invariant that holds on every backend: each token sps emits is the target's greedy choice
+    at its position in that block's verify pass (the argmax of the batched logits), the accepted
+    draft tokens and the fallback or bonus token alike. Identity with one-token decoding needs the
+    batched product to round as the one-token product does (SmolLM2's Q4_1 on CPU, above); the
+    demo pair's Q8_0 goes through llama.cpp's tiled product on CPU and other kernels on a GPU,
+    where this still holds. The GPU check kit runs it (bench/gpu_check.sh)."""
+    import numpy as np
+
+    from cospec_local.arbiters import arbiter_from_function
+    from cospec_local.engine import Engine
+    from cospec_local.tasks import load_task
+
+    blocks = []
+
+    def record(block):  # called for every block with a mismatch; keeps nothing: the target arbiter's walk
+        t = block["target_logits"]
+        blocks.append({"context": block["context"].tolist(), "draft": block["draft"].tolist(),
+                       "target": block["target"].tolist(), "argmax": t.argmax(axis=1).tolist()})
+        return np.zeros(block["n_draft"], dtype=np.float32)
+
+    recorder = arbiter_from_function(record, "verify-record")
+    if pair == "demo":
+        engine = Engine.open_default(n_ctx=1024, n_threads=2)
+        prompts = [p.prompt for f in ("arith", "pyfunc") for p in load_task(f, "test", 3)]
+    else:
+        engine, prompts = request.getfixturevalue("engine_for")(pair), PROMPTS  # needs SmolLM2 (the demo pair does not)
+    try:
+        n_checked = n_fallbacks = 0  # blocks with a mismatch: the arbiter sees those
+        for prompt in prompts:
+            blocks.clear()
+            engine.reset()
+            r = engine.generate(prompt, mode="speculative", arbiter=recorder, max_tokens=N_TOKENS, draft_max=4,
+                                adaptive_draft=False, ignore_eos=True)
+            prompt_len = len(engine.tokenize(prompt))
+            sequence = engine.tokenize(prompt) + list(r.tokens)
+            for b in blocks:
+                assert b["target"] == b["argmax"]  # the target's token is the verify pass's greedy choice
+                n = len(b["context"])
+                assert sequence[:n] == b["context"] and n >= prompt_len
+                emitted = sequence[n:n + len(b["target"])]
+                m = next((i for i, (d, t) in enumerate(zip(b["draft"], b["target"])) if d != t), len(b["draft"]))
+                expected = b["target"][:m + 1]  # accepted tokens, then the fallback (or the bonus)
+                assert emitted[:len(expected)] == expected[:len(emitted)]
+                n_checked += min(len(expected), len(emitted))
+                n_fallbacks += m < len(b["draft"])
+        assert n_fallbacks >= len(prompts) and n_checked > n_fallbacks
+    finally:
+        if pair == "demo":
+            engine.close()
