@@ -7,7 +7,8 @@ default), greedy, each arbiter deciding by its own threshold or the one after `@
 Only problems whose plain speculative run reaches a mismatch are regenerated (an arbiter has no
 decision to make in the others, which keep the target's answer); that screen is cached in --cache.
 Prints accuracy against target-only, and the problems recovered (the target wrong, the arbiter
-right) and lost (the reverse). Accuracy only: run it beside anything; `cospec-local eval` times.
+right) and lost (the reverse). It measures accuracy only (no timing, so machine load does not
+matter); `cospec-local eval` measures speed.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import json
 from pathlib import Path
 
 from cospec_local.arbiters import resolve_arbiter_path
+from cospec_local.evaluate import model_identity
 from cospec_local.models import resolve_model
 from cospec_local.tasks import load_task
 from cospec_local.train.rollout import RolloutPool, WorkerConfig
@@ -26,6 +28,9 @@ def main() -> None:
     ap.add_argument("arbiters", nargs="+", help="named arbiter or folder, optionally @THRESHOLD")
     ap.add_argument("--ranges", default="arith:600:1600,pyfunc:600:920",
                     help="family:first:end of the dev split, comma-separated")
+    ap.add_argument("-m", "--model", default="demo-target", help="target (named model or GGUF)")
+    ap.add_argument("-md", "--model-draft", default="demo-draft", help="draft the arbiters were trained for")
+    ap.add_argument("-n", "--max-tokens", type=int, default=256, help="most tokens per answer")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--cache", type=Path, default=None, help="JSON file for the screen of these problems")
     args = ap.parse_args()
@@ -34,13 +39,18 @@ def main() -> None:
         family, first, end = item.split(":")
         problems[family] = load_task(family, "dev", int(end))[int(first):]
     every = [p for ps in problems.values() for p in ps]
-    wcfg = WorkerConfig(str(resolve_model("demo-target")), str(resolve_model("demo-draft")), 1, 256)
+    target, draft = resolve_model(args.model), resolve_model(args.model_draft)
+    wcfg = WorkerConfig(str(target), str(draft), 1, args.max_tokens)
+    key = {"models": [model_identity(target), model_identity(draft)], "max_tokens": args.max_tokens,
+           "problems": [p.id for p in every]}
     with RolloutPool(wcfg, args.workers) as pool:
-        screen = json.loads(args.cache.read_text()) if args.cache and args.cache.is_file() else {}
-        if set(screen) != {p.id for p in every}:
+        cached = json.loads(args.cache.read_text()) if args.cache and args.cache.is_file() else {}
+        if cached.get("key") == key:
+            screen = cached["screen"]
+        else:
             screen = {s["problem_id"]: s for s in pool.map(("screen", p) for p in every)}
             if args.cache:
-                args.cache.write_text(json.dumps(screen))
+                args.cache.write_text(json.dumps({"key": key, "screen": screen}))
         for spec in args.arbiters:
             name, _, threshold = spec.partition("@")
             folder = str(resolve_arbiter_path(name))

@@ -14,8 +14,8 @@ CL="python3 -m cospec_local.cli"
 step() { local name=$1 lim=$2; shift 2; local t0=$(date +%s); echo "== $name"; timeout "$lim" "$@" > "$O/$name.out" 2> "$O/$name.err"; local rc=$?; echo "   rc=$rc $(( $(date +%s) - t0 )) s"; tail -25 "$O/$name.out"; [ $rc = 0 ] || tail -8 "$O/$name.err"; }
 cd $D/proj
 nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv
-if python3 -c "import pytest" 2>/dev/null; then   # each emitted token is the verify pass's greedy choice
-  step verify_invariant 120 python3 -m pytest -q -p no:cacheprovider tests/test_greedy_identity.py -k "verify_pass and demo"
+if python3 -c "import pytest" 2>/dev/null; then   # emitted tokens are the verify pass's greedy choices
+  step verify_invariant 120 python3 -m pytest -q -p no:cacheprovider tests/test_greedy_identity.py -k "verify_passs_choices and demo"
 fi
 step demo_fixed 90 $CL bench -m "$DT" -md "$DD" --draft-max 1,2,4 --modes target-only,sps -n 64 --repeat 2
 step demo_adaptive 60 $CL bench -m "$DT" -md "$DD" --draft-max 8 --adaptive-draft --modes target-only,sps -n 64 --repeat 3

@@ -16,10 +16,11 @@ decision gives the same answer there, so they teach nothing about accuracy.
     python -m cospec_local.train.collect --out runs/arbiter-data --families arith,pyfunc \\
         --train 3000 --dev 300 --threads 2
 
-With --policy ARBITER the states are the ones that arbiter meets as it runs, labelled with its own
-continuations (RolloutWorker.policy_states): the second round of a warm-up trained on both
-(DAgger's aggregation), whose first round's states the arbiter never sees beyond the first
-mismatch of a block or after a kept token. Those runs go to --workers processes, one engine each.
+With --policy ARBITER the states are those that arbiter meets as it runs, including mismatches
+after a kept token, which plain speculative decoding's first mismatches never contain. Each is
+labelled by continuing both choices with that arbiter (RolloutWorker.policy_states). A warm-up on
+both sets is a second round (DAgger's aggregation). The runs go to --workers processes, one
+engine each.
 
     python -m cospec_local.train.collect --out runs/arbiter-data-policy --policy runs/arbiters/lora --workers 2
 
@@ -38,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import _cospec
-from ..arbiters import arbiter_from_function, arbiter_identity, resolve_arbiter_path
+from ..arbiters import ARBITER_FILE, arbiter_dir, arbiter_from_function, arbiter_identity, resolve_arbiter_path
 from ..engine import Engine
 from ..evaluate import model_identity
 from ..params import GenerationParams
@@ -140,7 +141,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="A learned arbiter (name or folder): collect the states it meets, labelled with its own "
                          "continuations, instead of plain speculative decoding's first mismatches.")
     ap.add_argument("--workers", type=int, default=2, help="Engine processes of a --policy collection (threads "
-                                                           "are shared among them).")
+                                                           "are shared among them); plain collection runs one "
+                                                           "engine here.")
     args = ap.parse_args(argv)
     if args.workers < 1:
         sys.exit("--workers must be at least 1")
@@ -156,6 +158,9 @@ def main(argv: list[str] | None = None) -> None:
                     "params": {k: v for k, v in vars(params).items() if k not in ("arbiter", "stop")},
                     "families": families}
         if args.policy is not None:
+            policy = resolve_arbiter_path(args.policy)
+            if not (arbiter_dir(policy) / ARBITER_FILE).is_file():
+                sys.exit(f"{args.policy}: no learned arbiter there ({ARBITER_FILE} missing)")
             manifest["policy"] = arbiter_identity(args.policy)
         manifest_path = args.out / "manifest.json"
         if manifest_path.is_file() and json.loads(manifest_path.read_text()) != manifest:
@@ -167,11 +172,12 @@ def main(argv: list[str] | None = None) -> None:
         if args.policy is not None:
             from .rollout import RolloutPool, WorkerConfig
 
-            pool = RolloutPool(WorkerConfig(str(engine.target_path), str(engine.draft_path),
-                                            max(1, args.threads // args.workers), args.max_tokens), args.workers)
-            policy = str(resolve_arbiter_path(args.policy))
+            worker = WorkerConfig(str(engine.target_path), str(engine.draft_path), max(1, args.threads // args.workers),
+                                  args.max_tokens)
+            engine.close()  # the workers hold their own engines; this one only named the models
+            pool = RolloutPool(worker, args.workers)
             results = ((r["summary"], r["states"]) for r in
-                       pool.map(("policy_states", p, policy, split) for p, split in todo))
+                       pool.map(("policy_states", p, str(arbiter_dir(policy)), split) for p, split in todo))
         else:
             pool = None
             collector = Collector(engine, params)

@@ -224,7 +224,7 @@ class RolloutWorker:
             states.append({"problem_id": problem.id, "family": problem.family, "split": split,
                            "prompt_len": len(prompt), "context": s["context"], "draft": s["draft"],
                            "target": s["target"], "mismatch": s["mismatch"], "position": j,
-                           "features": s["features"], "p_keep": s["p_keep"][j], "kept": kept,
+                           "features": s["features"], "p_keep": s["p_keep"][j], "kept": kept, "token_index": t,
                            "keep_correct": correct[True], "reject_correct": correct[False], "label": label})
         summary = {"problem_id": problem.id, "family": problem.family, "split": split,
                    "correct": bool(score(problem, run.text)), "tokens": len(run.tokens), "states": len(states)}

@@ -2,8 +2,9 @@
 
     python -m cospec_local.train.warmup --data runs/arbiter-data --out runs/arbiters
 
-Both arbiters learn P(keep) at a block's first mismatch from the decisive states (exactly one
-branch ends right) with class-balanced binary cross-entropy; ties are left out (either decision
+Both arbiters learn P(keep) at the decision states of the given folders (plain speculative
+decoding's first mismatches, or every mismatch an arbiter met, from collect --policy) from the
+decisive states (exactly one branch ends right) with class-balanced binary cross-entropy; ties are left out (either decision
 gives the same answer there). The checkpoint of the epoch with the lowest dev loss is kept. The
 keep threshold is then chosen on the dev states to maximise (right keeps - wrong keeps): a right
 keep recovers an answer only the draft gets, a wrong one loses an answer the target gets. Reported
@@ -173,15 +174,18 @@ def main(argv: list[str] | None = None) -> None:
         manifest = json.loads((folder / "manifest.json").read_text())
         if manifest["draft_fingerprint"] != _cospec.model_fingerprint(str(draft)):
             sys.exit(f"{folder} was collected with another draft than {draft}")
-        if manifests and manifest["target"] != manifests[0]["target"]:
-            sys.exit(f"{folder} was collected with another target than {folders[0]}")
+        if manifests:  # settings added to the engine since an older folder was collected take their defaults
+            first = manifests[0]
+            shared = first["params"].keys() & manifest["params"].keys()
+            if manifest["target"] != first["target"] or any(manifest["params"][k] != first["params"][k] for k in shared):
+                sys.exit(f"{folder} was collected with another target or settings than {folders[0]}")
         manifests.append(manifest)
         states += load_states(folder)
     families = set(comma_list(cfg.families))
     if families:
         unknown = families - {s["family"] for s in states}
         if unknown:
-            sys.exit(f"{cfg.data} hold no states of {', '.join(sorted(unknown))}")
+            sys.exit(f"no states of {', '.join(sorted(unknown))} in {', '.join(map(str, folders))}")
         states = [s for s in states if s["family"] in families]
     train_states = [s for s in states if s["split"] == "train"]
     dev_states = [s for s in states if s["split"] == "dev"]
@@ -223,8 +227,10 @@ def main(argv: list[str] | None = None) -> None:
         description = {"features": "MLP over the block's features, warm-up on branch-oracle labels",
                        "lora": "draft + LoRA adapter, head over hidden states and features, warm-up on "
                                "branch-oracle labels"}[kind]
-        if any("policy" in m for m in manifests):
-            description += " (plain speculative decoding's states and those an earlier arbiter met)"
+        sources = [("plain speculative decoding's states", any("policy" not in m for m in manifests)),
+                   ("those an earlier arbiter met", any("policy" in m for m in manifests))]
+        if sources[1][1]:
+            description += f" ({' and '.join(name for name, present in sources if present)})"
         if families:
             description += f" ({', '.join(sorted(families))} only)"
             name += "-" + "-".join(sorted(families))
