@@ -28,6 +28,7 @@ from ..arbiters import arbiter_from_function
 from ..engine import Engine
 from ..params import GenerationParams
 from ..tasks import FAMILY_STOPS, Problem, score
+from .collect import cut_at_stops
 
 
 @dataclass(frozen=True)
@@ -43,12 +44,6 @@ def _softmax_at(logits: np.ndarray, token: int) -> float:
     z = logits.astype(np.float64)
     z = np.exp(z - z.max())
     return float(z[token] / z.sum())
-
-
-def _cut_at_stops(text: str, stops: tuple[str, ...]) -> str:
-    """`text` up to its first stop string, as the engine would have ended it."""
-    ends = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    return text[:min(ends)] if ends else text
 
 
 class RolloutWorker:
@@ -105,6 +100,22 @@ class RolloutWorker:
                                    **overrides)
         return run, blocks, decisions_made
 
+    def _branch(self, generated: list[int], t: int, token: int, stop: tuple[str, ...]):
+        """The answer with `token` chosen at generated index `t`: its tokens, its text (an
+        end-of-generation token adds none), the tokens left to generate, and whether it has ended
+        there (end of generation, no budget, or a stop string completed by the choice)."""
+        answer = generated[:t] + [token]
+        eog = self.engine.is_eog(token)
+        text = self.engine.detokenize(generated[:t] if eog else answer)
+        left = self.params.max_tokens - len(answer)
+        return answer, text, left, eog or left <= 0 or cut_at_stops(text, stop) != text
+
+    def _continue_greedily(self, prompt_tokens: list[int], answer: list[int], policy, stop, left: int) -> str:
+        """The text the policy, deciding by its threshold, generates after `answer`, from a clean cache."""
+        self.engine.reset()
+        return self.engine.generate(prompt_tokens + answer, self.params, arbiter=policy, stop=stop,
+                                    max_tokens=left).text
+
     def rollouts(self, problem: Problem, arbiter_path: str, seeds: list[int], temperature: float = 1.0) -> list[dict]:
         """`temperature` > 1 draws decisions from sigmoid(logit(P(keep)) / temperature): the policy's
         near-certain decisions are tried the other way more often. The recorded P(keep) is the one the
@@ -143,21 +154,14 @@ class RolloutWorker:
             q = {}
             for keep in (True, False):
                 token = block["draft"][j] if keep else block["target"][j]
-                answer_so_far = generated[:t] + [token]
-                eog = self.engine.is_eog(token)
-                so_far = self.engine.detokenize(generated[:t] if eog else answer_so_far)
-                left = self.params.max_tokens - len(answer_so_far)
-                ended = eog or left <= 0 or _cut_at_stops(so_far, stop) != so_far
+                answer_so_far, so_far, left, ended = self._branch(generated, t, token, stop)
                 if ended:  # nothing to continue: one outcome, scored once
-                    q[keep] = float(score(problem, _cut_at_stops(so_far, stop)))
+                    q[keep] = float(score(problem, cut_at_stops(so_far, stop)))
                     continue
                 outcomes = []
                 for r in range(1 if greedy_continuations else continuations):
                     if greedy_continuations:
-                        self.engine.reset()
-                        cont = self.engine.generate(prompt_tokens + answer_so_far, self.params, arbiter=policy,
-                                                    stop=stop, max_tokens=left)
-                        text = so_far + cont.text
+                        text = so_far + self._continue_greedily(prompt_tokens, answer_so_far, policy, stop, left)
                     else:
                         cont, _, _ = self._sampled(prompt_tokens + answer_so_far, policy,
                                                    (seed * 1_000_003 + c * 1009 + r) % (1 << 63),
@@ -165,7 +169,7 @@ class RolloutWorker:
                         text = so_far + cont.text
                     # The engine ends a generation at a stop string; one completed by the chosen
                     # token, or spanning the join, ends the answer there too.
-                    outcomes.append(bool(score(problem, _cut_at_stops(text, stop))))
+                    outcomes.append(bool(score(problem, cut_at_stops(text, stop))))
                 q[keep] = sum(outcomes) / len(outcomes)
             states.append({"context": block["context"], "draft": block["draft"], "target": block["target"],
                            "features": block["features"], "position": j, "p_keep": p_keep, "kept": kept,
@@ -210,16 +214,10 @@ class RolloutWorker:
             correct = {}
             for keep in (True, False):
                 token = s["draft"][j] if keep else s["target"][j]
-                answer_so_far = generated[:t] + [token]
-                eog = self.engine.is_eog(token)
-                so_far = self.engine.detokenize(generated[:t] if eog else answer_so_far)
-                left = self.params.max_tokens - len(answer_so_far)
-                text = so_far
-                if not (eog or left <= 0 or _cut_at_stops(so_far, stop) != so_far):
-                    self.engine.reset()
-                    text += self.engine.generate(prompt + answer_so_far, self.params, arbiter=policy, stop=stop,
-                                                 max_tokens=left).text
-                correct[keep] = bool(score(problem, _cut_at_stops(text, stop)))
+                answer_so_far, text, left, ended = self._branch(generated, t, token, stop)
+                if not ended:
+                    text += self._continue_greedily(prompt, answer_so_far, policy, stop, left)
+                correct[keep] = bool(score(problem, cut_at_stops(text, stop)))
             label = -1 if correct[True] == correct[False] else int(correct[True])
             states.append({"problem_id": problem.id, "family": problem.family, "split": split,
                            "prompt_len": len(prompt), "context": s["context"], "draft": s["draft"],
