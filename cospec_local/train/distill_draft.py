@@ -4,9 +4,10 @@ and write it as a GGUF with the target's tokenizer.
     python -m cospec_local.train.distill_draft --out OUT [--layers 2] [--train-prompts 2000] [--threads 2]
 
 Recipe (stages, each writing into OUT; a later invocation with --stages resumes):
-1. generate: the target (dequantized into torch, bf16) answers `--train-prompts` chat prompts
-   (cospec_local.train.distill_prompts "train" split, rendered with the target's own chat template),
-   greedily, batched, up to `--max-new` tokens. A logits processor records the target's top-k
+1. generate: the target (dequantized into torch, float32) answers `--train-prompts` chat prompts
+   (cospec_local.train.distill_prompts "train" split, rendered with the target's own chat template)
+   and `--self-prompts` prompts it wrote itself (see self_prompts), greedily, batched, up to
+   `--max-new` tokens. A logits processor records the target's top-k
    logits at every answer position, so the data are the target's own greedy continuations
    with soft labels, at no extra cost.
 2. train: the draft starts as the target's (tied) embedding, its first `--layers` blocks and its
@@ -55,14 +56,69 @@ def render_prompts(target_gguf: Path, prompts: list[str]) -> list[list[int]]:
         return [engine.render_chat([{"role": "user", "content": p}]) for p in prompts]
 
 
-def generate_data(target_gguf: Path, prompts: list[str], max_new: int, batch: int, out: Path) -> dict:
-    """Greedy answers of the target (torch, bf16) with its top-k logits at every answer position."""
+def load_generator(target_gguf: Path):
+    """The target in torch for generation: float32, since on CPUs without native bf16 (AVX2 only)
+    torch's bf16 generation runs at a fifth of float32's speed (40 vs 211 tok/s, 2 threads, batch
+    128, SmolLM2-135M). llama.cpp's own batched decoding of the Q4_1 GGUF reached 130 tok/s there."""
     import torch
-    from transformers import LogitsProcessor, LogitsProcessorList
 
     from converters.gguf_to_torch import load_llama_gguf
 
-    model = load_llama_gguf(target_gguf).to(torch.bfloat16)
+    return load_llama_gguf(target_gguf).to(torch.float32).eval()
+
+
+def _left_padded(rows: list[list[int]], pad: int, torch):
+    width = max(len(r) for r in rows)
+    x = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(x)
+    for r, row in enumerate(rows):
+        x[r, width - len(row):] = torch.tensor(row)
+        mask[r, width - len(row):] = 1
+    return x, mask, width
+
+
+def self_prompts(target_gguf: Path, model, n: int, seed: int, batch: int, exclude: list[str]) -> tuple[list[str], dict]:
+    """User prompts written by the target itself: it is given only its chat template's opening of
+    a user turn and samples the rest (the Magpie recipe), so the prompts cover what the model
+    expects to be asked, beyond the templates' topics. Kept: complete, 3 to 60 words, distinct,
+    and naming none of the `exclude` topics (the held-out ones stay unseen)."""
+    import torch
+
+    from cospec_local import Engine
+
+    marker = "\u2063USER\u2063"
+    eos = model.config.eos_token_id
+    blocked = [t.lower() for t in exclude]
+    kept, seen, sampled = [], set(), 0
+    t0 = time.time()
+    gen = torch.Generator().manual_seed(seed)
+    with Engine(target_gguf, n_ctx=512, n_threads=1) as engine:  # its tokenizer, for the template's opening and the text
+        text = engine.detokenize(engine.render_chat([{"role": "user", "content": marker}]), render_special=True)
+        opening = engine.tokenize(text[:text.index(marker)], add_special=False, parse_special=True)
+        while len(kept) < n:
+            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+            x = torch.tensor([opening] * batch)
+            with torch.no_grad():
+                out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=64,
+                                     do_sample=True, temperature=1.0, top_p=0.95, eos_token_id=eos, pad_token_id=eos)
+            sampled += batch
+            for row in out[:, len(opening):].tolist():
+                if eos not in row:
+                    continue  # cut off: not a whole prompt
+                prompt = engine.detokenize(row[:row.index(eos)]).strip()
+                words = len(prompt.split())
+                if 3 <= words <= 60 and prompt.lower() not in seen and not any(t in prompt.lower() for t in blocked):
+                    seen.add(prompt.lower())
+                    kept.append(prompt)
+            print(f"[self-prompts] {len(kept)}/{n} kept of {sampled} sampled", flush=True)
+    return kept[:n], {"self_prompts": n, "sampled": sampled, "wall_s": time.time() - t0}
+
+
+def generate_data(target_gguf: Path, model, prompts: list[str], max_new: int, batch: int, out: Path) -> dict:
+    """Greedy answers of the target with its top-k logits at every answer position."""
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
     eos, pad = model.config.eos_token_id, 0
     rendered = render_prompts(target_gguf, prompts)
     order = sorted(range(len(prompts)), key=lambda i: len(rendered[i]))  # little padding per batch
@@ -81,12 +137,7 @@ def generate_data(target_gguf: Path, prompts: list[str], max_new: int, batch: in
     n_new = 0
     for b in range(0, len(order), batch):
         idx = order[b:b + batch]
-        width = max(len(rendered[i]) for i in idx)
-        x = torch.full((len(idx), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(x)
-        for r, i in enumerate(idx):
-            x[r, width - len(rendered[i]):] = torch.tensor(rendered[i])
-            mask[r, width - len(rendered[i]):] = 1
+        x, mask, width = _left_padded([rendered[i] for i in idx], pad, torch)
         rec = RecordTopK()
         with torch.no_grad():
             gen = model.generate(input_ids=x, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
@@ -155,7 +206,7 @@ def answer_logits(model, x, mask, pos, torch):
 def agreement(model, items, torch, batch: int = 16) -> float:
     model.eval()
     hit = total = 0
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.no_grad():
         for b in range(0, len(items), batch):
             x, mask, pos, hard, _, _ = make_batch(items[b:b + batch], torch)
             pred = answer_logits(model, x, mask, pos, torch).argmax(-1)
@@ -196,8 +247,7 @@ def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: fl
         for g in opt.param_groups:
             g["lr"] = lr_now
         x, mask, pos, hard, soft_v, soft_i = make_batch(chunk, torch)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = answer_logits(model, x, mask, pos, torch)
+        logits = answer_logits(model, x, mask, pos, torch)  # float32: see load_generator on bf16 here
         logp = torch.log_softmax(logits, -1)
         hard_loss = -logp.gather(1, hard[:, None]).mean()
         soft_loss = -(torch.softmax(soft_v, -1) * logp.gather(1, soft_i)).sum(-1).mean()
@@ -292,8 +342,8 @@ def measure(target_gguf: Path, draft_gguf: Path, prompts: list[str], max_new: in
             hit += int((pred == np.array(answer)).sum())
             total += len(answer)
             for mode in tps:
-                r = engine.generate(prompt, mode=mode, max_tokens=max_new, ignore_eos=True, adaptive_draft=False,
-                                    draft_max=3)
+                r = engine.generate(prompt, mode="speculative" if mode == "sps" else mode, max_tokens=max_new,
+                                    ignore_eos=True, adaptive_draft=False, draft_max=3)
                 tps[mode][0] += r.stats.n_generated
                 tps[mode][1] += r.stats.t_generate_ms
                 if mode == "sps":
@@ -320,7 +370,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--target", type=Path, default=None, help="target GGUF (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--stages", default="generate,train,gguf,measure")
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--train-prompts", type=int, default=2000)
+    ap.add_argument("--train-prompts", type=int, default=2000, help="template prompts (distill_prompts 'train' split)")
+    ap.add_argument("--self-prompts", type=int, default=0,
+                    help="and this many prompts the target writes itself (held-out topics excluded)")
     ap.add_argument("--heldout-prompts", type=int, default=60)
     ap.add_argument("--max-new", type=int, default=160)
     ap.add_argument("--gen-batch", type=int, default=128)
@@ -341,8 +393,19 @@ def main(argv: list[str] | None = None) -> None:
     log_update(args.out, args=vars(args) | {"out": str(args.out), "target": str(target)})
     draft_path = args.out / "smollm2-135m-draft-q8_0.gguf"
     if "generate" in stages:
-        log_update(args.out, generate=generate_data(target, build_prompts("train", args.train_prompts, args.seed),
-                                                    args.max_new, args.gen_batch, args.out))
+        from .distill_prompts import HELDOUT_TOPICS, _topics
+
+        model = load_generator(target)
+        prompts = build_prompts("train", args.train_prompts, args.seed)
+        written = {}
+        if args.self_prompts:
+            extra, written = self_prompts(target, model, args.self_prompts, args.seed, args.gen_batch,
+                                          _topics(HELDOUT_TOPICS))
+            prompts += extra
+        (args.out / "distill_prompts.json").write_text(json.dumps(prompts, indent=0))
+        log_update(args.out, self_prompts=written,
+                   generate=generate_data(target, model, prompts, args.max_new, args.gen_batch, args.out))
+        del model
     if "train" in stages:
         log_update(args.out, train=train_draft(target, args.layers, args.out, args.epochs, args.lr, args.batch, args.seed))
     if "gguf" in stages:
