@@ -74,7 +74,7 @@ def _left_padded(rows: list[list[int]], pad: int, torch):
     for r, row in enumerate(rows):
         x[r, width - len(row):] = torch.tensor(row)
         mask[r, width - len(row):] = 1
-    return x, mask, width
+    return x, mask
 
 
 def self_prompts(target_gguf: Path, model, n: int, seed: int, batch: int, exclude: list[str]) -> tuple[list[str], dict]:
@@ -106,9 +106,9 @@ def self_prompts(target_gguf: Path, model, n: int, seed: int, batch: int, exclud
                 if eos not in row:
                     continue  # cut off: not a whole prompt
                 prompt = engine.detokenize(row[:row.index(eos)]).strip()
-                words = len(prompt.split())
-                if 3 <= words <= 60 and prompt.lower() not in seen and not any(t in prompt.lower() for t in blocked):
-                    seen.add(prompt.lower())
+                key = prompt.lower()
+                if 3 <= len(prompt.split()) <= 60 and key not in seen and not any(t in key for t in blocked):
+                    seen.add(key)
                     kept.append(prompt)
             print(f"[self-prompts] {len(kept)}/{n} kept of {sampled} sampled", flush=True)
     return kept[:n], {"self_prompts": n, "sampled": sampled, "wall_s": time.time() - t0}
@@ -137,12 +137,12 @@ def generate_data(target_gguf: Path, model, prompts: list[str], max_new: int, ba
     n_new = 0
     for b in range(0, len(order), batch):
         idx = order[b:b + batch]
-        x, mask, width = _left_padded([rendered[i] for i in idx], pad, torch)
+        x, mask = _left_padded([rendered[i] for i in idx], pad, torch)
         rec = RecordTopK()
         with torch.no_grad():
             gen = model.generate(input_ids=x, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
                                  eos_token_id=eos, pad_token_id=pad, logits_processor=LogitsProcessorList([rec]))
-        new = gen[:, width:]
+        new = gen[:, x.shape[1]:]
         v = torch.stack([s[0] for s in rec.steps], 1)  # (batch, steps, k)
         ix = torch.stack([s[1] for s in rec.steps], 1)
         for r, i in enumerate(idx):
@@ -329,7 +329,8 @@ def measure(target_gguf: Path, draft_gguf: Path, prompts: list[str], max_new: in
     from cospec_local import Engine
 
     hit = total = 0
-    tps = {"target-only": [0, 0.0], "draft-only": [0, 0.0], "sps": [0, 0.0]}
+    engine_mode = {"target-only": "target-only", "draft-only": "draft-only", "sps": "speculative"}  # label: mode
+    tps = {label: [0, 0.0] for label in engine_mode}
     drafted = accepted = 0
     t0 = time.time()
     with Engine(target_gguf, draft_gguf, n_ctx=1024, n_threads=threads) as engine:
@@ -341,12 +342,12 @@ def measure(target_gguf: Path, draft_gguf: Path, prompts: list[str], max_new: in
             pred = logits[len(prompt) - 1:len(prompt) - 1 + len(answer)].argmax(-1)
             hit += int((pred == np.array(answer)).sum())
             total += len(answer)
-            for mode in tps:
-                r = engine.generate(prompt, mode="speculative" if mode == "sps" else mode, max_tokens=max_new,
-                                    ignore_eos=True, adaptive_draft=False, draft_max=3)
-                tps[mode][0] += r.stats.n_generated
-                tps[mode][1] += r.stats.t_generate_ms
-                if mode == "sps":
+            for label, mode in engine_mode.items():
+                r = engine.generate(prompt, mode=mode, max_tokens=max_new, ignore_eos=True, adaptive_draft=False,
+                                    draft_max=3)
+                tps[label][0] += r.stats.n_generated
+                tps[label][1] += r.stats.t_generate_ms
+                if label == "sps":
                     drafted += r.stats.n_drafted
                     accepted += r.stats.n_accepted
     speed = {m: 1000.0 * n / ms for m, (n, ms) in tps.items()}
@@ -362,7 +363,7 @@ def measure(target_gguf: Path, draft_gguf: Path, prompts: list[str], max_new: in
 def main(argv: list[str] | None = None) -> None:
     from cospec_local.models import find_smollm2_gguf
 
-    from .distill_prompts import build_prompts
+    from .distill_prompts import build_prompts, heldout_topics
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
@@ -393,14 +394,12 @@ def main(argv: list[str] | None = None) -> None:
     log_update(args.out, args=vars(args) | {"out": str(args.out), "target": str(target)})
     draft_path = args.out / "smollm2-135m-draft-q8_0.gguf"
     if "generate" in stages:
-        from .distill_prompts import HELDOUT_TOPICS, _topics
-
         model = load_generator(target)
         prompts = build_prompts("train", args.train_prompts, args.seed)
         written = {}
         if args.self_prompts:
             extra, written = self_prompts(target, model, args.self_prompts, args.seed, args.gen_batch,
-                                          _topics(HELDOUT_TOPICS))
+                                          heldout_topics())
             prompts += extra
         (args.out / "distill_prompts.json").write_text(json.dumps(prompts, indent=0))
         log_update(args.out, self_prompts=written,

@@ -75,6 +75,11 @@ def _topics(names: list[str]) -> list[str]:
     return [" ".join(t.split()) for t in names if t.strip()]
 
 
+def heldout_topics() -> list[str]:
+    """The topics of the "heldout" split, which no distillation data may name."""
+    return _topics(HELDOUT_TOPICS)
+
+
 def build_prompts(split: str, n: int, seed: int = 0) -> list[str]:
     """n distinct prompts of `split` ("train" or "heldout"), deterministic for the seed."""
     if split == "train":
