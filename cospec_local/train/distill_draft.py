@@ -111,6 +111,9 @@ def self_prompts(target_gguf: Path, model, n: int, seed: int, batch: int, exclud
                     seen.add(key)
                     kept.append(prompt)
             print(f"[self-prompts] {len(kept)}/{n} kept of {sampled} sampled", flush=True)
+            if len(kept) < n and sampled >= 20 * n + batch:  # SmolLM2 keeps ~4 in 5: a model that never does would loop forever
+                raise ValueError(f"{target_gguf.name}: only {len(kept)} usable prompts of {sampled} sampled; "
+                                 "it does not write whole user turns after its chat template's opening")
     return kept[:n], {"self_prompts": n, "sampled": sampled, "wall_s": time.time() - t0}
 
 
