@@ -47,7 +47,7 @@ def measure_costs(engine: Engine, tokenized: Sequence[list[int]], params: Genera
     blocks = verify_ms = 0.0
     for prompt in tokenized:
         s = engine.generate(prompt, params, mode="speculative", arbiter="target", draft_max=k,
-                            adaptive_draft=False).stats
+                            adaptive_draft=False, draft_p_min=0.0).stats
         blocks += s.n_blocks
         verify_ms += s.t_verify_ms
     v = verify_ms / blocks / plain_ms["target-only"] if blocks else float("nan")
@@ -131,7 +131,9 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], runs: S
         if baseline is not None and label != "target-only":
             same = sum(x == y for x, y in zip(outputs[k, label], outputs[base_key]))
         bound = None
-        if plain_ms and a["blocks"]:
+        # The bound models blocks of exactly K drafted tokens: not what adaptive lengths or
+        # --draft-p-min's early ends run, so those rows get none.
+        if plain_ms and a["blocks"] and not params.adaptive_draft and params.draft_p_min == 0:
             # a: per-token acceptance under the geometric model (accepted vs ends by rejection)
             per_token = a["accepted"] / (a["accepted"] + a["fallbacks"]) if a["accepted"] + a["fallbacks"] else 0.0
             c = plain_ms["draft-only"] / plain_ms["target-only"]

@@ -65,6 +65,19 @@ def test_bench_json(target_path, draft_paths, tmp_path):
     assert report["costs"]["draft_cost"] == pytest.approx(report["c"], abs=1e-4) and report["costs"]["verify_cost"] >= 0
 
 
+def test_bench_gives_no_bound_for_blocks_shorter_than_k(target_path, draft_paths):
+    """The speed bound models blocks of exactly K tokens: with --draft-p-min (blocks end early)
+    and with adaptive lengths a row has none, rather than a bound of another loop."""
+    for flags in (["--draft-p-min", "0.9"], ["--adaptive-draft"]):
+        out = run_cli("bench", "-m", target_path, "-md", draft_paths["disagreeing"], "--runs", "target-only,sps",
+                      "--draft-max", "4", "-n", 8, "--repeat", 1, "--json", *flags)
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        (sps,) = [r for r in report["results"] if r["run"] == "sps"]
+        assert sps["speedup_bound"] is None and sps["prompts_identical_to_target"] == report["prompts"]
+        assert report["costs"]["measured_with_k"] == 8 and report["costs"]["verify_cost"] >= 0
+
+
 def spawn_chat(target_path, draft_path):
     env = dict(os.environ, TERM="dumb", PYTHONUNBUFFERED="1")
     child = pexpect.spawn(sys.executable, [*CLI[1:], "chat", "-m", str(target_path), "-md", str(draft_path),

@@ -21,7 +21,8 @@ Recipe (stages, each writing into OUT; a later invocation with --stages resumes)
 4. measure (llama.cpp, through the engine): on "heldout" prompts (templates and topics never
    used for distillation) the target's greedy continuation is generated, then the draft's
    teacher-forced per-token agreement with it is scored; tokens/s of draft-only vs
-   target-only, and sps acceptance on the same prompts, in the same run.
+   target-only, and sps acceptance on the same prompts, in the same run (in a process of its own,
+   away from the train stage's torch threads).
 
 Everything is logged to OUT/distill_log.json with wall times.
 """
@@ -29,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -415,8 +418,11 @@ def main(argv: list[str] | None = None) -> None:
         log_update(args.out, gguf={"path": draft_path.name, "bytes": draft_path.stat().st_size})
         print(f"[gguf] {draft_path} ({draft_path.stat().st_size / 2**20:.1f} MiB)")
     if "measure" in stages:
-        result = measure(target, draft_path, build_prompts("heldout", args.heldout_prompts, args.seed), args.max_new,
-                         args.threads)
+        # In its own process: llama.cpp decodes several times slower in a process where torch has
+        # run multi-threaded work (the train stage), which would distort the speed ratios.
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            result = pool.submit(measure, target, draft_path, build_prompts("heldout", args.heldout_prompts, args.seed),
+                                 args.max_new, args.threads).result()
         log_update(args.out, measure=result)
         print(json.dumps(result, indent=1))
 
