@@ -132,8 +132,9 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], runs: S
             same = sum(x == y for x, y in zip(outputs[k, label], outputs[base_key]))
         bound = None
         # The bound models blocks of exactly K drafted tokens: not what adaptive lengths or
-        # --draft-p-min's early ends run, so those rows get none.
-        if plain_ms and a["blocks"] and not params.adaptive_draft and params.draft_p_min == 0:
+        # --draft-p-min's early ends (greedy only) run, so those rows get none.
+        full_blocks = not params.adaptive_draft and (params.draft_p_min == 0 or params.temperature > 0)
+        if plain_ms and a["blocks"] and full_blocks:
             # a: per-token acceptance under the geometric model (accepted vs ends by rejection)
             per_token = a["accepted"] / (a["accepted"] + a["fallbacks"]) if a["accepted"] + a["fallbacks"] else 0.0
             c = plain_ms["draft-only"] / plain_ms["target-only"]
@@ -192,7 +193,8 @@ def markdown_table(report: dict) -> str:
         f"target: {report['target']}  ",
         f"draft: {report['draft']}  ",
         f"c (draft/target time per token): {_fmt(report.get('c'), '.3f')}; bound = (1-a^(K+1))/((1-a)(Kc+v(K))) "
-        f"with the measured per-token acceptance a and verify cost v(K)  ",
+        f"with the measured per-token acceptance a and verify cost v(K); none (-) with adaptive lengths or "
+        "--draft-p-min, whose blocks are shorter than K  ",
         f"{report['prompts']} prompts x {report['max_tokens']} tokens x {report['repeat']} repeat(s), greedy, EOS "
         f"ignored, draft_p_min {report['draft_p_min']}, {'adaptive' if report['adaptive_draft'] else 'fixed'} draft "
         "length; target-only measured once per prompt and repeat, interleaved with the others; speed-up (range over "

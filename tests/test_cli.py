@@ -67,15 +67,39 @@ def test_bench_json(target_path, draft_paths, tmp_path):
 
 def test_bench_gives_no_bound_for_blocks_shorter_than_k(target_path, draft_paths):
     """The speed bound models blocks of exactly K tokens: with --draft-p-min (blocks end early)
-    and with adaptive lengths a row has none, rather than a bound of another loop."""
+    and with adaptive lengths a row has none, rather than a bound of another loop. The target
+    drafting for itself is accepted throughout, so both runs do draft blocks."""
     for flags in (["--draft-p-min", "0.9"], ["--adaptive-draft"]):
-        out = run_cli("bench", "-m", target_path, "-md", draft_paths["disagreeing"], "--runs", "target-only,sps",
-                      "--draft-max", "4", "-n", 8, "--repeat", 1, "--json", *flags)
+        out = run_cli("bench", "-m", target_path, "-md", draft_paths["self"], "--runs", "target-only,sps",
+                      "--draft-max", "4", "-n", 16, "--repeat", 1, "--json", *flags)
         assert out.returncode == 0, out.stderr
         report = json.loads(out.stdout)
         (sps,) = [r for r in report["results"] if r["run"] == "sps"]
-        assert sps["speedup_bound"] is None and sps["prompts_identical_to_target"] == report["prompts"]
-        assert report["costs"]["measured_with_k"] == 8 and report["costs"]["verify_cost"] >= 0
+        assert sps["mean_accepted_per_block"] > 0 and sps["speedup_bound"] is None
+        assert sps["prompts_identical_to_target"] == report["prompts"]
+
+
+def test_bench_measures_the_verify_cost_on_full_blocks(engine_for):
+    """The cost model's verify cost comes from blocks of exactly K tokens whatever the bench's
+    own --draft-p-min or adaptive setting (blocks cut short would make verifying look cheap)."""
+    from cospec_local import GenerationParams
+    from cospec_local.bench import measure_costs
+
+    engine = engine_for("self")
+    seen = []
+
+    class RecordingEngine:  # the real engine; keeps each run's stats
+        def generate(self, *args, **kwargs):
+            result = engine.generate(*args, **kwargs)
+            seen.append(result.stats)
+            return result
+
+    params = GenerationParams(max_tokens=33, ignore_eos=True, draft_p_min=0.999, adaptive_draft=True)
+    prompts = [engine.tokenize("The capital of France is"), engine.tokenize("def add(a, b):")]
+    costs = measure_costs(RecordingEngine(), prompts, params, {"draft-only": 1.0, "target-only": 1.0}, k=8)
+    assert costs["measured_with_k"] == 8 and len(seen) == 2
+    for stats in seen:  # every block but the last (cut at max_tokens) drafted K tokens
+        assert stats.n_blocks >= 2 and stats.n_drafted >= 8 * (stats.n_blocks - 1)
 
 
 def spawn_chat(target_path, draft_path):

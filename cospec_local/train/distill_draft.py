@@ -418,8 +418,8 @@ def main(argv: list[str] | None = None) -> None:
         log_update(args.out, gguf={"path": draft_path.name, "bytes": draft_path.stat().st_size})
         print(f"[gguf] {draft_path} ({draft_path.stat().st_size / 2**20:.1f} MiB)")
     if "measure" in stages:
-        # In its own process: llama.cpp decodes several times slower in a process where torch has
-        # run multi-threaded work (the train stage), which would distort the speed ratios.
+        # In its own process: llama.cpp decoded 2.5x slower in a process where torch had
+        # run multi-threaded work (the train stage), and unevenly: the speed ratios were off.
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             result = pool.submit(measure, target, draft_path, build_prompts("heldout", args.heldout_prompts, args.seed),
                                  args.max_new, args.threads).result()
