@@ -96,8 +96,8 @@ def test_bench_measures_the_verify_cost_on_full_blocks(engine_for):
 
     params = GenerationParams(max_tokens=33, ignore_eos=True, draft_p_min=0.999, adaptive_draft=True)
     prompts = [engine.tokenize("The capital of France is"), engine.tokenize("def add(a, b):")]
-    costs = measure_costs(RecordingEngine(), prompts, params, {"draft-only": 1.0, "target-only": 1.0}, k=8)
-    assert costs["measured_with_k"] == 8 and len(seen) == 2
+    measure_costs(RecordingEngine(), prompts, params, {"draft-only": 1.0, "target-only": 1.0}, k=8)
+    assert len(seen) == 2  # one run per prompt
     for stats in seen:  # every block but the last (cut at max_tokens) drafted K tokens
         assert stats.n_blocks >= 2 and stats.n_drafted >= 8 * (stats.n_blocks - 1)
 
