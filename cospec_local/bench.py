@@ -177,6 +177,8 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], runs: S
         "repeat": repeat,
         "draft_p_min": params.draft_p_min,
         "adaptive_draft": params.adaptive_draft,
+        "temperature": params.temperature,
+        "seed": params.seed,
         "c": plain_ms["draft-only"] / plain_ms["target-only"] if plain_ms else None,
         # The timing-free cost model (--draft-cost, --verify-cost) measured for this pair and machine.
         "costs": costs,
@@ -189,13 +191,15 @@ def _fmt(value, spec: str, suffix: str = "") -> str:
 
 
 def markdown_table(report: dict) -> str:
+    temperature = report.get("temperature", 0.0)
+    sampling = f"temperature {temperature:g}, seed {report.get('seed')}" if temperature > 0 else "greedy"
     lines = [
         f"target: {report['target']}  ",
         f"draft: {report['draft']}  ",
         f"c (draft/target time per token): {_fmt(report.get('c'), '.3f')}; bound = (1-a^(K+1))/((1-a)(Kc+v(K))) "
         f"with the measured per-token acceptance a and verify cost v(K); none (-) with adaptive lengths or "
         "--draft-p-min, whose blocks are shorter than K  ",
-        f"{report['prompts']} prompts x {report['max_tokens']} tokens x {report['repeat']} repeat(s), greedy, EOS "
+        f"{report['prompts']} prompts x {report['max_tokens']} tokens x {report['repeat']} repeat(s), {sampling}, EOS "
         f"ignored, draft_p_min {report['draft_p_min']}, {'adaptive' if report['adaptive_draft'] else 'fixed'} draft "
         "length; target-only measured once per prompt and repeat, interleaved with the others; speed-up (range over "
         "repeats)",

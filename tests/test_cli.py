@@ -323,6 +323,9 @@ def test_bench_table_shows_the_spread_and_flags_noise():
     assert "| 4 | sps | 100.0 | 1.05x (0.82-1.42) noisy |" in table
     assert "| 4 | fly | 100.0 | 1.30x (1.25-1.36) |" in table
     assert "noisy: half the range of the repeats' speed-ups" in table
+    assert "repeat(s), greedy, EOS ignored" in table
+    sampled = markdown_table(dict(report, temperature=0.7, seed=5))
+    assert "repeat(s), temperature 0.7, seed 5, EOS ignored" in sampled and "greedy" not in sampled
 
 
 def test_chat_in_a_terminal_samples_by_default_and_validates_settings(tmp_path):

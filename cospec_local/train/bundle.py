@@ -22,7 +22,7 @@ REFERENCE_FILE = "reference.jsonl"
 ARBITER_FILES = ("arbiter.gguf", "adapter.gguf", "head.onnx", "info.json")
 
 
-def reference_runs(engine: Engine, arbiter: str, families=("arith", "pyfunc"), n: int = 8,
+def reference_runs(engine: Engine, arbiter: str, families=("arith", "pyfunc"), n: int = 16,
                    max_tokens: int = 256) -> list[dict]:
     params = GenerationParams(max_tokens=max_tokens, arbiter=arbiter)
     rows = []
@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, type=Path, help="Where the arbiter ships.")
     ap.add_argument("-m", "--model", default="demo-target", help="Target model (named or GGUF path).")
     ap.add_argument("-md", "--model-draft", default="demo-draft", help="Draft model (named or GGUF path).")
-    ap.add_argument("--n", type=int, default=8, help="Reference problems per family.")
+    ap.add_argument("--n", type=int, default=16,
+                    help="Reference problems per family (the shipped arbiters keep a draft token only past the 8th).")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     for name in ARBITER_FILES:

@@ -41,6 +41,11 @@ void draft_tuner::use_fixed_costs(double draft_cost, double verify_marginal) {
     }
 }
 
+void draft_tuner::set_acceptance_prior(double accepted, double rejected) {
+    acc_sum = std::max(accepted, 1e-3);
+    rej_sum = std::max(rejected, 1e-3);
+}
+
 void draft_tuner::observe_verify(int32_t n_tokens, double ms) {
     if (!fixed_costs && n_tokens >= 1 && n_tokens <= MAX_BATCH) {
         t_verify[n_tokens] = ema(t_verify[n_tokens], ms);

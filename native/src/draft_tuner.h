@@ -17,6 +17,12 @@ class draft_tuner {
     // step, for the fixed cost model: measured v(K) on 2-core CPUs lies
     // between 1 + 0.15 K (Gemma 3 270M) and 1 + 0.39 K (SmolLM2-135M).
     static constexpr double FIXED_VERIFY_MARGINAL = 0.25;
+    // Acceptance prior (decayed counts, a = 8/9) of a call whose arbiter keeps
+    // mismatches: from a = 0.5 each short answer began at K = 1-2. demo-lora is
+    // trained on the blocks it gives. Other calls keep a = 0.5, which costs less
+    // on a pair that rarely agrees (bench/RESULTS.md).
+    static constexpr double KEEPING_PRIOR_ACCEPTED = 8.0;
+    static constexpr double KEEPING_PRIOR_REJECTED = 1.0;
 
     // Draft length for the next block, in [0, k_max].
     int32_t choose(int32_t k_max);
@@ -29,6 +35,8 @@ class draft_tuner {
     // lengths depend on acceptance counts alone: a draft step costs
     // draft_cost target steps, verifying n tokens 1 + (n - 1) * verify_marginal.
     void use_fixed_costs(double draft_cost, double verify_marginal);
+    // Start the acceptance estimate from these decayed counts (before any block).
+    void set_acceptance_prior(double accepted, double rejected);
 
     double acceptance() const { return acc_sum / (acc_sum + rej_sum); }
     // Whether verifying n tokens has been timed yet.

@@ -65,6 +65,10 @@ class generation {
             call_tuner.use_fixed_costs(p.draft_cost > 0.0f ? p.draft_cost : e.draft_cost_ratio,
                                        p.verify_cost >= 0.0f ? p.verify_cost
                                                              : cospec::draft_tuner::FIXED_VERIFY_MARGINAL);
+            if (arbiter_can_keep) {
+                call_tuner.set_acceptance_prior(cospec::draft_tuner::KEEPING_PRIOR_ACCEPTED,
+                                                cospec::draft_tuner::KEEPING_PRIOR_REJECTED);
+            }
             tuner = &call_tuner;
         } else {
             tuner = &e.tuner;
