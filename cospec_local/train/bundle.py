@@ -20,9 +20,11 @@ from ..tasks import FAMILY_STOPS, load_task
 
 REFERENCE_FILE = "reference.jsonl"
 ARBITER_FILES = ("arbiter.gguf", "adapter.gguf", "head.onnx", "info.json")
+# Per family: the shipped arbiters keep a draft token only past the 8th test problem.
+REFERENCE_PROBLEMS = 16
 
 
-def reference_runs(engine: Engine, arbiter: str, families=("arith", "pyfunc"), n: int = 16,
+def reference_runs(engine: Engine, arbiter: str, families=("arith", "pyfunc"), n: int = REFERENCE_PROBLEMS,
                    max_tokens: int = 256) -> list[dict]:
     params = GenerationParams(max_tokens=max_tokens, arbiter=arbiter)
     rows = []
@@ -42,8 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, type=Path, help="Where the arbiter ships.")
     ap.add_argument("-m", "--model", default="demo-target", help="Target model (named or GGUF path).")
     ap.add_argument("-md", "--model-draft", default="demo-draft", help="Draft model (named or GGUF path).")
-    ap.add_argument("--n", type=int, default=16,
-                    help="Reference problems per family (the shipped arbiters keep a draft token only past the 8th).")
+    ap.add_argument("--n", type=int, default=REFERENCE_PROBLEMS, help="Reference problems per family.")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     for name in ARBITER_FILES:
