@@ -23,7 +23,11 @@ def test_stats_add_up(engine_for, mode):
     assert counts.get("match", 0) == s.n_accepted and counts.get("kept", 0) == s.n_kept
     assert counts.get("fallback", 0) == s.n_fallback and counts.get("bonus", 0) == s.n_bonus
     if mode in ("sps", "fly"):
-        assert set(r.provenance) <= SPEC_PROVENANCE and s.n_plain == 0
+        # a block needs room for a draft token and the target's token after it: when one token of
+        # the budget is left, the step is a plain target step (where blocks end decides whether
+        # that happens, and it does with some CPUs' rounding)
+        assert set(r.provenance[:-1]) <= SPEC_PROVENANCE and r.provenance[-1] in SPEC_PROVENANCE | {"target"}
+        assert s.n_plain == r.provenance.count("target") <= 1
         assert s.n_drafted >= s.n_accepted + s.n_kept
         # one target token (fallback or bonus) ends every block
         assert s.n_fallback + s.n_bonus == s.n_blocks

@@ -22,7 +22,7 @@ from cospec_local import AdapterError, ArbiterError, Engine, GenerationParams, I
 from cospec_local.arbiters import NAMED_ARBITERS, onnx_head
 from cospec_local.models import DEMO_DIR, demo_checkpoint, demo_model
 from cospec_local.params import DEFAULTS
-from cospec_local.tasks import load_task
+from cospec_local.tasks import FAMILY_STOPS, load_task
 from cospec_local.train.arbiter_model import (FeaturesArbiter, LoraArbiter, load_arbiter, load_draft_backbone,
                                               make_batch)
 from cospec_local.train.collect import Collector
@@ -206,6 +206,32 @@ def test_shipped_arbiter_runs_and_records_decisions(demo_engine, name):
         assert again.tokens == r.tokens and again.decisions == r.decisions
         n_decisions += len(r.decisions)
     assert n_decisions > 0
+
+
+def test_arbiter_is_asked_only_where_the_walk_reaches_a_mismatch(demo_engine):
+    """A block whose output ends before its first mismatch (end of generation, a stop string)
+    needs no verdict: the arbiter is not called for it, and every call is a block that decided.
+    On these problems the answer often ends inside a block whose draft runs on and disagrees."""
+    from cospec_local import arbiter_from_function
+
+    called = []
+
+    def reject_all(block):
+        called.append(int(block["index"]))
+        return np.zeros(block["n_draft"], dtype=np.float32)
+
+    rejecter = arbiter_from_function(reject_all, "reject-all")
+    n_calls = 0
+    for problem in load_task("arith", "dev", 6) + load_task("pyfunc", "dev", 6):
+        called.clear()
+        stops = FAMILY_STOPS[problem.family]
+        r = demo_engine.generate(problem.prompt, arbiter=rejecter, max_tokens=200, stop=stops)
+        assert called == sorted({d.block for d in r.decisions}), problem.id
+        assert r.stats.n_arbiter_calls == len(called)
+        # the same tokens as the target arbiter, which never asks (greedy: rejecting is lossless)
+        assert r.tokens == demo_engine.generate(problem.prompt, max_tokens=200, stop=stops).tokens
+        n_calls += len(called)
+    assert n_calls > 0
 
 
 def test_sampled_decisions_follow_the_seed(demo_engine, tmp_path):

@@ -183,7 +183,10 @@ typedef struct cospec_block {
 
 // Score every mismatch position of the block at once: write p_keep[i], the
 // probability of keeping draft[i], for i in [0, n_draft). Values at matched
-// positions are ignored. Fixed rules write 0 or 1. Return 0 on success;
+// positions are ignored. Called once per block whose walk reaches a mismatch,
+// when it reaches it: the tokens before it are already emitted (and streamed),
+// and a block whose output ends first (end of generation, a stop string, the
+// token budget) is never scored. Fixed rules write 0 or 1. Return 0 on success;
 // anything else stops generation with COSPEC_ERR_ARBITER.
 typedef int32_t (*cospec_arbiter_fn)(void * user_data, const cospec_block * block, float * p_keep);
 
@@ -388,7 +391,7 @@ struct cospec_stats {
     int32_t n_fallback;        // target tokens emitted at a rejected mismatch
     int32_t n_bonus;           // target tokens emitted after a block survived whole
     int32_t n_plain;           // plain steps: target-only / draft-only decoding, and speculative steps that drafted nothing
-    int32_t n_arbiter_calls;
+    int32_t n_arbiter_calls;   // blocks scored by the arbiter: those whose walk reached a mismatch
     double  t_arbiter_ms;
     double  t_draft_ms;        // inside draft-model llama_decode calls
     double  t_verify_ms;       // inside target-model llama_decode calls (verification or plain steps)

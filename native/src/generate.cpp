@@ -179,7 +179,6 @@ class generation {
     std::vector<llama_token> target_tokens;
     std::vector<uint8_t> mismatch;
     std::vector<float> p_keep;
-    bool any_mismatch = false;
     cospec_block block {};
 
     // ------------------------------------------------------------ llama.cpp calls
@@ -569,17 +568,13 @@ class generation {
         mismatch.assign(kd, 0);
         // The lossless walk stops at the first mismatch, so later positions
         // need no verdict; an arbiter that can keep sees the whole block.
-        any_mismatch = false;
         for (int32_t j = 0; j <= kd; ++j) {
             judge(j, logits + (size_t) j * nv);
             if (!std::isfinite(logits[(size_t) j * nv + target_tokens[j]])) {
                 return nonfinite_logits();
             }
-            if (j < kd && mismatch[j]) {
-                any_mismatch = true;
-                if (!arbiter_can_keep) {
-                    break;
-                }
+            if (j < kd && mismatch[j] && !arbiter_can_keep) {
+                break;
             }
         }
         return COSPEC_OK;
@@ -589,9 +584,6 @@ class generation {
     int32_t arbitrate(size_t n_past, const float * rows) {
         const int32_t kd = (int32_t) drafted.size();
         p_keep.assign(kd, 0.0f);
-        if (!any_mismatch || !arbiter_can_keep) {
-            return COSPEC_OK;
-        }
         block = cospec_block {};
         block.index = st.n_blocks - 1;
         block.n_draft = kd;
@@ -602,7 +594,7 @@ class generation {
         block.mismatch = mismatch.data();
         block.target_logits = rows;
         block.draft_logits = keep_draft_logits ? draft_logits.data() : nullptr;
-        block.context = seq.data();
+        block.context = seq.data(); // the walk may have grown seq: its first n_context tokens are the block's context
         block.n_context = (int32_t) n_past + 1;
         block.temperature = p.temperature;
         const auto t0 = clock_type::now();
@@ -636,15 +628,29 @@ class generation {
 
     // Walk the block: matches and kept mismatches go on, a rejected mismatch
     // emits the target's token and ends the block; a block that survives
-    // whole earns the target's bonus token.
-    void walk_block() {
+    // whole earns the target's bonus token. The arbiter is asked when the walk
+    // first reaches a mismatch, not before: where the output ends earlier (end
+    // of generation, a stop string, the token budget) no verdict is needed, and
+    // on short answers that is a large share of the blocks with a mismatch.
+    // Its scores depend on the block alone, so asking late changes no decision.
+    int32_t walk_block(size_t n_past, const float * rows) {
         const int32_t kd = (int32_t) drafted.size();
         const size_t first_decision = r.decisions.size();
+        bool scored = false;
         int32_t j = 0;
         for (; j < kd && stop == COSPEC_STOP_NONE; ++j) {
             if (!mismatch[j]) {
                 emit(drafted[j], COSPEC_PROV_MATCH);
                 continue;
+            }
+            if (arbiter_can_keep && !scored) {
+                if (const int32_t status = arbitrate(n_past, rows); status != COSPEC_OK) {
+                    return status;
+                }
+                scored = true;
+                if (stop != COSPEC_STOP_NONE) {
+                    break; // aborted during the arbiter's own decode
+                }
             }
             const bool keep = arbiter_can_keep && decide(p_keep[j]);
             if (arbiter_can_keep) {
@@ -666,6 +672,7 @@ class generation {
             block.context = seq.data(); // emit() may have grown seq: the context's first n_context tokens stay
             p.arbiter->taken(block, r.decisions.data() + first_decision, (int32_t) (r.decisions.size() - first_decision));
         }
+        return COSPEC_OK;
     }
 
     int32_t speculative_step() {
@@ -701,11 +708,7 @@ class generation {
         if (verified != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return verified;
         }
-        if (const int32_t status = arbitrate(n_past, rows); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
-            return status;
-        }
-        walk_block();
-        return COSPEC_OK;
+        return walk_block(n_past, rows);
     }
 };
 

@@ -361,6 +361,8 @@ struct learned_arbiter final : cospec_arbiter {
     }
 
     // Make the cache hold exactly tokens[0..n), causally, reusing the longest cached prefix.
+    // Read only when a block needs a verdict: a generation that never reaches a
+    // mismatch (most short answers) never pays for reading its prompt here.
     int32_t sync_prefix(const cospec_token * tokens, int32_t n) {
         llama_memory_t mem = llama_get_memory(ctx);
         size_t keep = 0;
@@ -389,16 +391,6 @@ struct learned_arbiter final : cospec_arbiter {
             keep += chunk;
         }
         return COSPEC_OK;
-    }
-
-    // The prompt is read with the models' prompt (their caches take all but
-    // its last token now): blocks then only add what was generated.
-    void begin(const cospec_token * prompt, int32_t n_prompt) override {
-        if (ctx != nullptr && n_prompt > 1 && n_prompt - 1 <= (int32_t) llama_n_ctx(ctx)) {
-            if (sync_prefix(prompt, n_prompt - 1) != COSPEC_OK) {
-                reset(); // a failure here only costs time: the first block reads the prompt again
-            }
-        }
     }
 
     // Hidden states of the region [d_0, t_0, d_1, t_1, ...] after the block's
