@@ -14,7 +14,7 @@ import click
 
 from .chat_template import ChatTemplateError
 from .display import colored, stats_line
-from .engine import Engine
+from .engine import FLASH_ATTN, Engine
 from .errors import CospecError, VocabMismatchError
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, NAMED_MODELS, resolve_model
 from .params import CHAT_SAMPLING, GenerationParams
@@ -36,6 +36,7 @@ class LoadSettings:
     n_gpu_layers: int | None  # None: all layers (llama.cpp's default), without asking for it
     n_gpu_layers_draft: int | None
     rpc: str | None
+    flash_attn: str | None  # None: the engine's default
     verbose: bool
 
     def engine_options(self, draft: str | None) -> dict:
@@ -44,7 +45,7 @@ class LoadSettings:
         return dict(target=self.target, draft=draft, n_ctx=self.n_ctx, n_threads=self.n_threads,
                     n_gpu_layers=all_layers if self.n_gpu_layers is None else self.n_gpu_layers,
                     n_gpu_layers_draft=all_layers if self.n_gpu_layers_draft is None else self.n_gpu_layers_draft,
-                    rpc=self.rpc, verbose=self.verbose)
+                    rpc=self.rpc, flash_attn=self.flash_attn, verbose=self.verbose)
 
 
 def _check_ctx(ctx, param, value: int) -> int:
@@ -74,9 +75,13 @@ def model_options(fn):
         click.option("--rpc", "rpc", default=None, metavar="HOST:PORT[,...]",
                      help="Put the target's layers (-ngl) on these `cospec-local rpc-server` machines (llama.cpp's "
                           "RPC backend); the draft stays here."),
+        click.option("-fa", "--flash-attn", "flash_attn", default=None, type=click.Choice(sorted(FLASH_ATTN)),
+                     help="llama.cpp's flash attention for both models (default: off for a model on the CPU, where "
+                          "it makes verifying a block dear; llama.cpp's choice for offloaded layers)."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's own log."),
     ]
-    names = ("target", "draft", "n_ctx", "n_threads", "n_gpu_layers", "n_gpu_layers_draft", "rpc", "verbose")
+    names = ("target", "draft", "n_ctx", "n_threads", "n_gpu_layers", "n_gpu_layers_draft", "rpc", "flash_attn",
+             "verbose")
 
     def wrapper(**kwargs):
         load = LoadSettings(**{name: kwargs.pop(name) for name in names})

@@ -42,6 +42,20 @@ STOP_REASONS = {
     _cospec.STOP_ERROR: "error",
 }
 # OpenAI's finish_reason for each stop reason.
+# Engine(flash_attn=...): flash attention of the target and draft contexts (cospec.h's
+# enum cospec_flash_attn). None keeps the engine's default: off for a model that runs on the
+# CPU, where llama.cpp's kernel makes verifying a block dear; llama.cpp's choice where offloaded.
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+
+
+def flash_attn_setting(name: str | None) -> int | None:
+    if name is None:
+        return None
+    if name not in FLASH_ATTN:
+        raise InvalidArgumentError(f"flash_attn must be one of {sorted(FLASH_ATTN)} or None, not {name!r}")
+    return FLASH_ATTN[name]
+
+
 FINISH_REASONS = {"eog": "stop", "stop_string": "stop", "max_tokens": "length", "context_full": "length",
                   "aborted": "abort", "error": "error"}
 
@@ -187,7 +201,7 @@ class Engine:
     def __init__(self, target: str | os.PathLike, draft: str | os.PathLike | None = None, *, n_ctx: int = 4096,
                  n_batch: int = 512, n_threads: int = 0, n_threads_batch: int = 0, n_gpu_layers: int = -1,
                  n_gpu_layers_draft: int = -1, progress: Callable[[str, float], object] | None = None,
-                 verbose: bool = False, rpc: str | Sequence[str] | None = None):
+                 verbose: bool = False, rpc: str | Sequence[str] | None = None, flash_attn: str | None = None):
         _cospec.set_llama_log(verbose)
         cancel = threading.Event()  # set by Ctrl-C while loading: the loader stops at its next step
 
@@ -203,7 +217,8 @@ class Engine:
         loading = _Background("cospec-load", lambda: _cospec.Engine(
             self.target_path, self.draft_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
             n_threads_batch=n_threads_batch, n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
-            progress=native_progress, rpc_servers=rpc if isinstance(rpc, str) else ",".join(rpc or ())))
+            progress=native_progress, rpc_servers=rpc if isinstance(rpc, str) else ",".join(rpc or ()),
+            flash_attn=flash_attn_setting(flash_attn)))
         try:
             loading.wait()
         except BaseException:

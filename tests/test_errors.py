@@ -7,6 +7,7 @@ import pytest
 
 from cospec_local import (ContextFullError, Engine, InvalidArgumentError, ModelLoadError, NoDraftError,
                           VocabMismatchError, arbiter_from_function)
+from cospec_local import _cospec
 from gguf_fixtures import corrupt_vocab, truncate_file
 
 
@@ -69,6 +70,13 @@ def test_invalid_parameters(engine, bad):
     with pytest.raises(InvalidArgumentError):
         engine.generate("Hello", **bad)
     assert engine.generate("Hello", max_tokens=2, ignore_eos=True).tokens
+
+
+def test_invalid_flash_attention_setting(target_path):
+    with pytest.raises(InvalidArgumentError, match="flash_attn"):
+        Engine(target_path, flash_attn="fast")
+    with pytest.raises(_cospec.CospecError, match="invalid_argument.*flash_attn"):  # the native check
+        _cospec.Engine(str(target_path), flash_attn=7)
 
 
 def test_out_of_vocabulary_prompt_tokens(engine):

@@ -1,8 +1,12 @@
 """Greedy speculative decoding with the `target` arbiter is lossless: token for
 token the same as target-only decoding, whatever the draft and K, where llama.cpp's batched
-product rounds as its one-token product does; and what holds on every backend: the tokens it
-emits are the verify pass's greedy choices."""
+product rounds as its one-token product does (SmolLM2's Q4_1 on CPU with flash attention on:
+the engines of the identity tests below); and what holds on every backend and setting (the
+default turns flash attention off on a CPU, whose batched attention then rounds otherwise): the
+tokens it emits are the verify pass's greedy choices."""
 import pytest
+
+from cospec_local import Engine
 
 PROMPTS = [
     "The capital of France is",
@@ -14,12 +18,27 @@ N_TOKENS = 32
 
 
 @pytest.fixture(scope="module")
-def reference(engine_for):
+def exact_engine_for(target_path, draft_paths):
+    """exact_engine_for(kind) -> an Engine with that draft and flash attention on."""
+    engines: dict[str, Engine] = {}
+
+    def get(kind: str) -> Engine:
+        if kind not in engines:
+            engines[kind] = Engine(target_path, draft_paths[kind], n_ctx=1024, flash_attn="on")
+        return engines[kind]
+
+    yield get
+    for engine in engines.values():
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def reference(exact_engine_for):
     cache = {}
 
     def get(kind, prompt):
         if (kind, prompt) not in cache:
-            r = engine_for(kind).generate(prompt, mode="target-only", max_tokens=N_TOKENS, ignore_eos=True)
+            r = exact_engine_for(kind).generate(prompt, mode="target-only", max_tokens=N_TOKENS, ignore_eos=True)
             assert r.provenance == ["target"] * N_TOKENS
             cache[kind, prompt] = r.tokens
         return cache[kind, prompt]
@@ -29,8 +48,8 @@ def reference(engine_for):
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 @pytest.mark.parametrize("kind", ["disagreeing", "mixed", "self"])
-def test_sps_matches_target_only(engine_for, reference, kind, k):
-    engine = engine_for(kind)
+def test_sps_matches_target_only(exact_engine_for, reference, kind, k):
+    engine = exact_engine_for(kind)
     totals = {"match": 0, "fallback": 0, "bonus": 0, "target": 0}  # target: the last token, when no room is left to draft
     for prompt in PROMPTS:
         r = engine.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=k, ignore_eos=True,
@@ -49,8 +68,9 @@ def test_sps_matches_target_only(engine_for, reference, kind, k):
         assert totals["match"] > 0 and totals["fallback"] > 0 and totals["bonus"] > 0
 
 
-def test_prompt_cache_does_not_change_output(engine, reference):
+def test_prompt_cache_does_not_change_output(exact_engine_for, reference):
     """The second call reuses the cached prompt prefix; results must not change."""
+    engine = exact_engine_for("disagreeing")
     prompt = PROMPTS[1]
     engine.reset()
     first = engine.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True, adaptive_draft=False)
@@ -60,10 +80,10 @@ def test_prompt_cache_does_not_change_output(engine, reference):
 
 
 @pytest.mark.parametrize("kind", ["disagreeing", "mixed"])
-def test_adaptive_draft_length_is_lossless_and_backs_off(engine_for, reference, kind):
+def test_adaptive_draft_length_is_lossless_and_backs_off(exact_engine_for, reference, kind):
     """Adaptive drafting picks each block's length in [0, K]; output stays the target's,
     and a draft that rarely agrees gets short blocks (often none)."""
-    engine = engine_for(kind)
+    engine = exact_engine_for(kind)
     fixed_drafted = adaptive_drafted = 0
     for prompt in PROMPTS:
         fixed = engine.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=8, ignore_eos=True,
@@ -79,13 +99,12 @@ def test_adaptive_draft_length_is_lossless_and_backs_off(engine_for, reference, 
 
 
 @pytest.mark.parametrize("weight_type", ["Q8_0", "Q4_0"])
-def test_zero_ffn_blocks_keep_the_function(target_path, model_dir, engine_for, reference, weight_type):
+def test_zero_ffn_blocks_keep_the_function(target_path, model_dir, reference, weight_type):
     """A target made costlier by zero feed-forward blocks (the realistic-size benchmark's models)
     computes the source's function exactly: the same greedy tokens, alone and verifying the
     source drafting for it."""
     import gguf
 
-    from cospec_local import Engine
     from cospec_local.gguf_edit import add_ffn_blocks, architecture, block_count, open_gguf
 
     path = add_ffn_blocks(target_path, model_dir / f"plus2-{weight_type}.gguf", 2, 512,
@@ -93,7 +112,7 @@ def test_zero_ffn_blocks_keep_the_function(target_path, model_dir, engine_for, r
     reader = open_gguf(path)
     assert (architecture(reader), block_count(reader)) == ("deci", 32)
     assert reader.get_field("deci.feed_forward_length").contents() == [1536] * 30 + [512] * 2
-    with Engine(path, target_path, n_ctx=512) as costly:
+    with Engine(path, target_path, n_ctx=512, flash_attn="on") as costly:
         for prompt in PROMPTS:
             alone = costly.generate(prompt, mode="target-only", max_tokens=N_TOKENS, ignore_eos=True)
             verified = costly.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True,
@@ -108,7 +127,7 @@ def test_blocks_with_a_mismatch_emit_the_verify_passs_choices(request, pair):
     arbiter sees), the tokens sps emits are the target's greedy choices at their positions in that
     block's verify pass: the accepted draft tokens, then the target's token at the mismatch.
     Identity with one-token decoding needs more, the batched product rounding as the one-token
-    product does (SmolLM2's Q4_1 on CPU, above); the demo pair's Q8_0 goes through llama.cpp's
+    product does (SmolLM2's Q4_1 on CPU with flash attention on, above); the demo pair's Q8_0 goes through llama.cpp's
     tiled product on CPU and through other kernels on a GPU, where this still holds. The GPU check
     runs it (bench/gpu_check.sh)."""
     import numpy as np

@@ -79,6 +79,19 @@ typedef struct cospec_engine cospec_engine;
 // COSPEC_ERR_CANCELLED).
 typedef bool (*cospec_progress_fn)(int32_t which, float progress, void * user_data);
 
+// Flash attention of the target and draft contexts. llama.cpp turns it on
+// wherever the backend has it (auto), and on a CPU its kernel is slow for the
+// few-token batches that verify a block: the demo pair's 5-token verify took
+// 4x a one-token step with it and well under 2x without (bench/RESULTS.md), so
+// speculative decoding paid only with it off. Prompts of hundreds of tokens run
+// somewhat faster with it on.
+enum cospec_flash_attn {
+    COSPEC_FLASH_ATTN_CPU_OFF = -2, // off unless the model's layers are offloaded to a GPU here (then auto)
+    COSPEC_FLASH_ATTN_AUTO    = -1, // llama.cpp's choice
+    COSPEC_FLASH_ATTN_OFF     = 0,
+    COSPEC_FLASH_ATTN_ON      = 1,
+};
+
 struct cospec_engine_params {
     const char * target_path;    // GGUF file of the target model (required)
     const char * draft_path;     // GGUF file of the draft model (NULL: target-only engine)
@@ -89,6 +102,7 @@ struct cospec_engine_params {
     int32_t n_gpu_layers_target; // layers to offload (-1 = all); only with a GPU build of llama.cpp
     int32_t n_gpu_layers_draft;
     bool    use_extra_buffers;   // let llama.cpp repack weights for CPU-specific kernels (AMX, ...); default false
+    int32_t flash_attn;          // enum cospec_flash_attn; default COSPEC_FLASH_ATTN_CPU_OFF
     // "HOST:PORT[,HOST:PORT...]": put the target's offloaded layers (n_gpu_layers_target) on these
     // llama.cpp RPC servers (a build with GGML_RPC=on; see cospec_rpc_server_run); NULL or "": none.
     // A server that cannot be reached fails cospec_engine_open. One that goes away mid-generation

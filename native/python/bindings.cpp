@@ -474,8 +474,11 @@ class Engine {
   public:
     Engine(const std::string & target_path, std::optional<std::string> draft_path, int32_t n_ctx, int32_t n_batch,
            int32_t n_threads, int32_t n_threads_batch, int32_t n_gpu_layers, int32_t n_gpu_layers_draft, py::object progress,
-           const std::string & rpc_servers) {
+           const std::string & rpc_servers, std::optional<int32_t> flash_attn) {
         cospec_engine_params p = cospec_engine_default_params();
+        if (flash_attn) {
+            p.flash_attn = *flash_attn;
+        }
         p.rpc_servers = rpc_servers.c_str();
         p.target_path = target_path.c_str();
         p.draft_path = draft_path ? draft_path->c_str() : nullptr;
@@ -823,10 +826,11 @@ PYBIND11_MODULE(_cospec, m) {
 
     py::class_<Engine>(m, "Engine")
         .def(py::init<const std::string &, std::optional<std::string>, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, py::object,
-                      const std::string &>(),
+                      const std::string &, std::optional<int32_t>>(),
              py::arg("target_path"), py::arg("draft_path") = py::none(), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512,
              py::arg("n_threads") = 0, py::arg("n_threads_batch") = 0, py::arg("n_gpu_layers") = -1,
-             py::arg("n_gpu_layers_draft") = -1, py::arg("progress") = py::none(), py::arg("rpc_servers") = "")
+             py::arg("n_gpu_layers_draft") = -1, py::arg("progress") = py::none(), py::arg("rpc_servers") = "",
+             py::arg("flash_attn") = py::none())
         .def("close", [](Engine & e) { e.close(); })
         .def("abort", [](Engine & e) { cospec_engine_abort(e.handle); })
         .def("reset", [](Engine & e) {

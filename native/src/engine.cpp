@@ -2,6 +2,7 @@
 // vocabulary compatibility check, tokenizer and metadata access.
 #include "engine.h"
 
+#include "ggml-backend.h"
 #include "ggml.h"
 #include "gguf.h"
 #include "rpc.h"
@@ -315,8 +316,25 @@ static int32_t load_model(const cospec_engine_params & p, int32_t which, model_s
     return COSPEC_OK;
 }
 
-static int32_t create_context(const cospec_engine_params & p, cospec_engine & e, model_slot & slot, const char * role) {
+// llama.cpp's flash-attention setting for a context whose model has `gpu_layers`
+// offloaded (-1: all). Layers on RPC servers count as on the CPU: what the
+// servers run is not known here, and -fa says otherwise.
+static llama_flash_attn_type flash_attn_type(int32_t setting, int32_t gpu_layers) {
+    switch (setting) {
+        case COSPEC_FLASH_ATTN_OFF: return LLAMA_FLASH_ATTN_TYPE_DISABLED;
+        case COSPEC_FLASH_ATTN_ON:  return LLAMA_FLASH_ATTN_TYPE_ENABLED;
+        case COSPEC_FLASH_ATTN_AUTO: return LLAMA_FLASH_ATTN_TYPE_AUTO;
+        default: {
+            const bool offloaded = cospec_supports_gpu_offload() && gpu_layers != 0;
+            return offloaded ? LLAMA_FLASH_ATTN_TYPE_AUTO : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+        }
+    }
+}
+
+static int32_t create_context(const cospec_engine_params & p, cospec_engine & e, model_slot & slot, const char * role,
+                              llama_flash_attn_type flash_attn) {
     llama_context_params cp = llama_context_default_params();
+    cp.flash_attn_type = flash_attn;
     cp.n_ctx = (uint32_t) e.n_ctx;
     cp.n_batch = (uint32_t) e.n_batch;
     cp.n_ubatch = (uint32_t) e.n_batch;
@@ -463,7 +481,10 @@ void cospec_set_llama_log(bool enabled) {
 
 bool cospec_supports_gpu_offload(void) {
     init_backend();
-    return llama_supports_gpu_offload();
+    // Not llama_supports_gpu_offload(): that also says yes for a CPU build with
+    // the RPC backend, which this project always builds.
+    return ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU) != nullptr ||
+           ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU) != nullptr;
 }
 
 cospec_engine_params cospec_engine_default_params(void) {
@@ -478,6 +499,7 @@ cospec_engine_params cospec_engine_default_params(void) {
     p.n_gpu_layers_target = -1;
     p.n_gpu_layers_draft = -1;
     p.use_extra_buffers = false;
+    p.flash_attn = COSPEC_FLASH_ATTN_CPU_OFF;
     p.progress_callback = nullptr;
     p.progress_user_data = nullptr;
     return p;
@@ -498,6 +520,10 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
     if (params->n_threads > GGML_MAX_N_THREADS || params->n_threads_batch > GGML_MAX_N_THREADS) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "thread counts must be at most " + std::to_string(GGML_MAX_N_THREADS) +
                                                      " (ggml's limit)");
+    }
+    if (params->flash_attn < COSPEC_FLASH_ATTN_CPU_OFF || params->flash_attn > COSPEC_FLASH_ATTN_ON) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "flash_attn must be one of COSPEC_FLASH_ATTN_* (-2..1), got " +
+                                                     std::to_string(params->flash_attn));
     }
     init_backend();
     try {
@@ -525,11 +551,15 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
         }
         e->n_ctx = std::max(n_ctx, 8);
         e->n_batch = std::min(params->n_batch > 0 ? params->n_batch : 512, e->n_ctx);
-        if (int32_t st = create_context(*params, *e, e->target, "target"); st != COSPEC_OK) {
+        if (int32_t st = create_context(*params, *e, e->target, "target",
+                                        flash_attn_type(params->flash_attn, params->n_gpu_layers_target));
+            st != COSPEC_OK) {
             return st;
         }
         if (e->has_draft) {
-            if (int32_t st = create_context(*params, *e, e->draft, "draft"); st != COSPEC_OK) {
+            if (int32_t st = create_context(*params, *e, e->draft, "draft",
+                                            flash_attn_type(params->flash_attn, params->n_gpu_layers_draft));
+                st != COSPEC_OK) {
                 return st;
             }
         }
