@@ -68,9 +68,10 @@ def test_bench_json(target_path, draft_paths, tmp_path):
 def test_bench_gives_no_bound_for_blocks_shorter_than_k(target_path, draft_paths):
     """The speed bound models blocks of exactly K tokens: with --draft-p-min (blocks end early)
     and with adaptive lengths a row has none, rather than a bound of another loop. The target
-    drafting for itself is accepted throughout, so both runs do draft blocks."""
+    drafting for itself is accepted throughout, so both runs do draft blocks (flash attention on:
+    there the batched pass rounds as the one-token pass does, so sps is also target-only)."""
     for flags in (["--draft-p-min", "0.9"], ["--adaptive-draft"]):
-        out = run_cli("bench", "-m", target_path, "-md", draft_paths["self"], "--runs", "target-only,sps",
+        out = run_cli("bench", "-m", target_path, "-md", draft_paths["self"], "-fa", "on", "--runs", "target-only,sps",
                       "--draft-max", "4", "-n", 16, "--repeat", 1, "--json", *flags)
         assert out.returncode == 0, out.stderr
         report = json.loads(out.stdout)

@@ -34,6 +34,7 @@ class EngineSpec:
     n_gpu_layers: int = -1
     n_gpu_layers_draft: int = -1
     rpc: str | None = None
+    flash_attn: str | None = None  # None: the engine's default
     verbose: bool = False
     preload: GenerationParams | None = None
 
@@ -107,7 +108,7 @@ def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
     try:
         engine = Engine(spec.target, spec.draft, n_ctx=spec.n_ctx, n_threads=spec.n_threads,
                         n_gpu_layers=spec.n_gpu_layers, n_gpu_layers_draft=spec.n_gpu_layers_draft,
-                        verbose=spec.verbose, rpc=spec.rpc)
+                        verbose=spec.verbose, rpc=spec.rpc, flash_attn=spec.flash_attn)
         p = spec.preload
         if p is not None and p.mode == "speculative" and engine.has_draft:
             engine.arbiter(p.arbiter, threshold=p.arbiter_threshold, head=p.arbiter_head)
