@@ -39,11 +39,16 @@ def draft_paths(target_path, model_dir):
 @pytest.fixture(scope="session")
 def engine_for(target_path, draft_paths):
     """engine_for(kind) -> an Engine with that draft, opened once per session."""
+    yield from engines_by_draft(target_path, draft_paths)
+
+
+def engines_by_draft(target_path, draft_paths, **engine_options):
+    """The body of an engine_for fixture: engines opened on first use, closed at its end."""
     engines: dict[str, Engine] = {}
 
     def get(kind: str) -> Engine:
         if kind not in engines:
-            engines[kind] = Engine(target_path, draft_paths[kind], n_ctx=1024)
+            engines[kind] = Engine(target_path, draft_paths[kind], n_ctx=1024, **engine_options)
         return engines[kind]
 
     yield get

@@ -5,6 +5,7 @@ the engines of the identity tests below); and what holds on every backend and se
 default turns flash attention off on a CPU, whose batched attention then rounds otherwise): the
 tokens it emits are the verify pass's greedy choices."""
 import pytest
+from conftest import engines_by_draft
 
 from cospec_local import Engine
 
@@ -20,16 +21,7 @@ N_TOKENS = 32
 @pytest.fixture(scope="module")
 def exact_engine_for(target_path, draft_paths):
     """exact_engine_for(kind) -> an Engine with that draft and flash attention on."""
-    engines: dict[str, Engine] = {}
-
-    def get(kind: str) -> Engine:
-        if kind not in engines:
-            engines[kind] = Engine(target_path, draft_paths[kind], n_ctx=1024, flash_attn="on")
-        return engines[kind]
-
-    yield get
-    for engine in engines.values():
-        engine.close()
+    yield from engines_by_draft(target_path, draft_paths, flash_attn="on")
 
 
 @pytest.fixture(scope="module")
