@@ -41,11 +41,10 @@ STOP_REASONS = {
     _cospec.STOP_ABORTED: "aborted",
     _cospec.STOP_ERROR: "error",
 }
-# OpenAI's finish_reason for each stop reason.
 # Engine(flash_attn=...): flash attention of the target and draft contexts (cospec.h's
 # enum cospec_flash_attn). None keeps the engine's default: off for a model that runs on the
 # CPU, where llama.cpp's kernel makes verifying a block dear; llama.cpp's choice where offloaded.
-FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+FLASH_ATTN = {"auto": _cospec.FLASH_ATTN_AUTO, "off": _cospec.FLASH_ATTN_OFF, "on": _cospec.FLASH_ATTN_ON}
 
 
 def flash_attn_setting(name: str | None) -> int | None:
@@ -56,6 +55,7 @@ def flash_attn_setting(name: str | None) -> int | None:
     return FLASH_ATTN[name]
 
 
+# OpenAI's finish_reason for each stop reason.
 FINISH_REASONS = {"eog": "stop", "stop_string": "stop", "max_tokens": "length", "context_full": "length",
                   "aborted": "abort", "error": "error"}
 

@@ -736,6 +736,9 @@ PYBIND11_MODULE(_cospec, m) {
     m.attr("PROV_BONUS") = (int) COSPEC_PROV_BONUS;
     m.attr("PROV_TARGET") = (int) COSPEC_PROV_TARGET;
     m.attr("PROV_DRAFT") = (int) COSPEC_PROV_DRAFT;
+    m.attr("FLASH_ATTN_AUTO") = (int) COSPEC_FLASH_ATTN_AUTO;
+    m.attr("FLASH_ATTN_OFF") = (int) COSPEC_FLASH_ATTN_OFF;
+    m.attr("FLASH_ATTN_ON") = (int) COSPEC_FLASH_ATTN_ON;
     m.attr("STOP_EOG") = (int) COSPEC_STOP_EOG;
     m.attr("STOP_MAX_TOKENS") = (int) COSPEC_STOP_MAX_TOKENS;
     m.attr("STOP_STRING") = (int) COSPEC_STOP_STRING;
