@@ -51,7 +51,7 @@ def main() -> None:
         t0 = time.time()
         torch.manual_seed(cfg.seed)
         model = LoraArbiter(load_draft_backbone(resolve_model(name)), cfg.lora_rank, cfg.lora_alpha, 0.0,
-                            cfg.head_hidden, cfg.head_layers)
+                            cfg.head_hidden, cfg.head_layers, cfg.lora_context)
         train(model, train_states, dev, cfg, args.epochs, cfg.lora_lr, cfg.batch_size, True, [])
         probs = predict(model, dev, make_batch, True)
         net = max(sum(1 if y == 1 else -1 for p, y in zip(probs, labels) if p >= t) for t in set(probs))

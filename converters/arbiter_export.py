@@ -2,7 +2,7 @@
 
     arbiter.gguf   the head's weights (F32) and the metadata binding it to its draft:
                    cospec.arbiter.{version, kind, name, threshold, draft_fingerprint, draft_file,
-                   head_layers, n_features, n_embd, adapter, lora_scale, ...}
+                   head_layers, n_features, n_embd, adapter, lora_scale, lora_context, ...}
     adapter.gguf   (kind `lora`) the LoRA adapter in llama.cpp's format: general.type = adapter,
                    adapter.type = lora, adapter.lora.alpha, tensors <base tensor>.lora_a / .lora_b
                    (llama.cpp's loader refuses any other tensor, so the head is not in here)
@@ -87,7 +87,8 @@ def write_onnx(path: Path, head) -> Path:
 
 def write_arbiter(out_dir: str | Path, *, kind: str, head, draft_gguf: str | Path, threshold: float, name: str,
                   description: str = "", lora: dict | None = None, lora_alpha: float | None = None,
-                  n_embd: int | None = None, info: dict | None = None, onnx: bool = True) -> Path:
+                  n_embd: int | None = None, lora_context: str = "draft", info: dict | None = None,
+                  onnx: bool = True) -> Path:
     """Write the arbiter folder; `info` (training settings, measurements) goes into arbiter.gguf
     as one JSON string and into info.json beside it, for people. onnx=False leaves out head.onnx
     (the engine's native head does not need it; a training run's intermediate policies skip it)."""
@@ -116,6 +117,7 @@ def write_arbiter(out_dir: str | Path, *, kind: str, head, draft_gguf: str | Pat
         writer.add_uint32(KEY + "n_embd", int(n_embd))
         writer.add_string(KEY + "adapter", "adapter.gguf")
         writer.add_float32(KEY + "lora_scale", 1.0)
+        writer.add_string(KEY + "lora_context", lora_context)
         write_adapter(out / "adapter.gguf", lora, lora_alpha, draft_gguf)
     writer.add_string(KEY + "info", json.dumps(info or {}, sort_keys=True))
     for tensor_name, data in tensors:

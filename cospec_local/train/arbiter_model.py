@@ -7,8 +7,13 @@
   verified prefix (causal) followed by a region [d_1, t_1, d_2, t_2, ...] of the draft block and
   the target's tokens, d_i and t_i both at position n + i - 1, attended both ways inside the
   region; the region never shows to the prefix. The head reads [h(d_i), h(t_i), features_i].
-  In llama.cpp this is one context with the adapter: the prefix decoded causally, the region as
-  one batch with causal attention off (native/src/learned_arbiter.cpp).
+  Where the adapter applies is the arbiter's `lora_context`:
+  - "draft" (new arbiters): the prefix is read by the draft alone, the adapter acts on the region
+    only. In llama.cpp the prefix's keys and values are then the draft's own, copied from the
+    cache it decoded them into, and only the region is decoded with the adapter.
+  - "adapter": the prefix too is read with the adapter, in a context of the arbiter's own that
+    decodes the whole text a second time (the first arbiters).
+  Either way the region is one batch with causal attention off (native/src/learned_arbiter.cpp).
 
 The backbone is the draft GGUF itself, dequantized (converters.gguf_to_torch), so the adapter
 is trained on the weights llama.cpp computes with.
@@ -23,6 +28,8 @@ import torch
 from torch import nn
 
 N_FEATURES = 16  # cospec_block_features (COSPEC_N_FEATURES); checked against the extension at run time
+# Where a LoRA arbiter's adapter applies (see the module docstring); arbiter.gguf's `lora_context`.
+LORA_CONTEXTS = ("draft", "adapter")
 # The draft's projections that get a LoRA adapter (Hugging Face names), and llama.cpp's names for them.
 LORA_TARGETS = {
     "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
@@ -87,6 +94,7 @@ class Batch:
     input_ids: torch.Tensor | None = None     # (B, L) prefix + region, right-padded
     position_ids: torch.Tensor | None = None  # (B, L)
     mask: torch.Tensor | None = None          # (B, 1, L, L) additive attention mask
+    region: torch.Tensor | None = None        # (B, L, 1) 1.0 on region tokens, 0.0 on prefix and padding
     rows: torch.Tensor | None = None          # (N,) which sequence each scored position is in
     d_index: torch.Tensor | None = None       # (N,) index of d_i in its sequence
     t_index: torch.Tensor | None = None       # (N,) index of t_i
@@ -126,14 +134,16 @@ def make_batch(states: list[dict], positions: list[list[int]] | None = None, wit
     ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)
     position_ids = torch.zeros((len(seqs), length), dtype=torch.long)
     allowed = torch.zeros((len(seqs), 1, length, length), dtype=torch.bool)
+    region = torch.zeros((len(seqs), length, 1), dtype=torch.float32)
     for b, (seq, p, (n, r)) in enumerate(zip(seqs, pos, spans)):
         ids[b, :len(seq)] = torch.tensor(seq)
         position_ids[b, :len(p)] = torch.tensor(p)
         allowed[b, 0] = hybrid_mask(n, r, length)
+        region[b, n:n + r] = 1.0
     mask = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, torch.finfo(torch.float32).min)
     rows = [b for b, ps in enumerate(positions) for _ in ps]
     d_index = [spans[b][0] + 2 * i for b, ps in enumerate(positions) for i in ps]
-    batch.input_ids, batch.position_ids, batch.mask = ids, position_ids, mask
+    batch.input_ids, batch.position_ids, batch.mask, batch.region = ids, position_ids, mask, region
     batch.rows, batch.d_index = torch.tensor(rows), torch.tensor(d_index)
     batch.t_index = batch.d_index + 1
     return batch
@@ -160,10 +170,12 @@ class LoraArbiter(nn.Module):
     kind = "lora"
 
     def __init__(self, backbone, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0, hidden: int = 64,
-                 n_layers: int = 2):
+                 n_layers: int = 2, lora_context: str = "draft"):
         super().__init__()
         from peft import LoraConfig, get_peft_model
 
+        if lora_context not in LORA_CONTEXTS:
+            raise ValueError(f"lora_context must be one of {LORA_CONTEXTS}, not {lora_context!r}")
         for p in backbone.parameters():
             p.requires_grad_(False)
         config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(LORA_TARGETS),
@@ -171,13 +183,33 @@ class LoraArbiter(nn.Module):
         self.backbone = get_peft_model(backbone, config)
         self.n_embd = backbone.config.hidden_size
         self.rank, self.alpha = rank, alpha
+        self.lora_context = lora_context
         self.head = Head(2 * self.n_embd + N_FEATURES, hidden, n_layers)
+        # With lora_context "draft", every adapter's output is multiplied by the batch's region
+        # mask, so the prefix is read by the draft alone, exactly (its delta is 0, its gradient too).
+        self._gate: torch.Tensor | None = None
+        if lora_context == "draft":
+            for module in self.backbone.modules():
+                if hasattr(module, "lora_B") and "default" in getattr(module, "lora_B", {}):
+                    module.lora_B["default"].register_forward_hook(self._gate_adapter)
+
+    def _gate_adapter(self, module, inputs, output):
+        return output if self._gate is None else output * self._gate
 
     def hidden(self, batch: Batch) -> torch.Tensor:
         """Final-norm hidden states (B, L, n_embd), what llama.cpp returns as embeddings."""
-        out = self.backbone(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=batch.mask,
-                            use_cache=False)
+        self._gate = batch.region if self.lora_context == "draft" else None
+        try:
+            out = self.backbone(input_ids=batch.input_ids, position_ids=batch.position_ids,
+                                attention_mask=batch.mask, use_cache=False)
+        finally:
+            self._gate = None
         return out.last_hidden_state
+
+    def export_args(self) -> dict:
+        """write_arbiter's arguments for this arbiter's adapter."""
+        return dict(lora=self.lora_weights(), lora_alpha=self.alpha, n_embd=self.n_embd,
+                    lora_context=self.lora_context)
 
     def head_inputs(self, batch: Batch) -> torch.Tensor:
         h = self.hidden(batch)
@@ -224,7 +256,9 @@ def load_arbiter(folder: str | Path, draft_gguf: str | Path):
         alpha = float(adapter.get_field(gguf.Keys.Adapter.LORA_ALPHA).contents())
         lora = {t.name: np.array(t.data, dtype=np.float32) for t in adapter.tensors}
         rank = next(v for k, v in lora.items() if k.endswith(".lora_a")).shape[0]
-        model = LoraArbiter(load_draft_backbone(draft_gguf), rank, alpha, 0.0, hidden, n_layers)
+        # Arbiters written before lora_context existed read the prefix with the adapter.
+        model = LoraArbiter(load_draft_backbone(draft_gguf), rank, alpha, 0.0, hidden, n_layers,
+                            meta("lora_context") or "adapter")
         n_head, n_head_kv = draft_heads(Path(draft_gguf))
         for name, module in model.backbone.named_modules():
             if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):

@@ -314,7 +314,7 @@ def export_policy(model, kind: str, folder: Path, draft_gguf: Path, threshold: f
     shutil.rmtree(tmp, ignore_errors=True)
     extra = {}
     if kind == "lora":
-        extra = dict(lora=model.lora_weights(), lora_alpha=model.alpha, n_embd=model.n_embd)
+        extra = model.export_args()
     description = {"features": "MLP over the block's features, warm-up then GRPO on CoSpec rollouts",
                    "lora": "draft + LoRA adapter, head over hidden states and features, warm-up then GRPO on "
                            "CoSpec rollouts"}[kind]

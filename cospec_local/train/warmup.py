@@ -56,6 +56,10 @@ class WarmupConfig:
     features_lr: float = option(3e-3, "Learning rate of the features arbiter.")
     lora_rank: int = option(8, "LoRA rank r.")
     lora_alpha: float = option(16.0, "LoRA alpha (scale alpha / r, as PEFT and llama.cpp apply it).")
+    lora_context: str = option("draft", "Where the LoRA adapter applies: 'draft' = on the block's region only, the "
+                                        "prompt and verified text read by the draft alone, whose cached keys and "
+                                        "values the engine reuses; 'adapter' = on the text too, which the engine "
+                                        "then reads a second time with the adapter.")
     lora_epochs: int = option(12, "Epochs of the LoRA arbiter.")
     lora_lr: float = option(1e-3, "Learning rate of the LoRA arbiter (adapter and head).")
     batch_size: int = option(16, "States per step of the LoRA arbiter.")
@@ -203,9 +207,9 @@ def main(argv: list[str] | None = None) -> None:
             extra = {}
         elif kind == "lora":
             model = LoraArbiter(load_draft_backbone(draft), cfg.lora_rank, cfg.lora_alpha, 0.0, cfg.head_hidden,
-                                cfg.head_layers)
+                                cfg.head_layers, cfg.lora_context)
             train(model, train_states, dev_states, cfg, cfg.lora_epochs, cfg.lora_lr, cfg.batch_size, True, log)
-            extra = dict(lora=model.lora_weights(), lora_alpha=model.alpha, n_embd=model.n_embd)
+            extra = model.export_args()
         else:
             sys.exit(f"unknown arbiter {kind!r}")
         wall = time.time() - t0

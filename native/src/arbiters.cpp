@@ -1,8 +1,10 @@
 // Built-in arbiters (target, FLy) and user callback arbiters.
+#include "engine.h"
 #include "internal.h"
 #include "sampling.h"
 
 #include <algorithm>
+#include <mutex>
 #include <new>
 #include <string>
 
@@ -151,6 +153,20 @@ const char * cospec_arbiter_meta(const cospec_arbiter * arbiter, const char * ke
     return arbiter != nullptr && key != nullptr ? arbiter->meta(key) : nullptr;
 }
 
+// An arbiter that decodes on its engine's draft context, called from outside
+// a generation: take the engine for the call, or refuse while it generates.
+static int32_t hold_engine_draft(const cospec_arbiter * arbiter, std::unique_lock<std::mutex> & lock) {
+    if (!arbiter->uses_engine_draft() || arbiter->engine() == nullptr) {
+        return COSPEC_OK;
+    }
+    lock = std::unique_lock<std::mutex>(arbiter->engine()->busy, std::try_to_lock);
+    if (!lock.owns_lock()) {
+        return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, std::string("arbiter '") + arbiter->name() +
+                                                             "' reads the engine's draft, which a generation is using");
+    }
+    return COSPEC_OK;
+}
+
 static int32_t check_block(const cospec_block * b) {
     if (b == nullptr || b->n_draft < 0 || b->n_vocab_target <= 0 || b->target == nullptr || b->target_logits == nullptr ||
         (b->n_draft > 0 && (b->draft == nullptr || b->mismatch == nullptr)) || b->n_context < 0 ||
@@ -171,6 +187,10 @@ int32_t cospec_arbiter_score(cospec_arbiter * arbiter, const cospec_block * bloc
     if (arbiter->needs_draft_logits() && block->n_draft > 0 && block->draft_logits == nullptr) {
         return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, std::string("arbiter '") + arbiter->name() + "' needs the draft's logits");
     }
+    std::unique_lock<std::mutex> lock;
+    if (const int32_t st = hold_engine_draft(arbiter, lock); st != COSPEC_OK) {
+        return st;
+    }
     try {
         if (const int32_t rc = arbiter->score(*block, p_keep); rc != 0) {
             const std::string why = cospec_last_error();
@@ -189,6 +209,10 @@ int32_t cospec_arbiter_head_inputs(cospec_arbiter * arbiter, const cospec_block 
         return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "arbiter: NULL arbiter or output");
     }
     if (const int32_t st = check_block(block); st != COSPEC_OK) {
+        return st;
+    }
+    std::unique_lock<std::mutex> lock;
+    if (const int32_t st = hold_engine_draft(arbiter, lock); st != COSPEC_OK) {
         return st;
     }
     try {

@@ -557,8 +557,8 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
             return st;
         }
         if (e->has_draft) {
-            if (int32_t st = create_context(*params, *e, e->draft, "draft",
-                                            flash_attn_type(params->flash_attn, params->n_gpu_layers_draft));
+            e->draft_flash_attn = flash_attn_type(params->flash_attn, params->n_gpu_layers_draft);
+            if (int32_t st = create_context(*params, *e, e->draft, "draft", e->draft_flash_attn);
                 st != COSPEC_OK) {
                 return st;
             }

@@ -47,12 +47,15 @@ struct cospec_engine {
     int32_t n_batch = 0;
     int32_t n_threads = 0;       // generation threads of the contexts (resolved, > 0)
     int32_t n_threads_batch = 0;
+    // What the draft's context was created with: an arbiter that reads the draft's
+    // cache (learned_arbiter.cpp) needs a context laid out the same way.
+    llama_flash_attn_type draft_flash_attn = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     std::string draft_path;
     std::string draft_fingerprint; // computed on first use (learned arbiters check it)
     // Parameters of the draft over the target's: the draft step's cost in the
     // fixed cost model that arbiters which keep mismatches use (timing-free).
     double draft_cost_ratio = 0.0;
-    std::mutex busy; // one generation at a time per engine
+    mutable std::mutex busy; // one generation at a time per engine (arbiters reach it through a const pointer)
     // Acceptance and cost estimates of this draft/target pair, kept across calls.
     cospec::draft_tuner tuner;
 };

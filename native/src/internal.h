@@ -39,6 +39,10 @@ struct cospec_arbiter {
     virtual float threshold() const { return 0.5f; }
     // The engine an arbiter was loaded for, if it is bound to one.
     virtual const cospec_engine * engine() const { return nullptr; }
+    // True where scoring decodes on the engine's own draft context (a LoRA
+    // arbiter reading the draft's cache): a call from outside a generation
+    // must then hold the engine, as a generation does.
+    virtual bool uses_engine_draft() const { return false; }
     virtual void begin(const cospec_token * /*prompt*/, int32_t /*n_prompt*/) {}
     virtual void taken(const cospec_block & /*block*/, const cospec_decision * /*decisions*/, int32_t /*n*/) {}
     virtual void reset() {}

@@ -1,9 +1,16 @@
 // Learned arbiters: a small MLP head that maps each mismatch position of a
 // block to P(keep draft token).
 //   features  the head reads the block's features (cospec_block_features)
-//   lora      the draft model with a LoRA adapter first reads prefix + region
-//             in a context of its own, and the head reads
-//             [hidden(d_i), hidden(t_i), features_i]
+//   lora      the draft model with a LoRA adapter reads the block's region
+//             after its context, and the head reads
+//             [hidden(d_i), hidden(t_i), features_i]. Where the adapter applies
+//             is the arbiter's lora_context:
+//               draft    the region only: the context's keys and values are the
+//                        draft's own, copied from the cache it generated into,
+//                        so a verdict costs one decode of the region
+//               adapter  the context too (the first arbiters, and what an
+//                        arbiter without the key means): the arbiter's context
+//                        decodes the whole text a second time
 // An arbiter is a folder: arbiter.gguf (the head's weights and the metadata
 // binding it to its draft), adapter.gguf for `lora` (llama.cpp's LoRA format),
 // and head.onnx (the same head for ONNX Runtime).
@@ -91,6 +98,7 @@ struct bundle {
     float threshold = 0.5f;
     int32_t n_embd = 0;
     float lora_scale = 1.0f;
+    bool context_from_draft = false; // lora_context == "draft"
     head_mlp head;
 };
 
@@ -226,6 +234,12 @@ int32_t read_bundle(const char * path, bundle & b) {
         if (b.meta.count("lora_scale")) {
             b.lora_scale = std::strtof(b.meta["lora_scale"].c_str(), &end);
         }
+        const auto context = b.meta.find("lora_context");
+        const std::string reader = context == b.meta.end() ? "adapter" : context->second;
+        if (reader != "draft" && reader != "adapter") {
+            return fail(COSPEC_ERR_ARBITER, who + ": unknown lora_context '" + reader + "' (expected draft or adapter)");
+        }
+        b.context_from_draft = reader == "draft";
     }
     const ggml_tensor * mean = ggml_get_tensor(ctx.get(), "head.in_mean");
     if (mean == nullptr) {
@@ -279,6 +293,7 @@ struct learned_arbiter final : cospec_arbiter {
     std::vector<llama_token> cached; // prefix tokens in its KV cache, positions 0..n-1
 
     std::vector<float> features, inputs, rows, hidden, probs, scratch_a, scratch_b;
+    std::vector<uint8_t> draft_state; // the draft's cached sequence, on its way to this context
 
     ~learned_arbiter() override {
         if (ctx != nullptr) {
@@ -294,6 +309,7 @@ struct learned_arbiter final : cospec_arbiter {
     bool needs_draft_logits() const override { return true; }
     float threshold() const override { return keep_threshold; }
     const cospec_engine * engine() const override { return eng; }
+    bool uses_engine_draft() const override { return b.context_from_draft; }
     const char * meta(const char * key) const override {
         auto it = b.meta.find(key);
         return it == b.meta.end() ? nullptr : it->second.c_str();
@@ -329,10 +345,16 @@ struct learned_arbiter final : cospec_arbiter {
         cp.swa_full = true;
         cp.embeddings = false;
         cp.pooling_type = LLAMA_POOLING_TYPE_NONE;
-        // F32 cache and plain attention: the hidden states must match the torch model the head was trained on.
-        cp.type_k = GGML_TYPE_F32;
-        cp.type_v = GGML_TYPE_F32;
-        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+        if (b.context_from_draft) {
+            // The cache receives the draft's: the same layout (cache types as the
+            // engine's contexts take them by default, the same attention kernel).
+            cp.flash_attn_type = eng->draft_flash_attn;
+        } else {
+            // F32 cache and plain attention: the hidden states must match the torch model the head was trained on.
+            cp.type_k = GGML_TYPE_F32;
+            cp.type_v = GGML_TYPE_F32;
+            cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+        }
         cp.abort_callback = [](void * data) { return static_cast<std::atomic<bool> *>(data)->load(); };
         cp.abort_callback_data = &eng->abort_flag;
         ctx = llama_init_from_model(eng->draft.model, cp);
@@ -393,6 +415,56 @@ struct learned_arbiter final : cospec_arbiter {
         return COSPEC_OK;
     }
 
+    // lora_context "draft": make the cache hold tokens[0..n) as the draft alone
+    // read them. While the engine generates, the draft's cache holds the block's
+    // context already (it drafted the block from there), and its sequence is
+    // copied over, a copy of memory. A block scored on its own (head_inputs,
+    // score from Python) may be elsewhere: the draft reads what is missing
+    // first, keeping its slot's record of what it holds true.
+    int32_t copy_prefix_from_draft(const cospec_token * tokens, int32_t n) {
+        model_slot & d = eng->draft;
+        llama_memory_t draft_mem = llama_get_memory(d.ctx);
+        size_t m = 0;
+        while (m < d.cached.size() && m < (size_t) n && d.cached[m] == tokens[m]) {
+            m += 1;
+        }
+        if (m < (size_t) n) {
+            if (m < d.cached.size()) {
+                if (!llama_memory_seq_rm(draft_mem, 0, (llama_pos) m, -1)) {
+                    llama_memory_clear(draft_mem, true);
+                    m = 0;
+                }
+                d.cached.resize(m);
+            }
+            while ((int32_t) m < n) {
+                const int32_t chunk = std::min(eng->n_batch, n - (int32_t) m);
+                for (int32_t j = 0; j < chunk; ++j) {
+                    put(j, tokens[m + j], (llama_pos) (m + j), false);
+                }
+                batch.n_tokens = chunk;
+                if (const int32_t ret = llama_decode(d.ctx, batch); ret != 0) {
+                    llama_memory_seq_rm(draft_mem, 0, (llama_pos) m, -1);
+                    return decode_failed(ret, "context on the draft");
+                }
+                d.cached.insert(d.cached.end(), tokens + m, tokens + m + chunk);
+                m += chunk;
+            }
+        }
+        llama_memory_t mem = llama_get_memory(ctx);
+        const size_t size = llama_state_seq_get_size(d.ctx, 0);
+        draft_state.resize(size);
+        if (llama_state_seq_get_data(d.ctx, draft_state.data(), size, 0) != size ||
+            llama_state_seq_set_data(ctx, draft_state.data(), size, 0) != size) {
+            llama_memory_clear(mem, true);
+            cached.clear();
+            return fail(COSPEC_ERR_ARBITER, "arbiter: could not copy the draft's cache (its layout differs from the arbiter's)");
+        }
+        // The draft's cache runs on past the context with the block's drafted tokens.
+        llama_memory_seq_rm(mem, 0, (llama_pos) n, -1);
+        cached.assign(tokens, tokens + n);
+        return COSPEC_OK;
+    }
+
     // Hidden states of the region [d_0, t_0, d_1, t_1, ...] after the block's
     // context: the context causally (cached across blocks), the region as one
     // batch with causal attention off, so each region token sees the whole
@@ -406,7 +478,8 @@ struct learned_arbiter final : cospec_arbiter {
         if (n + 2 * k > (int32_t) llama_n_ctx(ctx)) {
             return fail(COSPEC_ERR_CONTEXT_FULL, "arbiter: the context does not fit the arbiter's window");
         }
-        if (const int32_t st = sync_prefix(blk.context, n); st != COSPEC_OK) {
+        const int32_t st = b.context_from_draft ? copy_prefix_from_draft(blk.context, n) : sync_prefix(blk.context, n);
+        if (st != COSPEC_OK) {
             return st;
         }
         llama_memory_t mem = llama_get_memory(ctx);
