@@ -2,7 +2,7 @@
 
     arbiter.gguf   the head's weights (F32) and the metadata binding it to its draft:
                    cospec.arbiter.{version, kind, name, threshold, draft_fingerprint, draft_file,
-                   head_layers, n_features, n_embd, adapter, lora_scale, lora_context, ...}
+                   head_layers, n_features, verify_cost, n_embd, adapter, lora_scale, lora_context, ...}
     adapter.gguf   (kind `lora`) the LoRA adapter in llama.cpp's format: general.type = adapter,
                    adapter.type = lora, adapter.lora.alpha, tensors <base tensor>.lora_a / .lora_b
                    (llama.cpp's loader refuses any other tensor, so the head is not in here)
@@ -87,10 +87,12 @@ def write_onnx(path: Path, head) -> Path:
 
 def write_arbiter(out_dir: str | Path, *, kind: str, head, draft_gguf: str | Path, threshold: float, name: str,
                   description: str = "", lora: dict | None = None, lora_alpha: float | None = None,
-                  n_embd: int | None = None, lora_context: str = "draft", info: dict | None = None,
-                  onnx: bool = True) -> Path:
+                  n_embd: int | None = None, lora_context: str = "draft", verify_cost: float | None = None,
+                  info: dict | None = None, onnx: bool = True) -> Path:
     """Write the arbiter folder; `info` (training settings, measurements) goes into arbiter.gguf
-    as one JSON string and into info.json beside it, for people. onnx=False leaves out head.onnx
+    as one JSON string and into info.json beside it, for people. verify_cost is the timing-free
+    length model's verify cost the training states were drafted under: the engine drafts under it
+    too wherever a call leaves that setting at its default. onnx=False leaves out head.onnx
     (the engine's native head does not need it; a training run's intermediate policies skip it)."""
     from cospec_local import _cospec
 
@@ -111,6 +113,8 @@ def write_arbiter(out_dir: str | Path, *, kind: str, head, draft_gguf: str | Pat
     writer.add_uint32(KEY + "head_layers", n_layers)
     writer.add_uint32(KEY + "n_features", int(_cospec.N_FEATURES))
     writer.add_string(KEY + "features", ",".join(_cospec.FEATURE_NAMES))
+    if verify_cost is not None:
+        writer.add_float32(KEY + "verify_cost", float(verify_cost))
     if kind == "lora":
         if lora is None or lora_alpha is None or n_embd is None:
             raise ValueError("a lora arbiter needs its LoRA weights, alpha and n_embd")

@@ -49,7 +49,9 @@ class GenerationParams:
                                                         "ratio; `bench` measures it).", ("--draft-cost",))
     verify_cost: float = _f(round(_NATIVE.verify_cost, 6), "Cost model of adaptive lengths with an arbiter that keeps: "
                                                           "each verified token beyond the first, in target steps "
-                                                          "(negative: 0.25; `bench` measures it).", ("--verify-cost",))
+                                                          "(negative: the one the learned arbiter was trained under, "
+                                                          f"else {_cospec.DEFAULT_VERIFY_COST:g}; `bench` measures "
+                                                          "it).", ("--verify-cost",))
     temperature: float = _f(_NATIVE.temperature, "Temperature (0: greedy).", ("--temp",))
     top_k: int = _f(_NATIVE.top_k, "Top-k sampling (0: off).", ("--top-k",))
     top_p: float = _f(_NATIVE.top_p, "Top-p sampling (1: off).", ("--top-p",))

@@ -362,6 +362,43 @@ def test_bad_arbiter_files_are_clear_errors(demo_engine, f32_draft, tmp_path):
     assert demo_engine.generate(load_task("arith", "test", 1)[0].prompt, arbiter=str(good), max_tokens=40).tokens
 
 
+def test_an_arbiter_drafts_under_the_verify_cost_it_was_trained_under(demo_engine, tmp_path):
+    """arbiter.gguf's verify_cost sets the timing-free length model of calls that leave it at its
+    default: the blocks are those of an explicit setting of the same value, not of the default's.
+    A value out of range is refused when the arbiter loads."""
+    from cospec_local.train.warmup import collected_verify_cost
+
+    torch.manual_seed(2)
+    model = FeaturesArbiter()
+    for p in model.head.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+
+    def folder(name, verify_cost):
+        return str(write_arbiter(tmp_path / name, kind="features", head=model.head, draft_gguf=demo_model("draft"),
+                                 threshold=0.5, name=name, verify_cost=verify_cost, onnx=False))
+
+    carried, plain = folder("carried", 0.05), folder("plain", None)
+    assert demo_engine.arbiter(carried).meta("verify_cost") is not None
+    differs = 0
+    for problem in load_task("pyfunc", "test", 4):
+        run = lambda arbiter, **kw: demo_engine.generate(problem.prompt, arbiter=arbiter, max_tokens=160, **kw)  # noqa: E731
+        a, b = run(carried), run(plain, verify_cost=0.05)
+        assert a.tokens == b.tokens and a.stats.n_blocks == b.stats.n_blocks
+        assert [(d.block, d.position) for d in a.decisions] == [(d.block, d.position) for d in b.decisions]
+        differs += run(plain).stats.n_blocks != a.stats.n_blocks  # the default's blocks: 0.25
+    assert differs > 0
+    # an explicit setting still wins over the arbiter's
+    prompt = load_task("pyfunc", "test", 1)[0].prompt
+    assert (demo_engine.generate(prompt, arbiter=carried, max_tokens=160, verify_cost=0.25).stats.n_blocks ==
+            demo_engine.generate(prompt, arbiter=plain, max_tokens=160).stats.n_blocks)
+    with pytest.raises(ArbiterError, match="verify_cost"):
+        demo_engine.arbiter(folder("bad", 1000.0))
+    # what the warm-up writes: the collection's verify cost, the default for folders that predate it
+    assert collected_verify_cost({"verify_cost": 0.1, "params": {"verify_cost": -1.0}}) == 0.1
+    assert collected_verify_cost({"params": {"verify_cost": 0.3}}) == pytest.approx(0.3)
+    assert collected_verify_cost({"params": {}}) == pytest.approx(_cospec.DEFAULT_VERIFY_COST)
+
+
 def test_arbiter_is_closed_with_its_engine(f32_draft, tmp_path):
     folder = export(random_lora_arbiter(f32_draft), tmp_path / "lora", f32_draft)
     engine = Engine(demo_model("target"), f32_draft, n_ctx=512, n_threads=1)

@@ -279,4 +279,6 @@ def load_arbiter(folder: str | Path, draft_gguf: str | Path):
         layer.weight.data = torch.from_numpy(tensors[f"head.{i}.weight"])
         layer.bias.data = torch.from_numpy(tensors[f"head.{i}.bias"])
     model.threshold = float(meta("threshold"))
+    verify_cost = meta("verify_cost")
+    model.verify_cost = None if verify_cost is None else float(verify_cost)  # the schedule it was trained under
     return model.eval()

@@ -137,6 +137,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dev", type=int, default=300, help="Dev-split problems per family.")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads of the engine.")
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="Most tokens per answer.")
+    ap.add_argument("--verify-cost", type=float, default=GenerationParams().verify_cost,
+                    help="Verify cost of the timing-free length model the blocks are drafted under (negative: the "
+                         "default); the arbiters trained on these states carry it. A --policy collection runs "
+                         "under its policy's own.")
     ap.add_argument("--policy", default=None,
                     help="A learned arbiter (name or folder): collect the states it meets, labelled with its own "
                          "continuations, instead of plain speculative decoding's first mismatches.")
@@ -151,7 +155,9 @@ def main(argv: list[str] | None = None) -> None:
 
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     args.out.mkdir(parents=True, exist_ok=True)
-    params = GenerationParams(max_tokens=args.max_tokens)
+    if args.policy is not None and args.verify_cost >= 0:
+        sys.exit("--verify-cost: a --policy collection drafts under its policy's own verify cost")
+    params = GenerationParams(max_tokens=args.max_tokens, verify_cost=args.verify_cost)
     with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=args.threads) as engine:
         manifest = {"target": model_identity(engine.target_path), "draft": model_identity(engine.draft_path),
                     "draft_fingerprint": _cospec.model_fingerprint(engine.draft_path),
@@ -162,6 +168,10 @@ def main(argv: list[str] | None = None) -> None:
             if not (arbiter_dir(policy) / ARBITER_FILE).is_file():
                 sys.exit(f"{args.policy}: no learned arbiter there ({ARBITER_FILE} missing)")
             manifest["policy"] = arbiter_identity(args.policy)
+            carried = engine.arbiter(str(arbiter_dir(policy))).meta("verify_cost")
+            manifest["verify_cost"] = float(carried) if carried is not None else _cospec.DEFAULT_VERIFY_COST
+        else:
+            manifest["verify_cost"] = args.verify_cost if args.verify_cost >= 0 else _cospec.DEFAULT_VERIFY_COST
         manifest_path = args.out / "manifest.json"
         if manifest_path.is_file() and json.loads(manifest_path.read_text()) != manifest:
             sys.exit(f"{args.out} holds states of other models or settings; use another --out")

@@ -320,7 +320,7 @@ def export_policy(model, kind: str, folder: Path, draft_gguf: Path, threshold: f
                            "CoSpec rollouts"}[kind]
     write_arbiter(tmp, kind=kind, head=model.head, draft_gguf=draft_gguf, threshold=threshold,
                   name=f"{draft_gguf.stem.split('-q')[0]}-{kind}", description=description, info=info, onnx=onnx,
-                  **extra)
+                  verify_cost=getattr(model, "verify_cost", None), **extra)
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
     return folder

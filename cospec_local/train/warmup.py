@@ -156,6 +156,18 @@ def train(model, train_states, dev_states, cfg: WarmupConfig, epochs: int, lr: f
     model.eval()
 
 
+def collected_verify_cost(manifest: dict) -> float:
+    """The verify cost of the length model the states' blocks were drafted under. The arbiter
+    carries it, so that the engine drafts its blocks the same way. (Folders collected before
+    collect.py recorded it ran under the default.)"""
+    from .. import _cospec
+
+    if "verify_cost" in manifest:
+        return float(manifest["verify_cost"])
+    value = float(manifest["params"].get("verify_cost", -1.0))
+    return value if value >= 0 else float(_cospec.DEFAULT_VERIFY_COST)
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(WarmupConfig, argv, __doc__.split("\n\n")[0])
     if cfg.data is None or cfg.out is None:
@@ -183,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
             shared = first["params"].keys() & manifest["params"].keys()
             if manifest["target"] != first["target"] or any(manifest["params"][k] != first["params"][k] for k in shared):
                 sys.exit(f"{folder} was collected with another target or settings than {folders[0]}")
+        if manifests and collected_verify_cost(manifest) != collected_verify_cost(manifests[0]):
+            sys.exit(f"{folder} was drafted under another verify cost than {folders[0]}")
         manifests.append(manifest)
         states += load_states(folder)
     families = set(comma_list(cfg.families))
@@ -239,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
             description += f" ({', '.join(sorted(families))} only)"
             name += "-" + "-".join(sorted(families))
         write_arbiter(cfg.out / kind, kind=kind, head=model.head, draft_gguf=draft, threshold=threshold, name=name,
-                      description=description, info=info, **extra)
+                      description=description, info=info, verify_cost=collected_verify_cost(manifests[0]), **extra)
         print(f"{kind}: {json.dumps(measured['dev'])}", file=sys.stderr)
     results["log"] = log
     (cfg.out / "warmup_log.json").write_text(json.dumps(results, indent=1))

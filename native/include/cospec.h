@@ -342,6 +342,10 @@ typedef bool (*cospec_token_fn)(cospec_token token, int32_t provenance, const ch
 
 // The one set of generation defaults (cospec_generate_default_params); the
 // bindings, the Python API and the CLI read theirs from here.
+// Verify cost of the timing-free length model (see cospec_generate_params)
+// where neither the call nor its arbiter sets one.
+#define COSPEC_DEFAULT_VERIFY_COST 0.25f
+
 struct cospec_generate_params {
     int32_t mode;              // enum cospec_mode (default speculative)
     cospec_arbiter * arbiter;  // NULL = the target arbiter (lossless)
@@ -356,9 +360,10 @@ struct cospec_generate_params {
     bool    adaptive_draft;
     // The cost model of those timing-free lengths, in target steps: one draft
     // step (<= 0: the pair's parameter ratio, the default) and each verified
-    // token beyond the first (< 0: 0.25, the default). `cospec-local bench`
-    // measures both for a pair; being settings, they keep the output a
-    // function of the settings.
+    // token beyond the first (< 0, the default: the one the learned arbiter
+    // was trained under, its states came from those block lengths; else
+    // COSPEC_DEFAULT_VERIFY_COST). `cospec-local bench` measures both for a
+    // pair; being settings, they keep the output a function of the settings.
     float   draft_cost;
     float   verify_cost;
     // Sampling, in llama.cpp's order: top-k, top-p and min-p choose the candidate

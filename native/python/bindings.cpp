@@ -759,6 +759,7 @@ PYBIND11_MODULE(_cospec, m) {
     fly_defaults["entropy_threshold"] = fly.entropy_threshold;
     fly_defaults["entropy_top_k"] = fly.entropy_top_k;
     m.attr("FLY_DEFAULTS") = fly_defaults;
+    m.attr("DEFAULT_VERIFY_COST") = COSPEC_DEFAULT_VERIFY_COST;
 
     py::class_<cospec_generate_params>(m, "GenerateParams",
                                        "cospec_generate_params: constructed with cospec_generate_default_params()")

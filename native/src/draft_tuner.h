@@ -6,6 +6,8 @@
 // best K is often 0 (plain target decoding); a strong draft gets long blocks.
 #pragma once
 
+#include "cospec.h"
+
 #include <cstdint>
 
 namespace cospec {
@@ -16,7 +18,7 @@ class draft_tuner {
     // Cost of each verified token beyond the first, relative to one target
     // step, for the fixed cost model: measured v(K) on 2-core CPUs lies
     // between 1 + 0.15 K (Gemma 3 270M) and 1 + 0.39 K (SmolLM2-135M).
-    static constexpr double FIXED_VERIFY_MARGINAL = 0.25;
+    static constexpr double FIXED_VERIFY_MARGINAL = COSPEC_DEFAULT_VERIFY_COST;
     // Acceptance prior (decayed counts, a = 8/9) of a call whose arbiter keeps
     // mismatches: from a = 0.5 each short answer began at K = 1-2. demo-lora is
     // trained on the blocks it gives. Other calls keep a = 0.5, which costs less

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -63,8 +64,7 @@ class generation {
         // (default: from the pair's sizes), never clocks.
         if (arbiter_can_keep || !greedy) {
             call_tuner.use_fixed_costs(p.draft_cost > 0.0f ? p.draft_cost : e.draft_cost_ratio,
-                                       p.verify_cost >= 0.0f ? p.verify_cost
-                                                             : cospec::draft_tuner::FIXED_VERIFY_MARGINAL);
+                                       p.verify_cost >= 0.0f ? p.verify_cost : trained_verify_cost());
             if (arbiter_can_keep) {
                 call_tuner.set_acceptance_prior(cospec::draft_tuner::KEEPING_PRIOR_ACCEPTED,
                                                 cospec::draft_tuner::KEEPING_PRIOR_REJECTED);
@@ -617,6 +617,14 @@ class generation {
                                                         std::to_string(rc) + (why.empty() ? "" : ": " + why));
         }
         return COSPEC_OK;
+    }
+
+    // A learned arbiter carries the verify cost its training blocks were drafted
+    // under (arbiter.gguf's verify_cost, checked when it loaded): the lengths
+    // it decides in are then the ones it learned from.
+    double trained_verify_cost() const {
+        const char * v = p.arbiter != nullptr ? p.arbiter->meta("verify_cost") : nullptr;
+        return v != nullptr ? std::strtod(v, nullptr) : cospec::draft_tuner::FIXED_VERIFY_MARGINAL;
     }
 
     bool decide(float p_keep_i) {

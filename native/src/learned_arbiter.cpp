@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <new>
@@ -220,6 +221,12 @@ int32_t read_bundle(const char * path, bundle & b) {
     b.threshold = std::strtof(b.meta["threshold"].c_str(), &end);
     if (!(b.threshold >= 0.0f && b.threshold <= 1.0f)) {
         return fail(COSPEC_ERR_ARBITER, who + ": threshold must lie in [0, 1]");
+    }
+    if (const auto v = b.meta.find("verify_cost"); v != b.meta.end()) {
+        const double cost = std::strtod(v->second.c_str(), &end);
+        if (end == v->second.c_str() || !(cost >= 0.0 && cost <= 100.0)) {
+            return fail(COSPEC_ERR_ARBITER, who + ": verify_cost must lie in [0, 100] target steps");
+        }
     }
     const unsigned long n_layers = std::strtoul(layers->c_str(), &end, 10);
     if (n_layers < 1 || n_layers > MAX_HEAD_LAYERS) {
