@@ -7,6 +7,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -153,10 +154,16 @@ const char * cospec_arbiter_meta(const cospec_arbiter * arbiter, const char * ke
     return arbiter != nullptr && key != nullptr ? arbiter->meta(key) : nullptr;
 }
 
-// An arbiter that decodes on its engine's draft context, called from outside
-// a generation: take the engine for the call, or refuse while it generates.
+// An arbiter that decodes on its engine's draft context: called from outside
+// a generation, take the engine for the call, or refuse while another thread
+// generates. Called back from the generation itself (a user arbiter scoring
+// with it, as the training side records blocks), the loop is waiting on its
+// verdict with the draft holding the block's context: go on.
 static int32_t hold_engine_draft(const cospec_arbiter * arbiter, std::unique_lock<std::mutex> & lock) {
     if (!arbiter->uses_engine_draft() || arbiter->engine() == nullptr) {
+        return COSPEC_OK;
+    }
+    if (arbiter->engine()->generating.load() == std::this_thread::get_id()) {
         return COSPEC_OK;
     }
     lock = std::unique_lock<std::mutex>(arbiter->engine()->busy, std::try_to_lock);

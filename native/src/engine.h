@@ -9,6 +9,7 @@
 #include <atomic>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace cospec {
@@ -56,11 +57,22 @@ struct cospec_engine {
     // fixed cost model that arbiters which keep mismatches use (timing-free).
     double draft_cost_ratio = 0.0;
     mutable std::mutex busy; // one generation at a time per engine (arbiters reach it through a const pointer)
+    // The thread running the generation that holds `busy`: a user arbiter's
+    // callback on it may score with an arbiter that decodes on the draft (the
+    // training side records blocks that way), other threads must wait.
+    std::atomic<std::thread::id> generating {};
     // Acceptance and cost estimates of this draft/target pair, kept across calls.
     cospec::draft_tuner tuner;
 };
 
 namespace cospec {
+// Marks the calling thread as the engine's generating one for a scope.
+struct generating_thread {
+    cospec_engine & e;
+    explicit generating_thread(cospec_engine & engine) : e(engine) { e.generating.store(std::this_thread::get_id()); }
+    ~generating_thread() { e.generating.store(std::thread::id()); }
+};
+
 // Put tokens[0..n) at positions pos0.. of sequence 0 into s.batch.
 inline void fill_batch(model_slot & s, const llama_token * tokens, int32_t n, llama_pos pos0, bool all_logits) {
     llama_batch & b = s.batch;

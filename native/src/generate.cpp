@@ -831,6 +831,7 @@ int32_t cospec_generate(cospec_engine * engine, const cospec_token * prompt, int
         return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "another generation is already running on this engine");
     }
     engine->abort_flag.store(false);
+    const cospec::generating_thread owner(*engine);
     auto * result = new (std::nothrow) cospec_result();
     if (result == nullptr) {
         return cospec::fail(COSPEC_ERR_INTERNAL, "out of memory");
