@@ -389,37 +389,48 @@ struct learned_arbiter final : cospec_arbiter {
                     std::string("arbiter: llama_decode of the ") + what + " failed with code " + std::to_string(ret));
     }
 
-    // Make the cache hold exactly tokens[0..n), causally, reusing the longest cached prefix.
-    // Read only when a block needs a verdict: a generation that never reaches a
-    // mismatch (most short answers) never pays for reading its prompt here.
-    int32_t sync_prefix(const cospec_token * tokens, int32_t n) {
-        llama_memory_t mem = llama_get_memory(ctx);
+    // Make the cache of context c (whose contents `held` records) hold tokens[0..n),
+    // causally, reusing the longest prefix it holds. With keep_tail, a cache that
+    // holds the prefix already keeps what follows it.
+    int32_t read_prefix(llama_context * c, std::vector<llama_token> & held, int32_t max_chunk,
+                        const cospec_token * tokens, int32_t n, bool keep_tail, const char * what) {
+        llama_memory_t mem = llama_get_memory(c);
         size_t keep = 0;
-        while (keep < cached.size() && keep < (size_t) n && cached[keep] == tokens[keep]) {
+        while (keep < held.size() && keep < (size_t) n && held[keep] == tokens[keep]) {
             keep += 1;
         }
-        if (keep < cached.size()) {
+        if (keep == (size_t) n && keep_tail) {
+            return COSPEC_OK;
+        }
+        if (keep < held.size()) {
             if (!llama_memory_seq_rm(mem, 0, (llama_pos) keep, -1)) {
                 llama_memory_clear(mem, true);
                 keep = 0;
             }
-            cached.resize(keep);
+            held.resize(keep);
         }
-        llama_set_embeddings(ctx, false);
         while ((int32_t) keep < n) {
-            const int32_t chunk = std::min(n_batch, n - (int32_t) keep);
+            const int32_t chunk = std::min(max_chunk, n - (int32_t) keep);
             for (int32_t j = 0; j < chunk; ++j) {
                 put(j, tokens[keep + j], (llama_pos) (keep + j), false);
             }
             batch.n_tokens = chunk;
-            if (const int32_t ret = llama_decode(ctx, batch); ret != 0) {
+            if (const int32_t ret = llama_decode(c, batch); ret != 0) {
                 llama_memory_seq_rm(mem, 0, (llama_pos) keep, -1);
-                return decode_failed(ret, "prefix");
+                return decode_failed(ret, what);
             }
-            cached.insert(cached.end(), tokens + keep, tokens + keep + chunk);
+            held.insert(held.end(), tokens + keep, tokens + keep + chunk);
             keep += chunk;
         }
         return COSPEC_OK;
+    }
+
+    // lora_context "adapter": the arbiter's own cache reads the prefix with the adapter.
+    // Read only when a block needs a verdict: a generation that never reaches a
+    // mismatch (most short answers) never pays for reading its prompt here.
+    int32_t sync_prefix(const cospec_token * tokens, int32_t n) {
+        llama_set_embeddings(ctx, false);
+        return read_prefix(ctx, cached, n_batch, tokens, n, false, "prefix");
     }
 
     // lora_context "draft": make the cache hold tokens[0..n) as the draft alone
@@ -430,32 +441,9 @@ struct learned_arbiter final : cospec_arbiter {
     // first, keeping its slot's record of what it holds true.
     int32_t copy_prefix_from_draft(const cospec_token * tokens, int32_t n) {
         model_slot & d = eng->draft;
-        llama_memory_t draft_mem = llama_get_memory(d.ctx);
-        size_t m = 0;
-        while (m < d.cached.size() && m < (size_t) n && d.cached[m] == tokens[m]) {
-            m += 1;
-        }
-        if (m < (size_t) n) {
-            if (m < d.cached.size()) {
-                if (!llama_memory_seq_rm(draft_mem, 0, (llama_pos) m, -1)) {
-                    llama_memory_clear(draft_mem, true);
-                    m = 0;
-                }
-                d.cached.resize(m);
-            }
-            while ((int32_t) m < n) {
-                const int32_t chunk = std::min(eng->n_batch, n - (int32_t) m);
-                for (int32_t j = 0; j < chunk; ++j) {
-                    put(j, tokens[m + j], (llama_pos) (m + j), false);
-                }
-                batch.n_tokens = chunk;
-                if (const int32_t ret = llama_decode(d.ctx, batch); ret != 0) {
-                    llama_memory_seq_rm(draft_mem, 0, (llama_pos) m, -1);
-                    return decode_failed(ret, "context on the draft");
-                }
-                d.cached.insert(d.cached.end(), tokens + m, tokens + m + chunk);
-                m += chunk;
-            }
+        if (const int32_t st = read_prefix(d.ctx, d.cached, eng->n_batch, tokens, n, true, "context on the draft");
+            st != COSPEC_OK) {
+            return st;
         }
         llama_memory_t mem = llama_get_memory(ctx);
         const size_t size = llama_state_seq_get_size(d.ctx, 0);
