@@ -12,6 +12,7 @@ from dataclasses import MISSING, dataclass, fields
 
 import click
 
+from . import _cospec
 from .chat_template import ChatTemplateError
 from .display import colored, stats_line
 from .engine import FLASH_ATTN, Engine
@@ -76,8 +77,9 @@ def model_options(fn):
                      help="Put the target's layers (-ngl) on these `cospec-local rpc-server` machines (llama.cpp's "
                           "RPC backend); the draft stays here."),
         click.option("-fa", "--flash-attn", "flash_attn", default=None, type=click.Choice(sorted(FLASH_ATTN)),
-                     help="llama.cpp's flash attention for both models (default: off for a model on the CPU, where "
-                          "it makes verifying a block dear; llama.cpp's choice for offloaded layers)."),
+                     help="llama.cpp's flash attention for both models (default: off for a model under "
+                          f"{_cospec.FLASH_ATTN_CPU_OFF_MAX_PARAMS / 1e6:g}M parameters on the CPU, where it makes "
+                          "verifying a block dear; llama.cpp's choice for larger models and offloaded layers)."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's own log."),
     ]
     names = ("target", "draft", "n_ctx", "n_threads", "n_gpu_layers", "n_gpu_layers_draft", "rpc", "flash_attn",
@@ -166,8 +168,6 @@ def draft_for_mode(target: str, draft: str | None, params: GenerationParams,
 
 def gpu_notice(load: LoadSettings, quiet: bool) -> None:
     """Say once that -ngl/-ngld do nothing on a build of llama.cpp without a GPU backend."""
-    from . import _cospec
-
     asked = [flag for flag, value in (("-ngl", load.n_gpu_layers), ("-ngld", load.n_gpu_layers_draft))
              if value not in (None, 0)]
     if asked and not quiet and not _cospec.supports_gpu_offload():

@@ -42,8 +42,10 @@ STOP_REASONS = {
     _cospec.STOP_ERROR: "error",
 }
 # Engine(flash_attn=...): flash attention of the target and draft contexts (cospec.h's
-# enum cospec_flash_attn). None keeps the engine's default: off for a model that runs on the
-# CPU, where llama.cpp's kernel makes verifying a block dear; llama.cpp's choice where offloaded.
+# enum cospec_flash_attn). None keeps the engine's default: off for a model under
+# _cospec.FLASH_ATTN_CPU_OFF_MAX_PARAMS parameters that runs on the CPU, where llama.cpp's
+# kernel makes verifying a block of a tiny model dear; llama.cpp's choice for larger models
+# and where offloaded.
 FLASH_ATTN = {"auto": _cospec.FLASH_ATTN_AUTO, "off": _cospec.FLASH_ATTN_OFF, "on": _cospec.FLASH_ATTN_ON}
 
 
@@ -309,6 +311,14 @@ class Engine:
     def model_desc(self, which: str = "target") -> str | None:
         with _native_errors():
             return self._native.model_desc(0 if which == "target" else 1)
+
+    def flash_attn(self, which: str = "target") -> str | None:
+        """The flash-attention setting that model's context was created with ("auto": llama.cpp's
+        choice, on where the backend has it; "off"; "on"), the default's rule applied; None
+        without that model."""
+        with _native_errors():
+            value = self._native.flash_attn(0 if which == "target" else 1)
+        return next((name for name, v in FLASH_ATTN.items() if v == value), None)
 
     def score(self, tokens: Sequence[int], which: str = "target"):
         """Teacher-forced logits: a float32 array (len(tokens), n_vocab) whose row i is the model's

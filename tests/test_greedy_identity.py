@@ -2,8 +2,8 @@
 token the same as target-only decoding, whatever the draft and K, where llama.cpp's batched
 product rounds as its one-token product does (SmolLM2's Q4_1 on CPU with flash attention on:
 the engines of the identity tests below); and what holds on every backend and setting (the
-default turns flash attention off on a CPU, whose batched attention then rounds otherwise): the
-tokens it emits are the verify pass's greedy choices."""
+default turns flash attention off for a small model on a CPU, whose batched attention then
+rounds otherwise): the tokens it emits are the verify pass's greedy choices."""
 import pytest
 from conftest import engines_by_draft
 
@@ -20,8 +20,10 @@ N_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def exact_engine_for(target_path, draft_paths):
-    """exact_engine_for(kind) -> an Engine with that draft and flash attention on."""
-    yield from engines_by_draft(target_path, draft_paths, flash_attn="on")
+    """exact_engine_for(kind) -> an Engine with that draft at the default flash attention: on
+    (llama.cpp's choice) for a target of SmolLM2's size, where batched and one-token passes round
+    alike. So these tests also hold the default to exactness there."""
+    yield from engines_by_draft(target_path, draft_paths)
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +38,23 @@ def reference(exact_engine_for):
         return cache[kind, prompt]
 
     return get
+
+
+def test_default_flash_attention_follows_the_models_size(target_path, draft_paths):
+    """Off for a model under FLASH_ATTN_CPU_OFF_MAX_PARAMS parameters on the CPU (the demo pair,
+    a 2-block SmolLM2), whose verify batches its kernel makes dear; llama.cpp's choice for
+    SmolLM2-135M itself and for offloaded layers; -fa wins over both."""
+    from cospec_local import _cospec
+
+    small = "auto" if _cospec.supports_gpu_offload() else "off"  # layers offloaded by default there
+    with Engine.open_default(n_ctx=256) as demo:
+        assert (demo.flash_attn("target"), demo.flash_attn("draft")) == (small, small)
+    with Engine(target_path, draft_paths["disagreeing"], n_ctx=256) as smol:
+        assert (smol.flash_attn("target"), smol.flash_attn("draft")) == ("auto", small)
+    with Engine(target_path, n_ctx=256, flash_attn="off") as forced:
+        assert forced.flash_attn("target") == "off" and forced.flash_attn("draft") is None
+    with Engine(target_path, draft_paths["disagreeing"], n_ctx=256, flash_attn="on") as forced:
+        assert (forced.flash_attn("target"), forced.flash_attn("draft")) == ("on", "on")
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
@@ -104,7 +123,7 @@ def test_zero_ffn_blocks_keep_the_function(target_path, model_dir, reference, we
     reader = open_gguf(path)
     assert (architecture(reader), block_count(reader)) == ("deci", 32)
     assert reader.get_field("deci.feed_forward_length").contents() == [1536] * 30 + [512] * 2
-    with Engine(path, target_path, n_ctx=512, flash_attn="on") as costly:
+    with Engine(path, target_path, n_ctx=512) as costly:
         for prompt in PROMPTS:
             alone = costly.generate(prompt, mode="target-only", max_tokens=N_TOKENS, ignore_eos=True)
             verified = costly.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True,

@@ -80,13 +80,17 @@ typedef struct cospec_engine cospec_engine;
 typedef bool (*cospec_progress_fn)(int32_t which, float progress, void * user_data);
 
 // Flash attention of the target and draft contexts. llama.cpp turns it on
-// wherever the backend has it (auto), and on a CPU its kernel is slow for the
-// few-token batches that verify a block: the demo pair's 5-token verify took
-// 4x a one-token step with it and well under 2x without (bench/RESULTS.md), so
-// speculative decoding paid only with it off. Prompts of hundreds of tokens run
-// somewhat faster with it on.
+// wherever the backend has it (auto). On a CPU its kernel is slow for the
+// few-token batches that verify a block of a tiny model: the demo pair's 5-token
+// verify (3.4M parameters) took 4x a one-token step with it and well under 2x
+// without, so speculative decoding paid only with it off. From SmolLM2-135M up
+// it is no dearer (target-only 5% faster with it on) and keeps a batch's
+// attention rounding as a one-token step's (bench/RESULTS.md). So the default
+// turns it off only for models below this size whose layers stay on the CPU.
+#define COSPEC_FLASH_ATTN_CPU_OFF_MAX_PARAMS 100000000ull
+
 enum cospec_flash_attn {
-    COSPEC_FLASH_ATTN_CPU_OFF = -2, // off unless the model's layers are offloaded to a GPU here (then auto)
+    COSPEC_FLASH_ATTN_CPU_OFF = -2, // off for a model under COSPEC_FLASH_ATTN_CPU_OFF_MAX_PARAMS parameters on the CPU; else auto
     COSPEC_FLASH_ATTN_AUTO    = -1, // llama.cpp's choice
     COSPEC_FLASH_ATTN_OFF     = 0,
     COSPEC_FLASH_ATTN_ON      = 1,
@@ -141,6 +145,11 @@ int32_t cospec_engine_meta(const cospec_engine * engine, int32_t which, const ch
 
 // Vocabulary size of the target (which = 0) or the draft (1); 0 if absent.
 int32_t cospec_engine_n_vocab_of(const cospec_engine * engine, int32_t which);
+
+// The flash-attention setting the target's (which = 0) or draft's (1) context was
+// created with, the default's rule applied: COSPEC_FLASH_ATTN_AUTO (llama.cpp's
+// choice: on where the backend has it), _OFF or _ON; COSPEC_FLASH_ATTN_CPU_OFF if absent.
+int32_t cospec_engine_flash_attn(const cospec_engine * engine, int32_t which);
 
 // Teacher-forced scoring: the logits of the target (which = 0) or the draft
 // (1) at every position of `tokens`, row i being the model's distribution of

@@ -737,6 +737,7 @@ PYBIND11_MODULE(_cospec, m) {
     m.attr("PROV_TARGET") = (int) COSPEC_PROV_TARGET;
     m.attr("PROV_DRAFT") = (int) COSPEC_PROV_DRAFT;
     m.attr("FLASH_ATTN_AUTO") = (int) COSPEC_FLASH_ATTN_AUTO;
+    m.attr("FLASH_ATTN_CPU_OFF_MAX_PARAMS") = (unsigned long long) COSPEC_FLASH_ATTN_CPU_OFF_MAX_PARAMS;
     m.attr("FLASH_ATTN_OFF") = (int) COSPEC_FLASH_ATTN_OFF;
     m.attr("FLASH_ATTN_ON") = (int) COSPEC_FLASH_ATTN_ON;
     m.attr("STOP_EOG") = (int) COSPEC_STOP_EOG;
@@ -855,6 +856,8 @@ PYBIND11_MODULE(_cospec, m) {
         .def("chat_template", [](const Engine & e, int32_t which) { return opt_str(cospec_engine_chat_template(e.get(), which)); },
              py::arg("which") = 0)
         .def("model_desc", [](const Engine & e, int32_t which) { return opt_str(cospec_engine_model_desc(e.get(), which)); },
+             py::arg("which") = 0)
+        .def("flash_attn", [](const Engine & e, int32_t which) { return cospec_engine_flash_attn(e.get(), which); },
              py::arg("which") = 0)
         .def("meta", [](const Engine & e, int32_t which, const std::string & key) -> py::object {
             std::string buf(256, '\0');

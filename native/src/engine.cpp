@@ -316,17 +316,22 @@ static int32_t load_model(const cospec_engine_params & p, int32_t which, model_s
     return COSPEC_OK;
 }
 
+static_assert(COSPEC_FLASH_ATTN_AUTO == LLAMA_FLASH_ATTN_TYPE_AUTO && COSPEC_FLASH_ATTN_OFF == LLAMA_FLASH_ATTN_TYPE_DISABLED &&
+                  COSPEC_FLASH_ATTN_ON == LLAMA_FLASH_ATTN_TYPE_ENABLED,
+              "cospec_engine_flash_attn returns llama.cpp's values as the C enum's");
+
 // llama.cpp's flash-attention setting for a context whose model has `gpu_layers`
 // offloaded (-1: all). Layers on RPC servers count as on the CPU: what the
 // servers run is not known here, and -fa says otherwise.
-static llama_flash_attn_type flash_attn_type(int32_t setting, int32_t gpu_layers) {
+static llama_flash_attn_type flash_attn_type(int32_t setting, int32_t gpu_layers, const llama_model * model) {
     switch (setting) {
         case COSPEC_FLASH_ATTN_OFF: return LLAMA_FLASH_ATTN_TYPE_DISABLED;
         case COSPEC_FLASH_ATTN_ON:  return LLAMA_FLASH_ATTN_TYPE_ENABLED;
         case COSPEC_FLASH_ATTN_AUTO: return LLAMA_FLASH_ATTN_TYPE_AUTO;
         default: {
             const bool offloaded = cospec_supports_gpu_offload() && gpu_layers != 0;
-            return offloaded ? LLAMA_FLASH_ATTN_TYPE_AUTO : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+            const bool small = llama_model_n_params(model) < COSPEC_FLASH_ATTN_CPU_OFF_MAX_PARAMS;
+            return offloaded || !small ? LLAMA_FLASH_ATTN_TYPE_AUTO : LLAMA_FLASH_ATTN_TYPE_DISABLED;
         }
     }
 }
@@ -335,6 +340,7 @@ static int32_t create_context(const cospec_engine_params & p, cospec_engine & e,
                               llama_flash_attn_type flash_attn) {
     llama_context_params cp = llama_context_default_params();
     cp.flash_attn_type = flash_attn;
+    slot.flash_attn = flash_attn;
     cp.n_ctx = (uint32_t) e.n_ctx;
     cp.n_batch = (uint32_t) e.n_batch;
     cp.n_ubatch = (uint32_t) e.n_batch;
@@ -552,13 +558,13 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
         e->n_ctx = std::max(n_ctx, 8);
         e->n_batch = std::min(params->n_batch > 0 ? params->n_batch : 512, e->n_ctx);
         if (int32_t st = create_context(*params, *e, e->target, "target",
-                                        flash_attn_type(params->flash_attn, params->n_gpu_layers_target));
+                                        flash_attn_type(params->flash_attn, params->n_gpu_layers_target, e->target.model));
             st != COSPEC_OK) {
             return st;
         }
         if (e->has_draft) {
-            e->draft_flash_attn = flash_attn_type(params->flash_attn, params->n_gpu_layers_draft);
-            if (int32_t st = create_context(*params, *e, e->draft, "draft", e->draft_flash_attn);
+            if (int32_t st = create_context(*params, *e, e->draft, "draft",
+                                            flash_attn_type(params->flash_attn, params->n_gpu_layers_draft, e->draft.model));
                 st != COSPEC_OK) {
                 return st;
             }
@@ -626,6 +632,11 @@ const char * cospec_engine_chat_template(const cospec_engine * engine, int32_t w
 const char * cospec_engine_model_desc(const cospec_engine * engine, int32_t which) {
     const model_slot * s = slot_of(engine, which);
     return s ? s->desc.c_str() : nullptr;
+}
+
+int32_t cospec_engine_flash_attn(const cospec_engine * engine, int32_t which) {
+    const model_slot * s = slot_of(engine, which);
+    return s ? (int32_t) s->flash_attn : COSPEC_FLASH_ATTN_CPU_OFF;  // llama.cpp's enum has the same values
 }
 
 int32_t cospec_engine_meta(const cospec_engine * engine, int32_t which, const char * key, char * buf, size_t buf_size) {

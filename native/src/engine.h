@@ -29,6 +29,9 @@ struct model_slot {
     std::string chat_template;
     bool has_chat_template = false;
     std::string desc;
+    // What the context was created with (cospec_engine_flash_attn); an arbiter that reads
+    // the draft's cache (learned_arbiter.cpp) needs a context laid out the same way.
+    llama_flash_attn_type flash_attn = LLAMA_FLASH_ATTN_TYPE_DISABLED;
 
     model_slot() = default;
     model_slot(const model_slot &) = delete;
@@ -48,9 +51,6 @@ struct cospec_engine {
     int32_t n_batch = 0;
     int32_t n_threads = 0;       // generation threads of the contexts (resolved, > 0)
     int32_t n_threads_batch = 0;
-    // What the draft's context was created with: an arbiter that reads the draft's
-    // cache (learned_arbiter.cpp) needs a context laid out the same way.
-    llama_flash_attn_type draft_flash_attn = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     std::string draft_path;
     std::string draft_fingerprint; // computed on first use (learned arbiters check it)
     // Parameters of the draft over the target's: the draft step's cost in the

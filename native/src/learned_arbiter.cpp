@@ -355,7 +355,7 @@ struct learned_arbiter final : cospec_arbiter {
         if (b.context_from_draft) {
             // The cache receives the draft's: the same layout (cache types as the
             // engine's contexts take them by default, the same attention kernel).
-            cp.flash_attn_type = eng->draft_flash_attn;
+            cp.flash_attn_type = eng->draft.flash_attn;
         } else {
             // F32 cache and plain attention: the hidden states must match the torch model the head was trained on.
             cp.type_k = GGML_TYPE_F32;
