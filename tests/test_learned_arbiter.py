@@ -109,6 +109,23 @@ def test_collector_reject_branch_is_the_recorded_run(demo_engine, states):
         assert s["label"] in (-1, 0, 1) and (s["label"] == -1) == (s["keep_correct"] == s["reject_correct"])
 
 
+def test_collector_shows_observers_every_decided_block(demo_engine):
+    """Collector(observe=...) sees each block the recorded run decides on, while the draft's
+    cache holds its context: a draft-reading arbiter scores it there as the generation would."""
+    seen = []
+    collector = Collector(demo_engine, GenerationParams(max_tokens=200),
+                          observe=lambda block: seen.append((block["context"].tolist(), block["draft"].tolist(),
+                                                             demo_engine.arbiter("demo-lora").score(block))))
+    states = []
+    for problem in load_task("arith", "dev", 6):
+        states += collector.problem(problem, "dev")[1]
+    assert states and len(seen) >= len(states)
+    scored = {(tuple(c), tuple(d)): p for c, d, p in seen}
+    for s in states:
+        p = scored[(tuple(s["context"]), tuple(s["draft"]))]
+        assert 0.0 < p[s["position"]] < 1.0  # a mismatch the arbiter scored
+
+
 @pytest.mark.parametrize("lora_context", ["draft", "adapter"])
 def test_lora_hidden_states_match_torch(f32_draft, states, tmp_path, lora_context):
     """The engine's region pass (prefix causal, region one non-causal batch) is the torch model's
@@ -170,6 +187,33 @@ def test_onnx_head_matches_torch_and_native(tmp_path, demo_engine, states):
     b = demo_engine.generate(prompt, arbiter=str(folder), arbiter_head="onnx", max_tokens=120)
     assert a.tokens == b.tokens and [d.keep for d in a.decisions] == [d.keep for d in b.decisions]
     assert np.allclose([d.p_keep for d in a.decisions], [d.p_keep for d in b.decisions], atol=1e-5)
+
+
+def test_lora_head_can_start_as_the_features_arbiter(demo_engine, states, tmp_path):
+    """warmup --lora-from-features: a LoRA arbiter whose head starts from a features arbiter's
+    (its own input standardisation kept) scores every mismatch as that arbiter does, natively."""
+    from cospec_local.train.warmup import start_from_features
+
+    torch.manual_seed(2)
+    features = FeaturesArbiter()
+    for p in features.head.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    features.head.in_mean.normal_(0, 1)
+    features.head.in_scale.uniform_(0.5, 2)
+    lora = LoraArbiter(load_draft_backbone(demo_model("draft"))).eval()  # PEFT's B = 0: the draft's own states
+    lora.head.in_mean.normal_(0, 1)  # another standardisation than the features arbiter's
+    lora.head.in_scale.uniform_(0.5, 2)
+    start_from_features(lora.head, features.head)
+    a = demo_engine.arbiter(str(export(features, tmp_path / "features", demo_model("draft"))))
+    b = demo_engine.arbiter(str(export(lora, tmp_path / "lora", demo_model("draft"))))
+    compared = 0
+    for s in states[:8]:
+        block = block_of(demo_engine, s)
+        mismatch = block["mismatch"].astype(bool)
+        p_features, p_lora = a.score(block)[mismatch], b.score(block)[mismatch]
+        assert np.abs(p_features - p_lora).max() <= 1e-5, (p_features, p_lora)
+        compared += int(mismatch.sum())
+    assert compared >= 8
 
 
 @pytest.mark.parametrize("name", ["demo-features", "demo-lora"])

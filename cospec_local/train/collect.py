@@ -55,9 +55,12 @@ def cut_at_stops(text: str, stops) -> str:
 
 
 class Collector:
-    def __init__(self, engine: Engine, params: GenerationParams):
+    def __init__(self, engine: Engine, params: GenerationParams, observe=None):
+        """observe(block), if given, sees every block of the recorded runs (e.g. to score it with
+        learned arbiters while the draft's cache holds the block's context)."""
         self.engine = engine
         self.params = params
+        self.observe = observe
         self._scores: dict[tuple[str, str], bool] = {}
 
     def text_of(self, tokens) -> str:
@@ -78,6 +81,8 @@ class Collector:
         seen: dict[int, dict] = {}
 
         def decide(block):
+            if self.observe is not None:
+                self.observe(block)
             mismatch = block["mismatch"]
             seen[block["index"]] = {
                 "context": block["context"].tolist(), "draft": block["draft"].tolist(),

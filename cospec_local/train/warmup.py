@@ -65,6 +65,10 @@ class WarmupConfig:
     batch_size: int = option(16, "States per step of the LoRA arbiter.")
     weight_decay: float = option(0.01, "AdamW weight decay.")
     min_threshold: float = option(0.5, "Lowest keep threshold the dev search may choose.")
+    lora_from_features: bool = option(False, "Start the LoRA arbiter's head as the features arbiter trained just "
+                                             "before it (its hidden-state inputs at weight 0, the adapter at 0: "
+                                             "the same P(keep)), so that training adds to what the features "
+                                             "tell. Needs --arbiters features,lora.")
 
 
 def load_states(folder: Path) -> list[dict]:
@@ -106,9 +110,27 @@ def predict(model, states, make_batch, with_tokens: bool, batch_size: int = 64) 
     return out
 
 
+def start_from_features(head, features_head) -> None:
+    """Give a LoRA arbiter's head (inputs: h(d_i), h(t_i), features) the features arbiter's
+    function: its layers on the feature columns, zeros on the hidden-state columns. Both heads
+    standardise from the same training states, so the feature columns' scales agree."""
+    import torch
+
+    n = features_head.in_mean.numel()
+    with torch.no_grad():
+        first, source = head.layers[0], features_head.layers[0]
+        first.weight.zero_()
+        first.weight[:, -n:] = source.weight * features_head.in_scale / head.in_scale[-n:]
+        first.bias.copy_(source.bias + (source.weight * features_head.in_scale) @ (head.in_mean[-n:] - features_head.in_mean))
+        for layer, src in zip(head.layers[1:], features_head.layers[1:]):
+            layer.weight.copy_(src.weight)
+            layer.bias.copy_(src.bias)
+
+
 def train(model, train_states, dev_states, cfg: WarmupConfig, epochs: int, lr: float, batch_size: int,
-          with_tokens: bool, log: list) -> None:
-    """Class-balanced BCE on decisive states; keeps the weights of the best dev epoch."""
+          with_tokens: bool, log: list, start_head=None) -> None:
+    """Class-balanced BCE on decisive states; keeps the weights of the best dev epoch (with
+    start_head, the starting point is a candidate too)."""
     import copy
 
     import torch
@@ -126,12 +148,22 @@ def train(model, train_states, dev_states, cfg: WarmupConfig, epochs: int, lr: f
         inputs = torch.cat([model.head_inputs(make_batch(decisive[i:i + 64], with_tokens=with_tokens))
                             for i in range(0, len(decisive), 64)])
         model.head.standardise_from(inputs)
+    if start_head is not None:
+        start_from_features(model.head, start_head)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
     rng = random.Random(cfg.seed)
     best, best_loss = None, math.inf
     dev_labels = torch.tensor([float(s["label"]) for s in dev_decisive])
     dev_pos_weight = (len(dev_decisive) - float(dev_labels.sum())) / max(float(dev_labels.sum()), 1.0)
+    def dev_loss_now() -> float:
+        dev_probs = torch.tensor(predict(model, dev_decisive, make_batch, with_tokens)).clamp(1e-6, 1 - 1e-6)
+        return float(torch.nn.functional.binary_cross_entropy(
+            dev_probs, dev_labels, weight=torch.where(dev_labels > 0, dev_pos_weight, 1.0)))
+
+    if start_head is not None:
+        best_loss, best = dev_loss_now(), copy.deepcopy(model.state_dict())
+        log.append({"arbiter": model.kind, "epoch": -1, "dev_loss": best_loss})
     for epoch in tqdm(range(epochs), desc=f"warm-up {model.kind}", unit="epoch", file=sys.stderr):
         model.train()
         order = list(range(len(decisive)))
@@ -146,9 +178,7 @@ def train(model, train_states, dev_states, cfg: WarmupConfig, epochs: int, lr: f
             loss.backward()
             opt.step()
             total += float(loss.detach()) * len(idx)
-        dev_probs = torch.tensor(predict(model, dev_decisive, make_batch, with_tokens)).clamp(1e-6, 1 - 1e-6)
-        dev_loss = float(torch.nn.functional.binary_cross_entropy(
-            dev_probs, dev_labels, weight=torch.where(dev_labels > 0, dev_pos_weight, 1.0)))
+        dev_loss = dev_loss_now()
         log.append({"arbiter": model.kind, "epoch": epoch, "train_loss": total / len(decisive), "dev_loss": dev_loss})
         if dev_loss < best_loss:
             best_loss, best = dev_loss, copy.deepcopy(model.state_dict())
@@ -212,6 +242,9 @@ def main(argv: list[str] | None = None) -> None:
     results = {"config": {k: str(v) for k, v in asdict(cfg).items()}, "data": manifests,
                "train_states": len(train_states), "train_decisive": sum(s["label"] >= 0 for s in train_states),
                "train_keep_better": sum(s["label"] == 1 for s in train_states), "arbiters": {}}
+    if cfg.lora_from_features and comma_list(cfg.arbiters) != ["features", "lora"]:
+        sys.exit("--lora-from-features needs --arbiters features,lora")
+    trained = {}
     for kind in comma_list(cfg.arbiters):
         t0 = time.time()
         torch.manual_seed(cfg.seed)
@@ -222,11 +255,13 @@ def main(argv: list[str] | None = None) -> None:
         elif kind == "lora":
             model = LoraArbiter(load_draft_backbone(draft), cfg.lora_rank, cfg.lora_alpha, 0.0, cfg.head_hidden,
                                 cfg.head_layers, cfg.lora_context)
-            train(model, train_states, dev_states, cfg, cfg.lora_epochs, cfg.lora_lr, cfg.batch_size, True, log)
+            start = trained["features"].head if cfg.lora_from_features else None
+            train(model, train_states, dev_states, cfg, cfg.lora_epochs, cfg.lora_lr, cfg.batch_size, True, log, start)
             extra = model.export_args()
         else:
             sys.exit(f"unknown arbiter {kind!r}")
         wall = time.time() - t0
+        trained[kind] = model
         with_tokens = kind == "lora"
         dev_probs = predict(model, dev_states, make_batch, with_tokens)
         dev_decisive = [(p, s["label"]) for p, s in zip(dev_probs, dev_states) if s["label"] >= 0]
