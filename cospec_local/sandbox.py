@@ -196,7 +196,8 @@ def run_python(code: str, timeout: float = 5.0, memory_mb: int = 256, *, pass_co
     with open(os.path.join(root, "main.py"), "w", encoding="utf-8") as f:
         f.write(code)
     work = WORK if bwrap else root
-    cpu = math.ceil(timeout) + 1  # backstop for the wall-clock timeout
+    wall = timeout + (1.0 if bwrap else 0.0)  # namespace set-up takes a moment
+    cpu = math.ceil(wall) + 1  # backstop for the wall-clock timeout: it must never fire first
     results_read, results_write = os.pipe()
     boot = _BOOT if audit_hook else _BOOT.replace("sys.addaudithook(_hook)", "pass")
     argv = [os.path.realpath(sys.executable), "-I", "-S", "-c", boot,
@@ -228,7 +229,7 @@ def run_python(code: str, timeout: float = 5.0, memory_mb: int = 256, *, pass_co
             reader.start()
             timed_out = False
             try:
-                proc.wait(timeout=timeout + (1.0 if bwrap else 0.0))  # namespace set-up takes a moment
+                proc.wait(timeout=wall)
             except subprocess.TimeoutExpired:
                 timed_out = True
             try:
@@ -245,7 +246,9 @@ def run_python(code: str, timeout: float = 5.0, memory_mb: int = 256, *, pass_co
         if not reader.is_alive():  # (a reader still blocked keeps its descriptor: never close under it)
             os.close(results_read)
         shutil.rmtree(root, ignore_errors=True)
-    reason = "timeout" if timed_out else _reason(rc, stderr)
+    # bubblewrap exits with 128 + N when the program is killed by signal N
+    signalled = 128 - rc if bwrap is not None and rc > 128 else rc
+    reason = "timeout" if timed_out else _reason(signalled, stderr)
     return SandboxResult(passed=not timed_out and rc == pass_code, returncode=rc, stdout=stdout, stderr=stderr,
                          timed_out=timed_out, killed_reason=reason, elapsed=elapsed,
                          results=bytes(collected[:max_file_bytes]) if len(collected) <= max_file_bytes else None,

@@ -32,6 +32,14 @@ def test_infinite_loop_is_killed_within_timeout():
     assert r.timed_out and not r.passed and r.killed_reason == "timeout"
 
 
+def test_a_program_killed_by_a_signal_is_reported_by_it():
+    """Isolated, bubblewrap turns the program's death by signal N into exit status 128 + N."""
+    r = run_python("import signal\nsignal.raise_signal(signal.SIGXCPU)\n", timeout=5.0)
+    assert not r.passed and not r.timed_out and r.killed_reason == "cpu limit", r
+    r = run_python("import signal\nsignal.raise_signal(signal.SIGKILL)\n", timeout=5.0)
+    assert not r.passed and not r.timed_out and r.killed_reason == "signal SIGKILL", r
+
+
 def test_sleeping_program_is_killed_within_timeout():
     start = time.monotonic()
     r = run_python("import time\ntime.sleep(60)\n", timeout=1.0)
