@@ -9,9 +9,15 @@ per answer can recover; answers that need two or more kept tokens are not search
 
     python bench/arbiter_ceiling.py --records bench/demo_pair_eval/arith/records.jsonl --family arith
 
-With --records (an eval's records.jsonl on the same problems), the recoverable problems are set
-beside the runs there: the draft-only successes the bar counts, and what each run recovered.
-Accuracy only (no timing).
+With --arbiters, every state is also scored by each arbiter (from the generation's own callbacks,
+while the draft's cache holds the block's context): their ranking of the decisive states (AUC) and
+the one-keep policy (keep at the first state at or above the threshold, then never again), which
+on arith gives the real runs' recoveries and losses. With --records (an eval's records.jsonl on
+the same problems), the recoverable problems are set beside the runs there: the draft-only
+successes the recovery bar counts, what each run recovered, and the best any threshold of the
+one-keep policy does against that bar. Accuracy only (no timing).
+
+    python bench/arbiter_ceiling.py --family arith --split dev --first 600 --limit 1600 --arbiters demo-lora demo-features
 """
 from __future__ import annotations
 
