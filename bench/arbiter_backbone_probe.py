@@ -6,7 +6,15 @@ arbiters it trains are not exported (the engine runs an arbiter's LoRA on the dr
     python bench/arbiter_backbone_probe.py --train runs/policy-data-1 --dev runs/policy-data-1,runs/policy-data-2 \\
         --family arith demo-draft demo-target
 
-torch only (no engine); about 2 min for the demo draft and 12 min for the demo target on 2 cores.
+With --eval, the dev states only choose the epoch (as in the warm-up) and the AUC is measured on
+the states of each --eval file (e.g. held-out dev or test problems, written by
+bench/arbiter_ceiling.py --states):
+
+    python bench/arbiter_backbone_probe.py --train DATA --dev DATA --family arith,pyfunc --epochs 12 \\
+        --eval held-arith.jsonl,test-arith.jsonl --seeds 0,1,2 demo-draft demo-target
+
+torch only (no engine); about 2 min for the demo draft and 12 min for the demo target on 2 cores
+(6 epochs of arith states).
 """
 from __future__ import annotations
 
@@ -33,31 +41,45 @@ def main() -> None:
     ap.add_argument("backbones", nargs="+", help="named models or GGUF files")
     ap.add_argument("--train", required=True, help="collect folders whose train states are trained on")
     ap.add_argument("--dev", required=True, help="collect folders whose decisive dev states are scored")
-    ap.add_argument("--family", default="arith")
+    ap.add_argument("--family", default="arith", help="task families trained on and scored, comma-separated")
+    ap.add_argument("--eval", default="", help="state files (jsonl) to score instead of the dev states, comma-separated")
+    ap.add_argument("--seeds", default="0", help="warm-up seeds, comma-separated")
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
+    families = set(args.family.split(","))
+
     def states(folders: str, split: str) -> list[dict]:
         return [s for f in folders.split(",") for s in load_states(Path(f))
-                if s["family"] == args.family and s["split"] == split]
+                if s["family"] in families and s["split"] == split]
 
     train_states = states(args.train, "train")
     dev = [s for s in states(args.dev, "dev") if s["label"] >= 0]
-    labels = [s["label"] for s in dev]
-    cfg = WarmupConfig()
+    scored = {"dev": dev}
+    for path in filter(None, args.eval.split(",")):
+        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        scored[Path(path).stem] = [s for s in rows if s["family"] in families and s["label"] >= 0]
+    if args.eval:
+        del scored["dev"]  # the dev states chose the epoch: they are not a measurement then
     for name in args.backbones:
-        t0 = time.time()
-        torch.manual_seed(cfg.seed)
-        model = LoraArbiter(load_draft_backbone(resolve_model(name)), cfg.lora_rank, cfg.lora_alpha, 0.0,
-                            cfg.head_hidden, cfg.head_layers, cfg.lora_context)
-        train(model, train_states, dev, cfg, args.epochs, cfg.lora_lr, cfg.batch_size, True, [])
-        probs = predict(model, dev, make_batch, True)
-        net = max(sum(1 if y == 1 else -1 for p, y in zip(probs, labels) if p >= t) for t in set(probs))
-        print(json.dumps({"backbone": name, "train_states": len(train_states), "dev_states": len(dev),
-                          "keep_better": sum(labels), "auc": round(auc(probs, labels), 4), "best_net_keeps": net,
-                          "seconds": round(time.time() - t0)}), flush=True)
+        for seed in (int(x) for x in args.seeds.split(",")):
+            t0 = time.time()
+            cfg = WarmupConfig(seed=seed)
+            torch.manual_seed(cfg.seed)
+            model = LoraArbiter(load_draft_backbone(resolve_model(name)), cfg.lora_rank, cfg.lora_alpha, 0.0,
+                                cfg.head_hidden, cfg.head_layers, cfg.lora_context)
+            train(model, train_states, dev, cfg, args.epochs, cfg.lora_lr, cfg.batch_size, True, [])
+            result = {"backbone": name, "seed": seed, "train_states": len(train_states)}
+            for label, group in scored.items():
+                labels = [s["label"] for s in group]
+                probs = predict(model, group, make_batch, True)
+                net = max(sum(1 if y == 1 else -1 for p, y in zip(probs, labels) if p >= t) for t in set(probs))
+                result[label] = {"states": len(group), "keep_better": sum(labels), "auc": round(auc(probs, labels), 4),
+                                 "best_net_keeps": net}
+            result["seconds"] = round(time.time() - t0)
+            print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

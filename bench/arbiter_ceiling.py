@@ -54,13 +54,16 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--records", type=Path, default=None, help="an eval's records.jsonl on the same problems")
     ap.add_argument("--out", type=Path, default=None, help="write the per-problem oracle rows here (jsonl)")
+    ap.add_argument("--states", type=Path, default=None,
+                    help="write the decision states here too (jsonl, collect.py's format: for "
+                         "bench/arbiter_backbone_probe.py --eval)")
     ap.add_argument("--arbiters", nargs="*", default=[],
                     help="learned arbiters to score every state with: their ranking of the states, and the one-keep "
                          "policy (keep at the first state at or above the threshold, then never again)")
     args = ap.parse_args()
 
     problems = load_task(args.family, args.split, args.limit)[args.first:]
-    rows = []
+    rows, all_states = [], []
     with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=args.threads) as engine:
         arbiters = {name: engine.arbiter(name) for name in args.arbiters}
         scored: dict[tuple, dict] = {}
@@ -73,6 +76,7 @@ def main() -> None:
         for p in problems:
             scored.clear()
             summary, states = collector.problem(p, args.split)
+            all_states += states
             seq = []
             for s in states:
                 by_arbiter = scored[(tuple(s["context"]), tuple(s["draft"]))]
@@ -80,6 +84,8 @@ def main() -> None:
                             "p_keep": {name: float(v[s["position"]]) for name, v in by_arbiter.items()}})
             rows.append({"problem_id": p.id, "target_correct": summary["correct"], "states": seq})
         thresholds = {name: a.threshold for name, a in arbiters.items()}
+    if args.states:
+        args.states.write_text("".join(json.dumps(s) + "\n" for s in all_states))
     if args.out:
         args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
