@@ -27,13 +27,7 @@ import torch
 
 from cospec_local.models import resolve_model
 from cospec_local.train.arbiter_model import LoraArbiter, load_draft_backbone, make_batch
-from cospec_local.train.warmup import WarmupConfig, load_states, predict, train
-
-
-def auc(probs: list[float], labels: list[int]) -> float:
-    pos = [p for p, y in zip(probs, labels) if y == 1]
-    neg = [p for p, y in zip(probs, labels) if y == 0]
-    return sum((a > b) + 0.5 * (a == b) for a in pos for b in neg) / (len(pos) * len(neg))
+from cospec_local.train.warmup import WarmupConfig, load_states, predict, ranking_auc, train
 
 
 def main() -> None:
@@ -76,7 +70,7 @@ def main() -> None:
                 labels = [s["label"] for s in group]
                 probs = predict(model, group, make_batch, True)
                 net = max(sum(1 if y == 1 else -1 for p, y in zip(probs, labels) if p >= t) for t in set(probs))
-                result[label] = {"states": len(group), "keep_better": sum(labels), "auc": round(auc(probs, labels), 4),
+                result[label] = {"states": len(group), "keep_better": sum(labels), "auc": round(ranking_auc(probs, labels), 4),
                                  "best_net_keeps": net}
             result["seconds"] = round(time.time() - t0)
             print(json.dumps(result), flush=True)

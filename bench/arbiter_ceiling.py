@@ -30,6 +30,7 @@ from cospec_local.engine import Engine
 from cospec_local.params import GenerationParams
 from cospec_local.tasks import load_task
 from cospec_local.train.collect import MAX_TOKENS, Collector
+from cospec_local.train.warmup import ranking_auc
 
 
 def one_keep(rows: list[dict], name: str, threshold: float) -> tuple[set, set]:
@@ -100,13 +101,13 @@ def main() -> None:
 
     # Each arbiter on these states. Decisive: keeping and rejecting end differently.
     for name in args.arbiters:
-        decisive = [(s["p_keep"][name], s["keep_correct"]) for r in rows for s in r["states"]
+        decisive = [(s["p_keep"][name], int(s["keep_correct"])) for r in rows for s in r["states"]
                     if s["keep_correct"] != r["target_correct"]]
-        pos = [p for p, keep_better in decisive if keep_better]
-        neg = [p for p, keep_better in decisive if not keep_better]
-        auc = sum((a > b) + 0.5 * (a == b) for a in pos for b in neg) / max(1, len(pos) * len(neg))
+        probs, labels = [p for p, _ in decisive], [y for _, y in decisive]
+        n_keep_better = sum(labels)
+        auc = ranking_auc(probs, labels)
         recovered, lost = one_keep(rows, name, thresholds[name])
-        print(f"{name} (threshold {thresholds[name]:.3f}): {len(pos)} keep-better and {len(neg)} reject-better "
+        print(f"{name} (threshold {thresholds[name]:.3f}): {n_keep_better} keep-better and {len(labels) - n_keep_better} reject-better "
               f"states, AUC {auc:.3f}; keeping once at the threshold recovers {len(recovered)} and loses {len(lost)} "
               f"(accuracy {(len(right) + len(recovered) - len(lost)) / len(rows):.1%})")
 

@@ -86,6 +86,14 @@ def choose_threshold(probs: list[float], labels: list[int], floor: float) -> flo
     return float(best)
 
 
+def ranking_auc(probs: list[float], labels: list[int]) -> float:
+    """How well P(keep) ranks keep-better states (label 1) above reject-better ones (label 0):
+    the share of such pairs in the right order, ties counting half (0.5 = no better than chance)."""
+    pos = [p for p, y in zip(probs, labels) if y == 1]
+    neg = [p for p, y in zip(probs, labels) if y == 0]
+    return sum((a > b) + 0.5 * (a == b) for a in pos for b in neg) / max(1, len(pos) * len(neg))
+
+
 def report(probs_all: list[float], states: list[dict], threshold: float) -> dict:
     keep = [p >= threshold for p in probs_all]
     decisive = [(k, s["label"]) for k, s in zip(keep, states) if s["label"] >= 0]
@@ -112,8 +120,8 @@ def predict(model, states, make_batch, with_tokens: bool, batch_size: int = 64) 
 
 def start_from_features(head, features_head) -> None:
     """Give a LoRA arbiter's head (inputs: h(d_i), h(t_i), features) the features arbiter's
-    function: its layers on the feature columns, zeros on the hidden-state columns. Both heads
-    standardise from the same training states, so the feature columns' scales agree."""
+    function: its layers on the feature columns, zeros on the hidden-state columns. The first
+    layer's weights and bias absorb any difference between the two heads' input standardisations."""
     import torch
 
     n = features_head.in_mean.numel()
