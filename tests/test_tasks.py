@@ -97,6 +97,25 @@ def test_arith_solutions_are_correct_chains(diff):
             assert all(int(n) <= 9 for n in re.findall(r"\d+", p.prompt))
 
 
+def test_arith_sub_weight_is_optional_and_shifts_the_operations():
+    """sub_weight, not given, leaves every existing problem (ids included) as it was; given, it
+    raises the share of subtraction steps."""
+    task = TASKS["arith"]
+    assert task.difficulty(None) == {"steps": 3, "digits": 2}  # not in the tag unless set
+    plain = task.generate("train", 300)
+    heavy = task.generate("train", 300, {"sub_weight": 8})
+    assert plain == task.generate("train", 300, {})
+
+    def share(problems):
+        ops = [_STEP.match(line).group(2) for p in problems for line in p.solution.splitlines()[:-1]]
+        return ops.count("-") / len(ops)
+
+    assert share(plain) < 0.3 < 0.55 < share(heavy)
+    assert all(split_of(task.split_key(p)) == "train" for p in heavy)
+    with pytest.raises(ValueError):
+        task.generate("train", 5, {"sub_weight": -1})
+
+
 def test_arith_scorer_accepts_solutions_and_rejects_near_misses():
     task = TASKS["arith"]
     problems = task.generate("train", 200)

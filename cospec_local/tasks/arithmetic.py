@@ -2,7 +2,9 @@
 
 The solution has one worked step per line, e.g. `Tom buys 5 more apples: 3 + 5 = 8`, and ends with
 `#### 8`. All quantities are non-negative integers and divisions are exact. Difficulty: `steps`
-(operations after the starting amount, 2-4 typical) and `digits` (largest operand width).
+(operations after the starting amount, 2-4 typical) and `digits` (largest operand width); optionally `sub_weight`, how often a step is a subtraction
+(each step is add 2 : sub 1 : mul 1 : div 1 by default; a training mix can give one model more
+practice at subtracting).
 """
 from __future__ import annotations
 
@@ -16,10 +18,10 @@ OBJECTS = ("apples", "marbles", "stickers", "pencils", "cookies", "stamps", "coi
            "cards", "beads", "eggs", "candles", "buttons", "plums")
 
 
-def _op(rng: random.Random, v: int, hi: int, who: str, other: str, obj: str):
+def _op(rng: random.Random, v: int, hi: int, who: str, other: str, obj: str, sub_weight: int = 1):
     """One step applied to the current amount v -> (question sentence, solution line, new value)."""
     divisors = [k for k in range(2, 10) if v % k == 0 and v > 0]
-    kinds = ["add", "add", "sub", "mul"] + (["div"] if divisors else [])
+    kinds = ["add", "add"] + ["sub"] * sub_weight + ["mul"] + (["div"] if divisors else [])
     if v == 0:
         kinds = ["add"]
     kind = rng.choice(kinds)
@@ -45,17 +47,19 @@ def _op(rng: random.Random, v: int, hi: int, who: str, other: str, obj: str):
 class Arithmetic(TaskFamily):
     name = "arith"
     default_difficulty = {"steps": 3, "digits": 2}
+    optional_difficulty = frozenset({"sub_weight"})
 
     def make(self, rng: random.Random, difficulty: dict) -> Problem:
         steps, hi = int(difficulty["steps"]), 10 ** int(difficulty["digits"]) - 1
-        if steps < 1 or hi < 1:
-            raise ValueError(f"arith: steps and digits must be at least 1, not {difficulty}")
+        sub_weight = int(difficulty.get("sub_weight", 1))
+        if steps < 1 or hi < 1 or sub_weight < 0:
+            raise ValueError(f"arith: steps and digits must be at least 1 and sub_weight at least 0, not {difficulty}")
         who, other = rng.sample(NAMES, 2)
         obj = rng.choice(OBJECTS)
         v = rng.randint(1, hi)
         sentences, lines = [f"{who} has {v} {obj}."], []
         for _ in range(steps):
-            q, line, v = _op(rng, v, hi, who, other, obj)
+            q, line, v = _op(rng, v, hi, who, other, obj, sub_weight)
             sentences.append(q)
             lines.append(line)
         sentences.append(f"How many {obj} does {who} have now?")

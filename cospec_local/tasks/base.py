@@ -46,6 +46,9 @@ class TaskFamily:
 
     name: str = ""
     default_difficulty: dict = {}
+    # Keys a caller may set that stay out of the difficulty (and so out of the problems' random
+    # stream and ids) unless set: adding one never changes an existing split.
+    optional_difficulty: frozenset = frozenset()
 
     def make(self, rng: random.Random, difficulty: dict) -> Problem:
         raise NotImplementedError
@@ -57,7 +60,7 @@ class TaskFamily:
         return problem.prompt
 
     def difficulty(self, difficulty: dict | None) -> dict:
-        unknown = set(difficulty or {}) - set(self.default_difficulty)
+        unknown = set(difficulty or {}) - set(self.default_difficulty) - self.optional_difficulty
         if unknown:
             raise ValueError(f"{self.name}: unknown difficulty keys {sorted(unknown)}")
         return {**self.default_difficulty, **(difficulty or {})}

@@ -315,6 +315,8 @@ class RunConfig:
     stop_acc: float | None
     eval_points: int
     patience: int
+    init: str | None = None  # a checkpoint folder to continue training from, instead of a fresh model
+    bf16: bool = True  # bf16 autocast (fp32 master weights); off on CPUs without native bf16
 
 
 @dataclass
@@ -342,7 +344,15 @@ def train_one(rc: RunConfig, data: Dataset, sp, dev, out_dir: Path, tok_path: Pa
 
     vocab = sp.vocab_size()
     log = RunLog(config={**asdict(rc), "arch": asdict(rc.arch)})
-    model = make_model(rc.arch, vocab, rc.seed)
+    if rc.init:
+        from transformers import LlamaForCausalLM
+
+        model = LlamaForCausalLM.from_pretrained(rc.init, dtype=torch.float32)
+        model.config._attn_implementation = "eager"
+        if model.config.vocab_size != vocab:
+            raise SystemExit(f"{rc.init}: vocabulary {model.config.vocab_size}, the tokenizer's {vocab}")
+    else:
+        model = make_model(rc.arch, vocab, rc.seed)
     log.params = sum(p.numel() for p in model.parameters())
     log.params_non_embedding = log.params - sum(p.numel() for n, p in model.named_parameters()
                                                  if "embed_tokens" in n or "lm_head" in n)
@@ -358,7 +368,7 @@ def train_one(rc: RunConfig, data: Dataset, sp, dev, out_dir: Path, tok_path: Pa
         for g in opt.param_groups:
             g["lr"] = lr
         x, mask, labels = collate(data, index, torch)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=rc.bf16):
             loss = model(input_ids=x, attention_mask=mask, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -520,9 +530,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--draft-arch", default="", help="overrides, e.g. 'dim=128,layers=2,heads=4,kv_heads=2,ffn=256'")
     ap.add_argument("--target-mix", default="arith=0.91,pyfunc=0.09", help="training mix, e.g. 'arith=0.9,pyfunc=0.1'")
     ap.add_argument("--draft-mix", default="arith=0.7,pyfunc=0.3")
+    ap.add_argument("--init-target", type=Path, help="continue training this checkpoint folder instead of a fresh model")
+    ap.add_argument("--init-draft", type=Path, help="the same for the draft (e.g. to give it more practice at one skill)")
     ap.add_argument("--lr-target", type=float, default=1e-3)
     ap.add_argument("--lr-draft", type=float, default=2e-3)
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--no-bf16", dest="bf16", action="store_false",
+                    help="train in float32: on CPUs without native bf16 (AVX2 only) bf16 autocast runs several "
+                         "times slower")
     ap.add_argument("--stop-acc-target", type=float, help="stop once the dev accuracy reaches this fraction")
     ap.add_argument("--stop-acc-draft", type=float)
     ap.add_argument("--draft-gap", type=float,
@@ -608,6 +623,12 @@ def main(argv: list[str] | None = None) -> None:
                   f"(target {target_acc:.0%} - {args.draft_gap:.0%})", flush=True)
         t0 = time.time()
         arch = Arch.parse(getattr(args, f"{name}_arch"), TARGET_ARCH if name == "target" else DRAFT_ARCH)
+        init = getattr(args, f"init_{name}")
+        if init is not None:
+            cfg = json.loads((init / "config.json").read_text())
+            arch = Arch(dim=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=cfg["num_attention_heads"],
+                        kv_heads=cfg["num_key_value_heads"], ffn=cfg["intermediate_size"],
+                        max_len=cfg["max_position_embeddings"])
         key = (tuple(i.label for i in mixes[name]), tuple(i.weight for i in mixes[name]), arch.max_len)
         if key not in datasets:  # the two models share the pool when their mixes are the same
             datasets[key] = build_dataset(sp, problems_for(mixes[name], "train", args.train_problems), arch.max_len)
@@ -617,7 +638,7 @@ def main(argv: list[str] | None = None) -> None:
                        batch=args.batch_size, minutes=getattr(args, f"minutes_{name}"),
                        steps=getattr(args, f"steps_{name}"), seed=args.seed + (1 if name == "draft" else 0),
                        stop_acc=stop_acc, eval_points=args.eval_points,
-                       patience=args.patience)
+                       patience=args.patience, init=str(init) if init is not None else None, bf16=args.bf16)
         data_s = time.time() - t0
 
         def save_run_log(log: RunLog, name=name, data_s=data_s):
