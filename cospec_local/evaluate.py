@@ -204,6 +204,9 @@ def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], s
              title: str = "eval", progress: Callable[[Iterable], Iterable] | None = None) -> dict:
     params = params or GenerationParams(max_tokens=256)
     labels = [r.label for r in runs]
+    for run in runs:  # an arbiter that cannot run here (e.g. made for another draft) fails before any record
+        if run.arbiter is not None:
+            engine.arbiter(run.arbiter, threshold=params.arbiter_threshold, head=params.arbiter_head)
     records: dict[tuple[str, str], Record] = {}
     log = None
     if out_dir is not None:

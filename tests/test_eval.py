@@ -140,3 +140,20 @@ def test_a_run_with_the_auto_arbiter_records_the_arbiter_that_ran(target_path):
     assert run.arbiter == "demo-lora" and arbiter_identity(run.arbiter)["name"] == "demo-lora"
     (run,) = parse_runs("speculative:auto", target_path)  # no bundled arbiter for this draft: lossless
     assert run.arbiter == "target" and arbiter_identity(run.arbiter) == {"name": "target", "kind": "builtin"}
+
+
+def test_an_arbiter_for_another_draft_fails_before_any_record(target_path, draft_paths, tmp_path):
+    """The bundled demo arbiter on SmolLM2's pair is refused up front: no record of the runs
+    before it is written, so the folder does not hold a half run under a config nobody can rerun."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "cospec_local.cli", "eval", "-m", str(target_path), "-md",
+           str(draft_paths["disagreeing"]), "--task", "arith", "--limit", "2", "-n", "16",
+           "--runs", "target-only,sps,cospec:demo-features", "--out", str(out)]
+    failed = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert failed.returncode != 0 and "made for another draft model" in failed.stderr
+    assert not (out / "records.jsonl").exists() or not (out / "records.jsonl").read_text()
+    # The same folder then takes the runs that can run here.
+    cmd[cmd.index("--runs") + 1] = "target-only,sps"
+    ok = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert ok.returncode == 0, ok.stderr
+    assert len((out / "records.jsonl").read_text().splitlines()) == 4
