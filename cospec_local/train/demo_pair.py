@@ -27,7 +27,10 @@ in different proportions for the two models; a pyfunc question may repeat with n
 its question space being a few thousand per split); the dev accuracy is greedy decoding in torch (fp32) on the first
 `--dev-problems` dev problems of the default difficulty, scored by the family scorer.
 AdamW (betas 0.9/0.95, weight decay 0.1 on matrices), linear warm-up then cosine decay to 10%,
-bf16 autocast on CPU (fp32 master weights), batch 32, sequences grouped by length. The number
+bf16 autocast on CPU (fp32 master weights; `--no-bf16` trains in float32, 12x faster on CPUs
+without native bf16), batch 32, sequences grouped by length. `--init-draft DIR` (or
+`--init-target`) continues a checkpoint instead of starting fresh, e.g. on a mix that gives the
+draft more practice at one skill (`arith/sub_weight=20`: the published draft's last step). The number
 of optimizer steps is fixed before training: a short calibration (a few timed steps and one
 timed dev evaluation, then the model is rebuilt from its seed) turns the `--minutes-*` budget
 into steps, which the log records; `--steps-target/--steps-draft` replay a run exactly on the
