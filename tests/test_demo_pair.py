@@ -42,15 +42,10 @@ def _config(role: str) -> dict:
     return json.loads((demo_checkpoint(role) / "config.json").read_text())
 
 
-def _arch(cfg: dict) -> Arch:
-    return Arch(dim=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=cfg["num_attention_heads"],
-                kv_heads=cfg["num_key_value_heads"], ffn=cfg["intermediate_size"], max_len=cfg["max_position_embeddings"])
-
-
 def test_draft_costs_at_most_an_eighth_of_the_target():
     t, d = _config("target"), _config("draft")
     assert t["vocab_size"] == d["vocab_size"]
-    ratio = per_token_flops(_arch(d), d["vocab_size"]) / per_token_flops(_arch(t), t["vocab_size"])
+    ratio = per_token_flops(Arch.from_config(d), d["vocab_size"]) / per_token_flops(Arch.from_config(t), t["vocab_size"])
     assert ratio <= 1 / 8, ratio
 
 

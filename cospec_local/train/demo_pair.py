@@ -93,6 +93,13 @@ class Arch:
     max_len: int = 512
 
     @classmethod
+    def from_config(cls, cfg: dict) -> "Arch":
+        """The architecture of a checkpoint's config.json (Hugging Face Llama keys)."""
+        return cls(dim=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=cfg["num_attention_heads"],
+                   kv_heads=cfg["num_key_value_heads"], ffn=cfg["intermediate_size"],
+                   max_len=cfg["max_position_embeddings"])
+
+    @classmethod
     def parse(cls, text: str, base: "Arch") -> "Arch":
         """'dim=256,layers=4,heads=8,kv_heads=4,ffn=768' (keys not given keep `base`'s values)."""
         values = asdict(base)
@@ -628,10 +635,7 @@ def main(argv: list[str] | None = None) -> None:
         arch = Arch.parse(getattr(args, f"{name}_arch"), TARGET_ARCH if name == "target" else DRAFT_ARCH)
         init = getattr(args, f"init_{name}")
         if init is not None:
-            cfg = json.loads((init / "config.json").read_text())
-            arch = Arch(dim=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=cfg["num_attention_heads"],
-                        kv_heads=cfg["num_key_value_heads"], ffn=cfg["intermediate_size"],
-                        max_len=cfg["max_position_embeddings"])
+            arch = Arch.from_config(json.loads((init / "config.json").read_text()))
         key = (tuple(i.label for i in mixes[name]), tuple(i.weight for i in mixes[name]), arch.max_len)
         if key not in datasets:  # the two models share the pool when their mixes are the same
             datasets[key] = build_dataset(sp, problems_for(mixes[name], "train", args.train_problems), arch.max_len)
