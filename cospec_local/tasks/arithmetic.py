@@ -2,9 +2,9 @@
 
 The solution has one worked step per line, e.g. `Tom buys 5 more apples: 3 + 5 = 8`, and ends with
 `#### 8`. All quantities are non-negative integers and divisions are exact. Difficulty: `steps`
-(operations after the starting amount, 2-4 typical) and `digits` (largest operand width); optionally `sub_weight`, how often a step is a subtraction
-(each step is add 2 : sub 1 : mul 1 : div 1 by default; a training mix can give one model more
-practice at subtracting).
+(operations after the starting amount, 2-4 typical) and `digits` (largest operand width); and,
+only when set, `sub_weight`: how often a step subtracts (each step is add 2 : sub 1 : mul 1 :
+div 1 by default), so that a training mix can give one model more practice at subtracting.
 """
 from __future__ import annotations
 
