@@ -105,6 +105,8 @@ def test_arith_sub_weight_is_optional_and_shifts_the_operations():
     plain = task.generate("train", 300)
     heavy = task.generate("train", 300, {"sub_weight": 8})
     assert plain == task.generate("train", 300, {})
+    # the first test problem keeps the id its eval records carry (bench/demo_pair_eval) from before the key existed
+    assert task.generate("test", 1)[0].id == "arith-test-00000-d1f9f058"
 
     def share(problems):
         ops = [_STEP.match(line).group(2) for p in problems for line in p.solution.splitlines()[:-1]]
