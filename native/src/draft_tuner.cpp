@@ -27,15 +27,22 @@ void draft_tuner::observe_block(int32_t kd, int32_t accepted, bool rejected) {
     rej_sum = DECAY * rej_sum + (rejected ? 1.0 : 0.0);
 }
 
-void draft_tuner::observe_draft_step(double ms) {
-    if (!fixed_costs) {
-        t_draft = ema(t_draft, ms);
+void draft_tuner::observe_draft(double first_ms, double step_ms, int32_t n_steps) {
+    if (fixed_costs) {
+        return;
+    }
+    if (first_ms >= 0.0) {
+        t_draft_first = ema(t_draft_first, first_ms);
+    }
+    if (n_steps > 0) {
+        t_draft = ema(t_draft, step_ms);
     }
 }
 
 void draft_tuner::use_fixed_costs(double draft_cost, double verify_marginal) {
     fixed_costs = true;
     t_draft = std::max(draft_cost, 1e-3);
+    t_draft_first = t_draft;
     for (int32_t n = 1; n <= MAX_BATCH; ++n) {
         t_verify[n] = 1.0 + (n - 1) * verify_marginal;
     }
@@ -80,9 +87,10 @@ int32_t draft_tuner::choose(int32_t k_max) {
     if (t_verify[1] <= 0.0) {
         return last_k = 0;
     }
-    if (t_draft <= 0.0) {
-        return last_k = k_max;
+    if (t_draft_first <= 0.0) {
+        return last_k = k_max; // a full block measures the draft's costs
     }
+    const double t_step = t_draft > 0.0 ? t_draft : t_draft_first; // K = 1 blocks time no later step
     if (plain_probe_left > 0) {
         plain_probe_left -= 1;
         return last_k = 0;
@@ -94,12 +102,16 @@ int32_t draft_tuner::choose(int32_t k_max) {
     // margin over plain steps; near break-even, noise in the timings would
     // otherwise flip between the two at a loss. A fixed cost model is the
     // caller's and is taken as it is.
-    double best_rate = (fixed_costs ? 1.0 : MIN_GAIN) / verify_cost(1);
+    // A change of length pays a graph rebuild: the lengths stick unless another
+    // promises more than that (in the units of the costs: a target step).
+    const double one_step = verify_cost(1);
+    const auto switching = [&](int32_t k) { return k == last_k ? 0.0 : SWITCH_COST * one_step; };
+    double best_rate = (fixed_costs ? 1.0 : MIN_GAIN) / (one_step + switching(0));
     double tokens = 1.0, a_pow = 1.0;
     for (int32_t k = 1; k <= k_max; ++k) {
         a_pow *= a;
         tokens += a_pow; // 1 + a + ... + a^k
-        const double rate = tokens / (k * t_draft + verify_cost(k + 1));
+        const double rate = tokens / (t_draft_first + (k - 1) * t_step + verify_cost(k + 1) + switching(k));
         if (rate > best_rate) {
             best_rate = rate;
             best = k;

@@ -1,7 +1,13 @@
 // Adaptive draft length: choose K for the next block from online estimates of
 // the draft's acceptance rate and of the measured costs, maximising expected
 // tokens per unit time (Leviathan et al.'s model with a measured verify cost):
-//   E[tokens](K) = (1 - a^(K+1)) / (1 - a),  time(K) = K * t_draft + t_verify(K + 1).
+//   E[tokens](K) = (1 - a^(K+1)) / (1 - a),
+//   time(K) = t_first + (K - 1) * t_draft + t_verify(K + 1) [+ switch cost if K changes].
+// t_first, the block's first draft call, also catches the draft up on the
+// tokens the last block settled: with tiny models it costs far more than a
+// later draft step, and averaging the two made short blocks look cheaper than
+// they are (each short block then measured a dearer average: a trap that kept
+// the tuner at short blocks and plain steps while fixed K = 5-8 ran 5% faster).
 // On a CPU verifying K+1 tokens costs almost K+1 steps, so with a weak draft the
 // best K is often 0 (plain target decoding); a strong draft gets long blocks.
 #pragma once
@@ -19,11 +25,13 @@ class draft_tuner {
     // step, for the fixed cost model: measured v(K) on 2-core CPUs lies
     // between 1 + 0.15 K (Gemma 3 270M) and 1 + 0.39 K (SmolLM2-135M).
     static constexpr double FIXED_VERIFY_MARGINAL = COSPEC_DEFAULT_VERIFY_COST;
-    // Acceptance prior (decayed counts, a = 8/9) of a call whose arbiter keeps
-    // mismatches: from a = 0.5 each short answer began at K = 1-2. demo-lora is
-    // trained on the blocks it gives. Other calls keep a = 0.5, which costs less
-    // on a pair that rarely agrees (bench/RESULTS.md).
-    static constexpr double KEEPING_PRIOR_ACCEPTED = 8.0;
+    // Acceptance prior (decayed counts, a = 24/25) of a call whose arbiter keeps
+    // mismatches: from a = 0.5 each short answer began at K = 1-2, and from
+    // 8/9 at K = 5, where the switching cost then held it although the demo
+    // pair accepts 99% of the tokens of a block that does not reach its
+    // answer's end; 24/25 starts at K = 8. Other calls keep a = 0.5, which
+    // costs less on a pair that rarely agrees (bench/RESULTS.md).
+    static constexpr double KEEPING_PRIOR_ACCEPTED = 24.0;
     static constexpr double KEEPING_PRIOR_REJECTED = 1.0;
 
     // Draft length for the next block, in [0, k_max].
@@ -31,7 +39,9 @@ class draft_tuner {
     // A block drafted kd tokens, `accepted` of them reached the output, and
     // `rejected` tells whether a draft token was refused.
     void observe_block(int32_t kd, int32_t accepted, bool rejected);
-    void observe_draft_step(double ms);
+    // A block's draft calls: the first one (with the catch-up) and the mean of
+    // the later single-token steps (n_steps of them; 0: none were taken).
+    void observe_draft(double first_ms, double step_ms, int32_t n_steps);
     void observe_verify(int32_t n_tokens, double ms);
     // Use a fixed cost model instead of measured times, so that the chosen
     // lengths depend on acceptance counts alone: a draft step costs
@@ -49,7 +59,8 @@ class draft_tuner {
 
     double acc_sum = 1.0; // decayed counts of accepted draft tokens and of rejections
     double rej_sum = 1.0; // (prior: a = 0.5)
-    double t_draft = -1.0;
+    double t_draft = -1.0;       // a draft step after the block's first
+    double t_draft_first = -1.0; // the block's first draft call, catch-up included
     double t_verify[MAX_BATCH + 1] = {};
     int64_t since_explore = 0;          // blocks since the last exploring one
     int64_t explore_every = EXPLORE_MIN; // blocks between exploring ones
@@ -66,6 +77,12 @@ class draft_tuner {
     // step's cost is two plain steps: the first after a block is not a fair
     // sample (see generate.cpp).
     static constexpr int64_t EXPLORE_MIN = 16;
+    // A block of another length than the last step's costs llama.cpp a graph
+    // rebuild for the target's verify (and for the plain step after it), in
+    // target steps; measured with the demo pair on a 2-core CPU: 0.2-0.4 (a
+    // GPU build's graph capture costs more). Without it a tuner that changed K
+    // every few blocks paid ~0.2 ms a block more than fixed K (bench/RESULTS.md).
+    static constexpr double SWITCH_COST = 0.3;
     static constexpr int64_t EXPLORE_MAX = 128;
 };
 

@@ -409,16 +409,16 @@ class generation {
         // seen: after a block that is the bonus or fallback token (and the last
         // drafted one), after plain steps every token since. A long catch-up
         // is not a draft step, so the tuner is not told its time.
-        double t_steps_from = st.t_draft_ms;
+        const double t_first_from = st.t_draft_ms;
         size_t n_reused = 0;
         if (const int32_t status = sync(e.draft, n_past + 1, true, st.t_draft_ms, &n_reused); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
-        int32_t n_steps = 1; // draft decodes the tuner is told of
-        if (n_past + 1 - n_reused > 2) {
-            t_steps_from = st.t_draft_ms;
-            n_steps = 0;
-        }
+        // A block's first call (its catch-up: the bonus or fallback token, and
+        // the last drafted one) is timed apart from the later steps.
+        const double t_first = n_past + 1 - n_reused > 2 ? -1.0 : st.t_draft_ms - t_first_from;
+        const double t_steps_from = st.t_draft_ms;
+        int32_t n_steps = 0; // single-token draft steps after the first call
         const int32_t nv = e.draft.n_vocab;
         if (keep_draft_logits) {
             draft_logits.resize((size_t) k * nv);
@@ -462,9 +462,7 @@ class generation {
             e.draft.cached.push_back(d);
             n_steps += 1;
         }
-        if (n_steps > 0) {
-            tuner->observe_draft_step((st.t_draft_ms - t_steps_from) / n_steps);
-        }
+        tuner->observe_draft(t_first, n_steps > 0 ? (st.t_draft_ms - t_steps_from) / n_steps : 0.0, n_steps);
         return COSPEC_OK;
     }
 

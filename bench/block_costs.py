@@ -1,0 +1,62 @@
+"""Where a speculative block's time goes, adaptive lengths against fixed K, on one task family.
+
+    python bench/block_costs.py --task pyfunc --limit 150 --repeat 2 -t 2
+
+Runs target-only, sps (adaptive, K = 8, K = 5) and demo-lora (adaptive, K = 8) on the demo pair,
+interleaved problem by problem, and prints each run's speed against target-only and, per block in
+target steps, the time inside the draft's and the target's llama_decode calls, sampling, and the
+rest.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+
+from cospec_local import Engine
+from cospec_local.tasks import FAMILY_STOPS, load_task
+
+RUNS = [("target-only", dict(mode="target-only")),
+        ("sps adaptive", dict(arbiter="target", adaptive_draft=True, draft_max=8)),
+        ("sps K=8", dict(arbiter="target", adaptive_draft=False, draft_max=8)),
+        ("sps K=5", dict(arbiter="target", adaptive_draft=False, draft_max=5)),
+        ("lora adaptive", dict(arbiter="demo-lora", adaptive_draft=True, draft_max=8)),
+        ("lora K=8", dict(arbiter="demo-lora", adaptive_draft=False, draft_max=8))]
+STATS = ("t_generate_ms", "t_draft_ms", "t_verify_ms", "t_sample_ms", "n_blocks", "n_plain", "n_generated",
+         "n_drafted", "n_accepted", "n_kept")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--task", default="pyfunc")
+    ap.add_argument("--limit", type=int, default=150, help="Test problems.")
+    ap.add_argument("--repeat", type=int, default=2, help="Passes over the problems.")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    args = ap.parse_args()
+    engine = Engine.open_default(n_threads=args.threads)
+    problems = load_task(args.task, "test", args.limit)
+    totals = {name: collections.Counter() for name, _ in RUNS}
+    for _ in range(args.repeat):
+        for problem in problems:
+            for name, settings in RUNS:
+                stats = engine.generate(problem.prompt, max_tokens=256, stop=tuple(FAMILY_STOPS.get(args.task, ())),
+                                        **settings).stats
+                for key in STATS:
+                    totals[name][key] += getattr(stats, key)
+    step = totals["target-only"]["t_generate_ms"] / totals["target-only"]["n_generated"]
+    print(f"{args.task}, {len(problems)} test problems x {args.repeat}; a target step: {step:.3f} ms")
+    print("| run | speed-up | blocks | plain steps | drafted / block | reached the output / block "
+          "| per block, in target steps: draft | verify | sampling | rest |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, t in totals.items():
+        if name == "target-only":
+            continue
+        blocks = max(1, t["n_blocks"])
+        rest = t["t_generate_ms"] - t["t_draft_ms"] - t["t_verify_ms"] - t["t_sample_ms"]
+        per_block = [x / blocks / step for x in (t["t_draft_ms"], t["t_verify_ms"], t["t_sample_ms"], rest)]
+        print(f"| {name} | {step / (t['t_generate_ms'] / t['n_generated']):.3f}x | {t['n_blocks']} | {t['n_plain']} "
+              f"| {t['n_drafted'] / blocks:.2f} | {(t['n_accepted'] + t['n_kept']) / blocks:.2f} | "
+              + " | ".join(f"{x:.2f}" for x in per_block) + " |")
+
+
+if __name__ == "__main__":
+    main()
