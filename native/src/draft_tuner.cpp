@@ -45,7 +45,9 @@ void draft_tuner::use_fixed_costs(double draft_cost, double verify_marginal) {
     t_draft_first = t_draft;
     for (int32_t n = 1; n <= MAX_BATCH; ++n) {
         t_verify[n] = 1.0 + (n - 1) * verify_marginal;
+        verify_fair[n] = true; // the model's costs are the caller's, nothing to time
     }
+    block_timed_fairly = true;
 }
 
 void draft_tuner::set_acceptance_prior(double accepted, double rejected) {
@@ -53,10 +55,23 @@ void draft_tuner::set_acceptance_prior(double accepted, double rejected) {
     rej_sum = std::max(rejected, 1e-3);
 }
 
-void draft_tuner::observe_verify(int32_t n_tokens, double ms) {
-    if (!fixed_costs && n_tokens >= 1 && n_tokens <= MAX_BATCH) {
-        t_verify[n_tokens] = ema(t_verify[n_tokens], ms);
+void draft_tuner::observe_verify(int32_t n_tokens, double ms, bool fair) {
+    if (fixed_costs || n_tokens < 1 || n_tokens > MAX_BATCH) {
+        return;
     }
+    // An unfair sample (a rebuild included) only fills a gap; the first fair
+    // one replaces it. Averaged in, it kept the demo pair's first block (2.1 ms
+    // against 1.6) in the estimate for hundreds of steps of plain decoding,
+    // whose rare exploring blocks, after plain steps, were never fair.
+    if (!fair) {
+        if (t_verify[n_tokens] <= 0.0) {
+            t_verify[n_tokens] = ms;
+        }
+        return;
+    }
+    t_verify[n_tokens] = verify_fair[n_tokens] ? ema(t_verify[n_tokens], ms) : ms;
+    verify_fair[n_tokens] = true;
+    block_timed_fairly = block_timed_fairly || n_tokens > 1;
 }
 
 // Measured cost of verifying n tokens, interpolated between measured batch
@@ -83,20 +98,26 @@ int32_t draft_tuner::choose(int32_t k_max) {
     if (k_max == 0) {
         return 0;
     }
-    // Measure the three quantities first: a plain step, then a full block.
-    if (t_verify[1] <= 0.0) {
+    // Measure the three quantities first, fairly: plain steps until one follows
+    // another, then full blocks until one follows another.
+    if (!verify_fair[1]) {
         return last_k = 0;
     }
-    if (t_draft_first <= 0.0) {
-        return last_k = k_max; // a full block measures the draft's costs
+    if (t_draft_first <= 0.0 || !block_timed_fairly) {
+        return last_k = k_max; // (blocks cut short, by --draft-p-min say, are timed at their size)
     }
     const double t_step = t_draft > 0.0 ? t_draft : t_draft_first; // K = 1 blocks time no later step
     if (plain_probe_left > 0) {
         plain_probe_left -= 1;
         return last_k = 0;
     }
+    if (explore_left > 0) {
+        explore_left -= 1;
+        return last_k = std::min(last_k, k_max);
+    }
     const double a = std::min(acceptance(), 0.99);
-    int32_t best = 0;
+    int32_t best = 0, best_drafting = 1; // the best length, and the best above 0
+    double best_drafting_rate = 0.0;
     // Measured costs leave out what a block costs beyond its decodes (the
     // draft's catch-up, judging, bookkeeping), so drafting must promise a
     // margin over plain steps; near break-even, noise in the timings would
@@ -105,7 +126,9 @@ int32_t draft_tuner::choose(int32_t k_max) {
     // A change of length pays a graph rebuild: the lengths stick unless another
     // promises more than that (in the units of the costs: a target step).
     const double one_step = verify_cost(1);
-    const auto switching = [&](int32_t k) { return k == last_k ? 0.0 : SWITCH_COST * one_step; };
+    // (Against the length the model last chose: a probe's or an exploration's
+    // forced length is no reason to stay.)
+    const auto switching = [&](int32_t k) { return k == settled_k ? 0.0 : SWITCH_COST * one_step; };
     double best_rate = (fixed_costs ? 1.0 : MIN_GAIN) / (one_step + switching(0));
     double tokens = 1.0, a_pow = 1.0;
     for (int32_t k = 1; k <= k_max; ++k) {
@@ -116,6 +139,10 @@ int32_t draft_tuner::choose(int32_t k_max) {
             best_rate = rate;
             best = k;
         }
+        if (rate > best_drafting_rate) {
+            best_drafting_rate = rate;
+            best_drafting = k;
+        }
     }
     if (exploring) { // what the exploring block taught decides when to explore next
         exploring = false;
@@ -123,14 +150,23 @@ int32_t draft_tuner::choose(int32_t k_max) {
     } else if (best > 0) {
         explore_every = EXPLORE_MIN;
     }
+    if (probing) { // likewise the probe of plain steps, while drafting
+        probing = false;
+        probe_every = best > 0 ? std::min(2 * probe_every, EXPLORE_MAX) : EXPLORE_MIN;
+    }
+    settled_k = best;
     // Keep the estimates alive: the acceptance rate is only seen while
     // drafting, the cost of a plain step only while not drafting.
     // (With fixed costs only the acceptance needs keeping alive.)
-    if (since_explore >= (best == 0 ? explore_every : EXPLORE_MIN) && (best == 0 || !fixed_costs)) {
+    if (since_explore >= (best == 0 ? explore_every : probe_every) && (best == 0 || !fixed_costs)) {
         since_explore = 0;
         exploring = best == 0;
+        probing = best > 0;
+        // Two of each: the first after a switch pays a graph rebuild (and, for a
+        // block, a long catch-up), so only the second times the steps fairly.
         plain_probe_left = best == 0 ? 0 : 1;
-        best = best == 0 ? 1 : 0;
+        explore_left = best == 0 ? 1 : 0;
+        best = best == 0 ? best_drafting : 0;
     }
     return last_k = best;
 }

@@ -42,7 +42,10 @@ class draft_tuner {
     // A block's draft calls: the first one (with the catch-up) and the mean of
     // the later single-token steps (n_steps of them; 0: none were taken).
     void observe_draft(double first_ms, double step_ms, int32_t n_steps);
-    void observe_verify(int32_t n_tokens, double ms);
+    // A decode of n tokens took ms. `fair`: it came after a decode of the same
+    // kind (a block after a block, a plain step after a plain step); the
+    // others pay llama.cpp's graph rebuild and stand in only until a fair one.
+    void observe_verify(int32_t n_tokens, double ms, bool fair);
     // Use a fixed cost model instead of measured times, so that the chosen
     // lengths depend on acceptance counts alone: a draft step costs
     // draft_cost target steps, verifying n tokens 1 + (n - 1) * verify_marginal.
@@ -51,8 +54,6 @@ class draft_tuner {
     void set_acceptance_prior(double accepted, double rejected);
 
     double acceptance() const { return acc_sum / (acc_sum + rej_sum); }
-    // Whether verifying n tokens has been timed yet.
-    bool knows_verify_cost(int32_t n) const { return n >= 1 && n <= MAX_BATCH && t_verify[n] > 0.0; }
 
   private:
     double verify_cost(int32_t n) const;
@@ -62,20 +63,29 @@ class draft_tuner {
     double t_draft = -1.0;       // a draft step after the block's first
     double t_draft_first = -1.0; // the block's first draft call, catch-up included
     double t_verify[MAX_BATCH + 1] = {};
+    bool verify_fair[MAX_BATCH + 1] = {}; // t_verify[n] comes from fair samples
+    bool block_timed_fairly = false;      // some block's verify has been
     int64_t since_explore = 0;          // blocks since the last exploring one
     int64_t explore_every = EXPLORE_MIN; // blocks between exploring ones
     bool exploring = false;             // the last chosen length was an exploration
     int32_t plain_probe_left = 0;       // plain steps still to take in a probe of their cost
+    int32_t explore_left = 0;           // blocks still to take in an exploration
     int32_t last_k = 0;
+    int32_t settled_k = 0;              // the last length the model chose (not a probe's)
+    int64_t probe_every = EXPLORE_MIN;  // blocks between probes of plain steps while drafting
+    bool probing = false;               // the last chosen plain steps were such a probe
     bool fixed_costs = false;
 
-    // While drafting does not pay, one block in explore_every still drafts, to
-    // see whether the draft has started agreeing. Each such block costs a draft
-    // catch-up and a longer verify, so the interval doubles after every
+    // While drafting does not pay, two blocks in explore_every still draft (of
+    // the best length above 0), to see whether the draft has started agreeing
+    // and what blocks cost now. Each such block costs a draft catch-up and a
+    // longer verify, so the interval doubles after every
     // exploration that confirms plain steps (up to EXPLORE_MAX), and goes back
     // to EXPLORE_MIN once drafting pays. While drafting, the probe of a plain
-    // step's cost is two plain steps: the first after a block is not a fair
-    // sample (see generate.cpp).
+    // step's cost is two plain steps (the first after a block is not a fair
+    // sample, see generate.cpp); its interval doubles the same way while each
+    // probe confirms drafting: at 2 plain steps and 2 graph rebuilds per 16
+    // blocks the probes cost the demo pair ~2% against fixed K.
     static constexpr int64_t EXPLORE_MIN = 16;
     // A block of another length than the last step's costs llama.cpp a graph
     // rebuild for the target's verify (and for the plain step after it), in

@@ -158,6 +158,9 @@ class generation {
     cospec::draft_tuner * tuner = nullptr;
     bool greedy = true;
     bool previous_step_plain = false; // the last speculative step drafted nothing
+    // No speculative step yet: the first one follows the prompt's batch, whose
+    // graph rebuild makes it no fair sample of a step's or a block's cost.
+    bool first_step = true;
     bool penalize = false; // a repeat penalty is on
     std::vector<float> penalized_row;
     std::vector<llama_token> penalty_history;
@@ -540,10 +543,10 @@ class generation {
         if (const int32_t status = decode(t, st.t_verify_ms, (llama_pos) n_past); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
-        // Like a plain step after a block, the first block after plain steps pays
-        // for a graph rebuild: not a fair sample of its size, once one is known.
-        if (kd > 0 && (!previous_step_plain || !tuner->knows_verify_cost(kd + 1))) {
-            tuner->observe_verify(kd + 1, st.t_verify_ms - t_verify_before);
+        // Like a plain step after a block, the first block after plain steps (or
+        // the prompt) pays for a graph rebuild: not a fair sample of its size.
+        if (kd > 0) {
+            tuner->observe_verify(kd + 1, st.t_verify_ms - t_verify_before, !previous_step_plain && !first_step);
         }
         t.cached.push_back(seq.back());
         t.cached.insert(t.cached.end(), drafted.begin(), drafted.end());
@@ -698,10 +701,11 @@ class generation {
             // rebuilding its graph for one token after K + 1 (a cost of the
             // switch, which would otherwise make plain steps look dearer right
             // after every block and pull the tuner back into drafting).
-            if (n_decoded == 1 && previous_step_plain) {
-                tuner->observe_verify(1, st.t_verify_ms - before);
+            if (n_decoded == 1) {
+                tuner->observe_verify(1, st.t_verify_ms - before, previous_step_plain && !first_step);
             }
             previous_step_plain = true;
+            first_step = false;
             tuner->observe_block(0, 0, false);
             return status;
         }
@@ -711,6 +715,7 @@ class generation {
         const float * rows = nullptr;
         const int32_t verified = verify_block(n_past, &rows);
         previous_step_plain = false;
+        first_step = false;
         if (verified != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return verified;
         }
