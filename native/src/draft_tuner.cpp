@@ -100,11 +100,11 @@ int32_t draft_tuner::choose(int32_t k_max) {
     }
     // Measure the three quantities first, fairly: plain steps until one follows
     // another, then full blocks until one follows another.
-    if (!verify_fair[1]) {
-        return last_k = 0;
+    if (!verify_fair[1] || t_verify[1] <= 0.0) {
+        return last_k = settled_k = 0;
     }
     if (t_draft_first <= 0.0 || !block_timed_fairly) {
-        return last_k = k_max; // (blocks cut short, by --draft-p-min say, are timed at their size)
+        return last_k = settled_k = k_max; // (blocks cut short, by --draft-p-min say, are timed at their size)
     }
     const double t_step = t_draft > 0.0 ? t_draft : t_draft_first; // K = 1 blocks time no later step
     if (plain_probe_left > 0) {
@@ -154,6 +154,9 @@ int32_t draft_tuner::choose(int32_t k_max) {
         probing = false;
         probe_every = best > 0 ? std::min(2 * probe_every, EXPLORE_MAX) : EXPLORE_MIN;
     }
+    if ((best == 0) != (settled_k == 0)) {
+        since_explore = 0; // a switch between drafting and plain steps restarts the count
+    }
     settled_k = best;
     // Keep the estimates alive: the acceptance rate is only seen while
     // drafting, the cost of a plain step only while not drafting.
@@ -166,7 +169,11 @@ int32_t draft_tuner::choose(int32_t k_max) {
         // block, a long catch-up), so only the second times the steps fairly.
         plain_probe_left = best == 0 ? 0 : 1;
         explore_left = best == 0 ? 1 : 0;
-        best = best == 0 ? best_drafting : 0;
+        if (best == 0) {
+            best = settled_k = best_drafting; // its blocks are the last decodes the next choice follows
+        } else {
+            best = 0;
+        }
     }
     return last_k = best;
 }

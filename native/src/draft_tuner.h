@@ -39,8 +39,9 @@ class draft_tuner {
     // A block drafted kd tokens, `accepted` of them reached the output, and
     // `rejected` tells whether a draft token was refused.
     void observe_block(int32_t kd, int32_t accepted, bool rejected);
-    // A block's draft calls: the first one (with the catch-up) and the mean of
-    // the later single-token steps (n_steps of them; 0: none were taken).
+    // A block's draft calls: the first one (with the catch-up; negative: a long
+    // catch-up, not timed) and the mean of the later single-token steps
+    // (n_steps of them; 0: none were taken).
     void observe_draft(double first_ms, double step_ms, int32_t n_steps);
     // A decode of n tokens took ms. `fair`: it came after a decode of the same
     // kind (a block after a block, a plain step after a plain step); the
@@ -64,10 +65,10 @@ class draft_tuner {
     double t_draft_first = -1.0; // the block's first draft call, catch-up included
     double t_verify[MAX_BATCH + 1] = {};
     bool verify_fair[MAX_BATCH + 1] = {}; // t_verify[n] comes from fair samples
-    bool block_timed_fairly = false;      // some block's verify has been
-    int64_t since_explore = 0;          // blocks since the last exploring one
-    int64_t explore_every = EXPLORE_MIN; // blocks between exploring ones
-    bool exploring = false;             // the last chosen length was an exploration
+    bool block_timed_fairly = false;      // some block's verify has been timed fairly
+    int64_t since_explore = 0;          // steps since the last exploration or probe, or switch
+    int64_t explore_every = EXPLORE_MIN; // steps between explorations while plain steps win
+    bool exploring = false;             // the last blocks chosen were an exploration
     int32_t plain_probe_left = 0;       // plain steps still to take in a probe of their cost
     int32_t explore_left = 0;           // blocks still to take in an exploration
     int32_t last_k = 0;
@@ -85,7 +86,8 @@ class draft_tuner {
     // step's cost is two plain steps (the first after a block is not a fair
     // sample, see generate.cpp); its interval doubles the same way while each
     // probe confirms drafting: at 2 plain steps and 2 graph rebuilds per 16
-    // blocks the probes cost the demo pair ~2% against fixed K.
+    // blocks (the starting interval) the probes cost the demo pair ~2% against
+    // fixed K.
     static constexpr int64_t EXPLORE_MIN = 16;
     // A block of another length than the last step's costs llama.cpp a graph
     // rebuild for the target's verify (and for the plain step after it), in

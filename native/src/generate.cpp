@@ -157,10 +157,10 @@ class generation {
     cospec::draft_tuner call_tuner;
     cospec::draft_tuner * tuner = nullptr;
     bool greedy = true;
-    bool previous_step_plain = false; // the last speculative step drafted nothing
-    // No speculative step yet: the first one follows the prompt's batch, whose
-    // graph rebuild makes it no fair sample of a step's or a block's cost.
-    bool first_step = true;
+    // Tokens in this call's last target decode (0: none yet, the prompt's
+    // batch came last). llama.cpp rebuilds its graph when the size changes, so
+    // only a decode of the same size as the last one times a fair cost.
+    int32_t last_target_n = 0;
     bool penalize = false; // a repeat penalty is on
     std::vector<float> penalized_row;
     std::vector<llama_token> penalty_history;
@@ -516,7 +516,7 @@ class generation {
         k = std::min(k, p.n_predict - st.n_generated - 1);
         k = std::min(k, e.n_ctx - (int32_t) n_past - 1);
         k = std::min(k, e.n_batch - 1);
-        if (p.adaptive_draft) {
+        if (p.adaptive_draft && k > 0) { // (a step the budget makes plain asks nothing, starts no probe)
             k = std::min(k, tuner->choose(p.n_draft));
         }
         return std::max(k, 0);
@@ -543,11 +543,10 @@ class generation {
         if (const int32_t status = decode(t, st.t_verify_ms, (llama_pos) n_past); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
-        // Like a plain step after a block, the first block after plain steps (or
-        // the prompt) pays for a graph rebuild: not a fair sample of its size.
-        if (kd > 0) {
-            tuner->observe_verify(kd + 1, st.t_verify_ms - t_verify_before, !previous_step_plain && !first_step);
-        }
+        // A block after a decode of another size (plain steps, the prompt, a
+        // block of another length) pays for a graph rebuild: not a fair sample.
+        tuner->observe_verify(kd + 1, st.t_verify_ms - t_verify_before, last_target_n == kd + 1);
+        last_target_n = kd + 1;
         t.cached.push_back(seq.back());
         t.cached.insert(t.cached.end(), drafted.begin(), drafted.end());
         st.n_blocks += 1;
@@ -702,10 +701,9 @@ class generation {
             // switch, which would otherwise make plain steps look dearer right
             // after every block and pull the tuner back into drafting).
             if (n_decoded == 1) {
-                tuner->observe_verify(1, st.t_verify_ms - before, previous_step_plain && !first_step);
+                tuner->observe_verify(1, st.t_verify_ms - before, last_target_n == 1);
             }
-            previous_step_plain = true;
-            first_step = false;
+            last_target_n = (int32_t) n_decoded;
             tuner->observe_block(0, 0, false);
             return status;
         }
@@ -714,8 +712,6 @@ class generation {
         }
         const float * rows = nullptr;
         const int32_t verified = verify_block(n_past, &rows);
-        previous_step_plain = false;
-        first_step = false;
         if (verified != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return verified;
         }
