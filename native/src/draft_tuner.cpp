@@ -103,8 +103,11 @@ int32_t draft_tuner::choose(int32_t k_max) {
     if (!verify_fair[1] || t_verify[1] <= 0.0) {
         return last_k = settled_k = 0;
     }
-    if (t_draft_first <= 0.0 || !block_timed_fairly) {
-        return last_k = settled_k = k_max; // (blocks cut short, by --draft-p-min say, are timed at their size)
+    // (Blocks cut short, by --draft-p-min say, are timed at their size; if none
+    // reaches a second block of its size, a few tries are enough.)
+    if (t_draft_first <= 0.0 || (!block_timed_fairly && measuring_blocks < MEASURE_MAX_BLOCKS)) {
+        measuring_blocks += 1;
+        return last_k = settled_k = k_max;
     }
     const double t_step = t_draft > 0.0 ? t_draft : t_draft_first; // K = 1 blocks time no later step
     if (plain_probe_left > 0) {

@@ -66,6 +66,8 @@ class draft_tuner {
     double t_verify[MAX_BATCH + 1] = {};
     bool verify_fair[MAX_BATCH + 1] = {}; // t_verify[n] comes from fair samples
     bool block_timed_fairly = false;      // some block's verify has been timed fairly
+    int32_t measuring_blocks = 0;         // blocks taken to time a block fairly
+    static constexpr int32_t MEASURE_MAX_BLOCKS = 8;
     int64_t since_explore = 0;          // steps since the last exploration or probe, or switch
     int64_t explore_every = EXPLORE_MIN; // steps between explorations while plain steps win
     bool exploring = false;             // the last blocks chosen were an exploration
