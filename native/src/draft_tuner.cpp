@@ -47,7 +47,6 @@ void draft_tuner::use_fixed_costs(double draft_cost, double verify_marginal) {
         t_verify[n] = 1.0 + (n - 1) * verify_marginal;
         verify_fair[n] = true; // the model's costs are the caller's, nothing to time
     }
-    block_timed_fairly = true;
 }
 
 void draft_tuner::set_acceptance_prior(double accepted, double rejected) {
@@ -71,7 +70,6 @@ void draft_tuner::observe_verify(int32_t n_tokens, double ms, bool fair) {
     }
     t_verify[n_tokens] = verify_fair[n_tokens] ? ema(t_verify[n_tokens], ms) : ms;
     verify_fair[n_tokens] = true;
-    block_timed_fairly = block_timed_fairly || n_tokens > 1;
 }
 
 // Measured cost of verifying n tokens, interpolated between measured batch
@@ -105,6 +103,7 @@ int32_t draft_tuner::choose(int32_t k_max) {
     }
     // (Blocks cut short, by --draft-p-min say, are timed at their size; if none
     // reaches a second block of its size, a few tries are enough.)
+    const bool block_timed_fairly = std::any_of(verify_fair + 2, verify_fair + MAX_BATCH + 1, [](bool f) { return f; });
     if (t_draft_first <= 0.0 || (!block_timed_fairly && measuring_blocks < MEASURE_MAX_BLOCKS)) {
         measuring_blocks += 1;
         return last_k = settled_k = k_max;

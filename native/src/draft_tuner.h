@@ -43,9 +43,9 @@ class draft_tuner {
     // catch-up, not timed) and the mean of the later single-token steps
     // (n_steps of them; 0: none were taken).
     void observe_draft(double first_ms, double step_ms, int32_t n_steps);
-    // A decode of n tokens took ms. `fair`: it came after a decode of the same
-    // kind (a block after a block, a plain step after a plain step); the
-    // others pay llama.cpp's graph rebuild and stand in only until a fair one.
+    // A decode of n tokens took ms. `fair`: the target's decode before it had
+    // the same size; the others pay llama.cpp's graph rebuild and stand in only
+    // until a fair one.
     void observe_verify(int32_t n_tokens, double ms, bool fair);
     // Use a fixed cost model instead of measured times, so that the chosen
     // lengths depend on acceptance counts alone: a draft step costs
@@ -65,7 +65,6 @@ class draft_tuner {
     double t_draft_first = -1.0; // the block's first draft call, catch-up included
     double t_verify[MAX_BATCH + 1] = {};
     bool verify_fair[MAX_BATCH + 1] = {}; // t_verify[n] comes from fair samples
-    bool block_timed_fairly = false;      // some block's verify has been timed fairly
     int32_t measuring_blocks = 0;         // blocks taken to time a block fairly
     static constexpr int32_t MEASURE_MAX_BLOCKS = 8;
     int64_t since_explore = 0;          // steps since the last exploration or probe, or switch
