@@ -59,6 +59,22 @@ def test_steps_that_draft_nothing_are_not_blocks(engine):
     assert s.n_accepted + s.n_kept + s.n_fallback + s.n_bonus + s.n_plain == s.n_generated
 
 
+def test_a_draft_that_declines_every_token_leads_to_plain_steps():
+    """--draft-p-min cuts a block where the draft is unsure. A draft that declines every token
+    must bring adaptive drafting to plain target steps (a declined block counts as one that
+    ended early), not a draft call and a one-token verify per token forever; and the acceptance
+    learned under one p-min is not carried into a call with another."""
+    with Engine.open_default(n_ctx=512, n_threads=1) as engine:  # a pair where drafting pays
+        prompt = "What is 37 - 19?"
+        engine.generate(prompt, max_tokens=64, ignore_eos=True)
+        declined = engine.generate(prompt, max_tokens=128, ignore_eos=True, draft_p_min=1.0)
+        s = declined.stats
+        assert s.n_plain > s.n_generated / 2, f"{s.n_blocks} blocks drafted {s.n_drafted} tokens"
+        # Back at p-min 0 the pair drafts again within the first exploring interval.
+        again = engine.generate(prompt, max_tokens=64, ignore_eos=True)
+        assert again.stats.n_drafted > 0
+
+
 def test_python_arbiter_sees_the_block(engine):
     seen = []
 

@@ -17,14 +17,17 @@ double ema(double old, double x) {
 }
 } // namespace
 
-void draft_tuner::observe_block(int32_t kd, int32_t accepted, bool rejected) {
+void draft_tuner::observe_block(int32_t kd, int32_t accepted, bool ended_early) {
     since_explore += 1;
-    if (kd <= 0) {
+    // A block the draft declined whole verified one token, as a plain step does:
+    // going over to plain steps then rebuilds no graph.
+    declined_whole = kd <= 0 && ended_early;
+    if (kd <= 0 && !ended_early) {
         exploring = false; // an exploring block cut to nothing (budget, context) taught nothing
         return;
     }
     acc_sum = DECAY * acc_sum + accepted;
-    rej_sum = DECAY * rej_sum + (rejected ? 1.0 : 0.0);
+    rej_sum = DECAY * rej_sum + (ended_early ? 1.0 : 0.0);
 }
 
 void draft_tuner::observe_draft(double first_ms, double step_ms, int32_t n_steps) {
@@ -52,6 +55,12 @@ void draft_tuner::use_fixed_costs(double draft_cost, double verify_marginal) {
 void draft_tuner::set_acceptance_prior(double accepted, double rejected) {
     acc_sum = std::max(accepted, 1e-3);
     rej_sum = std::max(rejected, 1e-3);
+}
+
+void draft_tuner::reset_acceptance() {
+    acc_sum = rej_sum = 1.0;
+    explore_every = EXPLORE_MIN;
+    since_explore = 0;
 }
 
 void draft_tuner::observe_verify(int32_t n_tokens, double ms, bool fair) {
@@ -130,13 +139,19 @@ int32_t draft_tuner::choose(int32_t k_max) {
     const double one_step = verify_cost(1);
     // (Against the length the model last chose: a probe's or an exploration's
     // forced length is no reason to stay.)
-    const auto switching = [&](int32_t k) { return k == settled_k ? 0.0 : SWITCH_COST * one_step; };
+    const auto switching = [&](int32_t k) {
+        return k == settled_k || (k == 0 && declined_whole) ? 0.0 : SWITCH_COST * one_step;
+    };
+    // A block verifies at least one token: an estimate below a plain step's is
+    // an old sample (costs grow with the context) or noise, and it made a
+    // draft that declined every token (--draft-p-min) look worth asking.
+    const auto block_verify_cost = [&](int32_t n) { return std::max(verify_cost(n), one_step); };
     double best_rate = (fixed_costs ? 1.0 : MIN_GAIN) / (one_step + switching(0));
     double tokens = 1.0, a_pow = 1.0;
     for (int32_t k = 1; k <= k_max; ++k) {
         a_pow *= a;
         tokens += a_pow; // 1 + a + ... + a^k
-        const double rate = tokens / (t_draft_first + (k - 1) * t_step + verify_cost(k + 1) + switching(k));
+        const double rate = tokens / (t_draft_first + (k - 1) * t_step + block_verify_cost(k + 1) + switching(k));
         if (rate > best_rate) {
             best_rate = rate;
             best = k;

@@ -37,8 +37,9 @@ class draft_tuner {
     // Draft length for the next block, in [0, k_max].
     int32_t choose(int32_t k_max);
     // A block drafted kd tokens, `accepted` of them reached the output, and
-    // `rejected` tells whether a draft token was refused.
-    void observe_block(int32_t kd, int32_t accepted, bool rejected);
+    // `ended_early` tells whether it ended before its length: a draft token
+    // refused, or the draft declining to propose one (--draft-p-min).
+    void observe_block(int32_t kd, int32_t accepted, bool ended_early);
     // A block's draft calls: the first one (with the catch-up; negative: a long
     // catch-up, not timed) and the mean of the later single-token steps
     // (n_steps of them; 0: none were taken).
@@ -53,6 +54,9 @@ class draft_tuner {
     void use_fixed_costs(double draft_cost, double verify_marginal);
     // Start the acceptance estimate from these decayed counts (before any block).
     void set_acceptance_prior(double accepted, double rejected);
+    // Forget the acceptance estimate (its meaning changed, e.g. another
+    // --draft-p-min), keeping the measured costs; explore again soon.
+    void reset_acceptance();
 
     double acceptance() const { return acc_sum / (acc_sum + rej_sum); }
 
@@ -77,6 +81,7 @@ class draft_tuner {
     int64_t probe_every = EXPLORE_MIN;  // blocks between probes of plain steps while drafting
     bool probing = false;               // the last chosen plain steps were such a probe
     bool fixed_costs = false;
+    bool declined_whole = false;        // the last block drafted nothing: the draft declined (p-min)
 
     // While drafting does not pay, two blocks in explore_every still draft (of
     // the best length above 0), to see whether the draft has started agreeing

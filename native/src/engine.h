@@ -63,6 +63,9 @@ struct cospec_engine {
     std::atomic<std::thread::id> generating {};
     // Acceptance and cost estimates of this draft/target pair, kept across calls.
     cospec::draft_tuner tuner;
+    // The --draft-p-min its acceptance was learned under: blocks the draft
+    // declines count as ended, so another p-min starts the estimate afresh.
+    float tuner_draft_p_min = 0.0f;
 };
 
 namespace cospec {

@@ -72,6 +72,10 @@ class generation {
             tuner = &call_tuner;
         } else {
             tuner = &e.tuner;
+            if (p.draft_p_min != e.tuner_draft_p_min) {
+                e.tuner.reset_acceptance();
+                e.tuner_draft_p_min = p.draft_p_min;
+            }
         }
         scfg.temperature = p.temperature;
         scfg.top_k = p.top_k;
@@ -174,6 +178,7 @@ class generation {
 
     // Per-block buffers, kept across steps to avoid reallocations.
     std::vector<llama_token> drafted;
+    bool draft_declined = false; // the draft stopped the block itself (--draft-p-min)
     std::vector<float> draft_logits;
     std::vector<std::vector<float>> draft_probs;
     std::vector<float> target_logits_copy;
@@ -404,6 +409,7 @@ class generation {
     // copied per token only when the arbiter reads them.
     int32_t draft_block(int32_t k) {
         drafted.clear();
+        draft_declined = false;
         const size_t n_past = seq.size() - 1;
         if (k <= 0) {
             return COSPEC_OK;
@@ -440,6 +446,7 @@ class generation {
             if (greedy) {
                 if (p.draft_p_min > 0.0f && cospec::top_probability(row, nv) < p.draft_p_min) {
                     st.t_sample_ms += ms_since(t0);
+                    draft_declined = true;
                     break; // the draft is unsure: verifying further guesses would waste target work
                 }
                 d = cospec::argmax(chosen_from, n_shared);
@@ -672,7 +679,10 @@ class generation {
             }
         }
         const bool rejected = j < kd;
-        tuner->observe_block(kd, j, rejected);
+        // A block the draft cut short ended before K as a rejection ends it:
+        // counted as one, a draft that declines every token (a high p-min)
+        // brings the tuner to plain steps instead of asking for blocks forever.
+        tuner->observe_block(kd, j, rejected || draft_declined);
         if (!rejected && stop == COSPEC_STOP_NONE) {
             emit(target_tokens[kd], COSPEC_PROV_BONUS);
         }
