@@ -3,8 +3,8 @@ of 1-2% can be told from this machine's noise (one `eval` run moves identical co
 up to 5%, and between runs by 6 points: bench/RESULTS.md).
 
 Every problem runs with every run back to back, in an order that rotates with the problem and
-the repeat, so that no run always follows another (or always comes first after a problem's
-switch). Reported per run, against the first of --runs:
+the repeat, so that no run always comes first, right after another problem's runs. Reported per
+run, against the first of --runs:
 - the tokens/s ratio of each repeat, their mean, lowest and highest;
 - the pooled ratio over all repeats with a 95% bootstrap interval over problems;
 - whether every repeat produced the same tokens (they must: runs do not depend on timing).

@@ -221,7 +221,11 @@ def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], s
         config_path.write_text(json.dumps(config, indent=1))
         records = load_records(out_dir / "records.jsonl")
         log = (out_dir / "records.jsonl").open("a", encoding="utf-8")
-    todo = [(p, r) for p in problems for r in runs if (p.id, r.label) not in records]
+    # Each problem runs every run back to back, in an order that rotates with the problem: no
+    # run always comes first, right after another problem's runs.
+    runs = list(runs)
+    todo = [(p, r) for i, p in enumerate(problems) for r in runs[i % len(runs):] + runs[:i % len(runs)]
+            if (p.id, r.label) not in records] if runs else []
     try:
         for problem, run in (progress(todo) if progress else todo):
             rec = run_problem(engine, problem, run, params, score, as_chat)
