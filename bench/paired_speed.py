@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from cospec_local import Engine, GenerationParams
-from cospec_local.evaluate import run_problem
+from cospec_local.evaluate import rotated, run_problem
 from cospec_local.runs import parse_runs
 from cospec_local.tasks import load_task, score
 
@@ -63,8 +63,7 @@ def main():
     with engine, (args.out / "records.jsonl").open("w", encoding="utf-8") as log:
         for rep in range(args.repeats):
             for i, problem in enumerate(problems):
-                shift = (rep + i) % len(runs)
-                for run in runs[shift:] + runs[:shift]:
+                for run in rotated(runs, rep + i):
                     rec = run_problem(engine, problem, run, params, score, as_chat=False)
                     log.write(json.dumps({"repeat": rep, **asdict(rec)}) + "\n")
                     tokens_of[rep, problem.id, run.label] = rec.completion

@@ -69,6 +69,13 @@ def run_problem(engine: Engine, problem: Problem, run: Run, params: GenerationPa
                   s.n_drafted, s.n_accepted + s.n_kept, s.n_kept, s.n_blocks, s.t_arbiter_ms)
 
 
+def rotated(runs: Sequence[Run], shift: int) -> list[Run]:
+    """The runs in their order, starting at index shift (mod their number): who runs first after
+    another problem's runs rotates, so that no run always pays for coming first."""
+    runs = list(runs)
+    return runs[shift % len(runs):] + runs[:shift % len(runs)] if runs else []
+
+
 def load_records(path: Path) -> dict[tuple[str, str], Record]:
     done = {}
     if path.is_file():
@@ -221,11 +228,8 @@ def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], s
         config_path.write_text(json.dumps(config, indent=1))
         records = load_records(out_dir / "records.jsonl")
         log = (out_dir / "records.jsonl").open("a", encoding="utf-8")
-    # Each problem runs every run back to back, in an order that rotates with the problem: no
-    # run always comes first, right after another problem's runs.
-    runs = list(runs)
-    todo = [(p, r) for i, p in enumerate(problems) for r in runs[i % len(runs):] + runs[:i % len(runs)]
-            if (p.id, r.label) not in records] if runs else []
+    # Each problem runs every run back to back, in an order that rotates with the problem.
+    todo = [(p, r) for i, p in enumerate(problems) for r in rotated(runs, i) if (p.id, r.label) not in records]
     try:
         for problem, run in (progress(todo) if progress else todo):
             rec = run_problem(engine, problem, run, params, score, as_chat)

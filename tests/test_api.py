@@ -70,8 +70,9 @@ def test_a_draft_that_declines_every_token_leads_to_plain_steps():
         declined = engine.generate(prompt, max_tokens=128, ignore_eos=True, draft_p_min=1.0)
         s = declined.stats
         assert s.n_plain > s.n_generated / 2, f"{s.n_blocks} blocks drafted {s.n_drafted} tokens"
-        # Back at p-min 0 the pair drafts again within the first exploring interval.
-        again = engine.generate(prompt, max_tokens=64, ignore_eos=True)
+        # Back at p-min 0 the pair drafts again within the first exploring interval (16 steps);
+        # with the declined run's estimate kept, the next exploration would be 48 steps away.
+        again = engine.generate(prompt, max_tokens=24, ignore_eos=True)
         assert again.stats.n_drafted > 0
 
 
