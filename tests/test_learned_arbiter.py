@@ -159,6 +159,46 @@ def test_lora_hidden_states_match_torch(f32_draft, states, tmp_path, lora_contex
         assert np.allclose(arbiter.head_inputs(block_of(engine, s, logits=False))[0, :d], before, atol=1e-6)
 
 
+@pytest.mark.parametrize("lora_context", ["draft", "adapter"])
+def test_folded_adapter_reads_what_the_adapter_does(f32_draft, states, tmp_path, lora_context):
+    """By default a LoRA arbiter runs a private copy of its (small) draft with the adapter folded
+    into the weights, W + s BA in F32, instead of applying the adapter at every decode. With an
+    F32 draft the two are the same function: hidden states within float rounding (two separate
+    contexts, so not bit for bit)."""
+    folder = export(random_lora_arbiter(f32_draft, seed=4, lora_context=lora_context), tmp_path / "lora", f32_draft)
+    with Engine(demo_model("target"), f32_draft, n_ctx=1024, n_threads=1) as engine:
+        folded = engine.arbiter(str(folder))
+        at_decode = _cospec.Arbiter.load(engine._native, str(folder), fold_adapter=False)
+        assert folded.meta("adapter_use") == "folded" and at_decode.meta("adapter_use") == "decode"
+        worst = 0.0
+        for s in states[:10]:
+            b = block_of(engine, s)
+            worst = max(worst, np.abs(folded.head_inputs(b) - at_decode.head_inputs(b)).max())
+        # The arbiter's own F32 cache ("adapter"): 4.8e-6 here (measured). Region keys and values in
+        # F16 beside the draft's cache ("draft"): one F16 rounding apart, 5.9e-4 on states up to 17.
+        assert 0.0 < worst <= (2e-3 if lora_context == "draft" else 1e-4), worst
+        at_decode.close()
+
+
+def test_shipped_lora_arbiter_folded_decides_as_at_decode(demo_engine, states):
+    """The bundled LoRA arbiter on its Q8_0 draft: the folded copy computes in F32 where llama.cpp
+    applies the adapter beside Q8_0 products, so P(keep) moves a little, decisions hardly."""
+    folded = demo_engine.arbiter("demo-lora")
+    at_decode = _cospec.Arbiter.load(demo_engine._native, str(NAMED_ARBITERS["demo-lora"].path), fold_adapter=False)
+    assert folded.meta("adapter_use") == "folded"
+    same = total = 0
+    worst = 0.0
+    for s in states:
+        b = block_of(demo_engine, s)
+        p_folded, p_decode = folded.score(b), at_decode.score(b)
+        for i in np.flatnonzero(b["mismatch"]):
+            same += (p_folded[i] >= folded.threshold) == (p_decode[i] >= folded.threshold)
+            total += 1
+            worst = max(worst, abs(float(p_folded[i]) - float(p_decode[i])))
+    at_decode.close()
+    assert total >= 8 and same >= 0.99 * total and worst <= 0.05, (same, total, worst)
+
+
 def test_onnx_head_matches_torch_and_native(tmp_path, demo_engine, states):
     torch.manual_seed(1)
     model = FeaturesArbiter()

@@ -294,6 +294,9 @@ struct cospec_learned_arbiter_params {
     cospec_head_fn head;      // NULL: run the head natively (default); else call this with the head inputs
     void * head_user_data;
     int32_t n_threads;        // threads of the LoRA arbiter's draft pass (0 = as the engine's generation)
+    bool fold_adapter;        // LoRA arbiter: run a copy of the draft with the adapter folded into its
+                              // weights (W + s BA, F32) where those weights take at most 64 MiB as F32,
+                              // instead of applying the adapter at every decode (default true)
 };
 struct cospec_learned_arbiter_params cospec_learned_arbiter_default_params(void);
 
@@ -307,7 +310,8 @@ struct cospec_learned_arbiter_params cospec_learned_arbiter_default_params(void)
 int32_t cospec_arbiter_load(cospec_engine * engine, const struct cospec_learned_arbiter_params * params,
                             cospec_arbiter ** out);
 // A learned arbiter's metadata (string values of its arbiter.gguf: "kind",
-// "draft_fingerprint", ...); NULL if absent or not a learned arbiter.
+// "draft_fingerprint", ...); NULL if absent or not a learned arbiter. A LoRA
+// arbiter also answers "adapter_use": "folded" or "decode" (fold_adapter).
 const char * cospec_arbiter_meta(const cospec_arbiter * arbiter, const char * key);
 // The head's input rows of a block (what `head` would receive), one per
 // position of the block, for parity checks: n_draft * cols floats; returns

@@ -354,7 +354,7 @@ class Arbiter {
         return out;
     }
     static std::shared_ptr<Arbiter> load(Engine & engine, py::object engine_ref, const std::string & path, float threshold,
-                                         py::object head, int32_t n_threads);
+                                         py::object head, int32_t n_threads, py::object fold_adapter);
 
     ~Arbiter() { close(); }
 
@@ -659,11 +659,14 @@ class Engine {
 };
 
 std::shared_ptr<Arbiter> Arbiter::load(Engine & engine, py::object engine_ref, const std::string & path, float threshold,
-                                       py::object head, int32_t n_threads) {
+                                       py::object head, int32_t n_threads, py::object fold_adapter) {
     cospec_learned_arbiter_params p = cospec_learned_arbiter_default_params();
     p.path = path.c_str();
     p.threshold = threshold;
     p.n_threads = n_threads;
+    if (!fold_adapter.is_none()) {
+        p.fold_adapter = fold_adapter.cast<bool>();
+    }
     auto head_state = std::make_unique<callback_state>();
     if (!head.is_none()) {
         head_state->fn = head;
@@ -810,10 +813,12 @@ PYBIND11_MODULE(_cospec, m) {
                     py::arg("entropy_top_k") = fly.entropy_top_k)
         .def_static("callback", &Arbiter::callback, py::arg("name"), py::arg("fn"), py::arg("begin") = py::none(),
                     py::arg("taken") = py::none(), py::arg("reset") = py::none(), py::arg("needs_draft_logits") = true)
-        .def_static("load", [](py::object engine, const std::string & path, float threshold, py::object head, int32_t n_threads) {
-            return Arbiter::load(engine.cast<Engine &>(), engine, path, threshold, head, n_threads);
+        .def_static("load", [](py::object engine, const std::string & path, float threshold, py::object head, int32_t n_threads,
+                               py::object fold_adapter) {
+            return Arbiter::load(engine.cast<Engine &>(), engine, path, threshold, head, n_threads, fold_adapter);
         }, py::arg("engine"), py::arg("path"), py::arg("threshold") = -1.0f, py::arg("head") = py::none(),
-           py::arg("n_threads") = 0)
+           py::arg("n_threads") = 0, py::arg("fold_adapter") = py::none(),
+           "fold_adapter: None leaves the C default (cospec_learned_arbiter_default_params)")
         .def_property_readonly("name", &Arbiter::name)
         .def_property_readonly("threshold", [](const Arbiter & a) { return cospec_arbiter_threshold(a.get()); })
         .def_property_readonly("can_keep", [](const Arbiter & a) { return cospec_arbiter_can_keep(a.get()); })

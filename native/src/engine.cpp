@@ -51,6 +51,10 @@ void init_backend() {
     });
 }
 
+} // namespace
+
+namespace cospec {
+
 std::string take_llama_errors() {
     std::string out;
     for (const auto & line : g_llama_errors) {
@@ -59,10 +63,6 @@ std::string take_llama_errors() {
     g_llama_errors.clear();
     return out;
 }
-
-} // namespace
-
-namespace cospec {
 
 // Messages quote file contents: keep them valid UTF-8 (invalid bytes become '?')
 // and bounded, whatever a file holds.
@@ -543,6 +543,8 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
                 return st;
             }
             e->draft_path = params->draft_path;
+            e->draft_gpu_layers = params->n_gpu_layers_draft;
+            e->draft_extra_buffers = params->use_extra_buffers;
             e->draft_cost_ratio = (double) llama_model_n_params(e->draft.model) /
                                   (double) std::max<uint64_t>(1, llama_model_n_params(e->target.model));
             if (int32_t st = check_vocab_compatible(e->target, e->draft); st != COSPEC_OK) {

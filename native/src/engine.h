@@ -52,6 +52,9 @@ struct cospec_engine {
     int32_t n_threads = 0;       // generation threads of the contexts (resolved, > 0)
     int32_t n_threads_batch = 0;
     std::string draft_path;
+    // How the draft was loaded: a LoRA arbiter's folded copy of it is loaded the same way.
+    int32_t draft_gpu_layers = 0;
+    bool draft_extra_buffers = false;
     std::string draft_fingerprint; // computed on first use (learned arbiters check it)
     // Parameters of the draft over the target's: the draft step's cost in the
     // fixed cost model that arbiters which keep mismatches use (timing-free).

@@ -20,6 +20,9 @@ int32_t check_gguf_file(const char * role, const char * path);
 // Refuse metadata and tensor infos that llama.cpp would assert on (model_check.cpp).
 int32_t check_model_metadata(const char * role, const char * path);
 
+// The error lines llama.cpp logged since the last call, joined, and forgotten.
+std::string take_llama_errors();
+
 // The fingerprint of a model file (see cospec_model_fingerprint).
 int32_t model_fingerprint(const char * path, std::string & out);
 

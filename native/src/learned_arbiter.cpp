@@ -11,6 +11,9 @@
 //               adapter  the context too (the first arbiters, and what an
 //                        arbiter without the key means): the arbiter's context
 //                        decodes the whole text a second time
+// The adapter is folded into a private F32 copy of the draft's weights where
+// they are small (fold_adapter): on a small draft the adapter's two extra
+// products per projection cost more than the projection itself.
 // An arbiter is a folder: arbiter.gguf (the head's weights and the metadata
 // binding it to its draft), adapter.gguf for `lora` (llama.cpp's LoRA format),
 // and head.onnx (the same head for ONNX Runtime).
@@ -21,7 +24,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <new>
@@ -41,6 +46,9 @@ constexpr int32_t MAX_REGION = 2 * cospec::draft_tuner::MAX_BATCH;
 constexpr int64_t MAX_HEAD_WIDTH = 1 << 16;
 constexpr uint32_t MAX_HEAD_LAYERS = 8;
 constexpr size_t MAX_HEAD_BYTES = 256u << 20;
+// Folding the adapter: the folded weights as F32 at most, and the draft file read for it at most.
+constexpr size_t MAX_FOLDED_BYTES = 64u << 20;
+constexpr size_t MAX_FOLD_SOURCE_BYTES = 512u << 20;
 
 std::string parent_dir(const std::string & path) {
     const size_t slash = path.find_last_of('/');
@@ -284,6 +292,188 @@ int32_t read_bundle(const char * path, bundle & b) {
     return COSPEC_OK;
 }
 
+// ------------------------------------------------------------ adapter folding
+
+// What the folded copy of the draft is made from: the draft's tensors and, for
+// each weight the adapter touches, its A, B and scale.
+struct fold_plan {
+    struct lora_pair {
+        const ggml_tensor * a = nullptr; // [n_in, rank]
+        const ggml_tensor * b = nullptr; // [rank, n_out]
+    };
+    std::unique_ptr<gguf_context, gguf_deleter> draft_meta; // tensor types of folded weights set to F32
+    std::unique_ptr<gguf_context, gguf_deleter> draft_gguf, adapter_gguf;
+    std::unique_ptr<ggml_context, ggml_deleter> draft_data, adapter_data;
+    std::map<std::string, lora_pair> pairs;
+    float scale = 1.0f; // lora_scale * alpha / rank, as llama.cpp applies it
+};
+
+bool load_gguf_data(const std::string & path, std::unique_ptr<gguf_context, gguf_deleter> & g,
+                    std::unique_ptr<ggml_context, ggml_deleter> & data) {
+    ggml_context * raw = nullptr;
+    gguf_init_params gp {};
+    gp.no_alloc = false;
+    gp.ctx = &raw;
+    g.reset(gguf_init_from_file(path.c_str(), gp));
+    data.reset(raw);
+    return g && data;
+}
+
+// W + scale * B A, row by row (ggml layout: row o of W holds its n_in inputs).
+void fold_weight(const fold_plan & plan, const fold_plan::lora_pair & pair, const ggml_tensor * w, std::vector<float> & out) {
+    const int64_t n_in = w->ne[0];
+    const int64_t n_out = w->ne[1];
+    const int64_t rank = pair.a->ne[1];
+    out.resize((size_t) (n_in * n_out));
+    if (w->type == GGML_TYPE_F32) {
+        std::copy_n((const float *) w->data, out.size(), out.begin());
+    } else {
+        ggml_get_type_traits(w->type)->to_float(w->data, out.data(), (int64_t) out.size());
+    }
+    const float * a = (const float *) pair.a->data; // a[k * n_in + i]
+    const float * b = (const float *) pair.b->data; // b[o * rank + k]
+    for (int64_t o = 0; o < n_out; ++o) {
+        float * row = out.data() + o * n_in;
+        for (int64_t k = 0; k < rank; ++k) {
+            const float bk = plan.scale * b[o * rank + k];
+            const float * ak = a + k * n_in;
+            for (int64_t i = 0; i < n_in; ++i) {
+                row[i] += bk * ak[i];
+            }
+        }
+    }
+}
+
+// Write the folded draft as a GGUF into fp: the draft's metadata, its tensors
+// as they are, the folded ones in F32. (llama_model_init_from_user would skip
+// the file, but it creates every optional tensor of the architecture, biases
+// and rope factors included, which this draft does not have.)
+bool write_folded(const fold_plan & plan, FILE * fp) {
+    const gguf_context * meta = plan.draft_meta.get();
+    if (!gguf_write_to_file_ptr(meta, fp, /*only_meta =*/ true)) {
+        return false;
+    }
+    const long data_start = std::ftell(fp);
+    const size_t alignment = gguf_get_alignment(meta);
+    std::vector<float> folded;
+    std::vector<char> zeros(alignment, 0);
+    for (int64_t id = 0; id < gguf_get_n_tensors(meta); ++id) {
+        const char * name = gguf_get_tensor_name(meta, id);
+        const ggml_tensor * src = ggml_get_tensor(plan.draft_data.get(), name);
+        if (src == nullptr) {
+            return false;
+        }
+        const long at = data_start + (long) gguf_get_tensor_offset(meta, id);
+        const long pad = at - std::ftell(fp);
+        if (pad < 0 || (size_t) pad > alignment || std::fwrite(zeros.data(), 1, (size_t) pad, fp) != (size_t) pad) {
+            return false;
+        }
+        const void * data = src->data;
+        size_t size = ggml_nbytes(src);
+        if (const auto pair = plan.pairs.find(name); pair != plan.pairs.end()) {
+            fold_weight(plan, pair->second, src, folded);
+            data = folded.data();
+            size = folded.size() * sizeof(float);
+        }
+        if (size != gguf_get_tensor_size(meta, id) || std::fwrite(data, 1, size, fp) != size) {
+            return false;
+        }
+    }
+    const long end = std::ftell(fp) - data_start;
+    const size_t tail = (alignment - (size_t) end % alignment) % alignment;
+    return std::fwrite(zeros.data(), 1, tail, fp) == tail && std::fflush(fp) == 0;
+}
+
+// The folded draft, loaded like the draft (same devices); null where it cannot be made.
+llama_model * load_folded(const fold_plan & plan, const cospec_engine & eng) {
+    FILE * fp = std::tmpfile(); // unlinked already: nothing is left behind
+    if (fp == nullptr) {
+        return nullptr;
+    }
+    llama_model * model = nullptr;
+    if (write_folded(plan, fp)) {
+        std::rewind(fp);
+        llama_model_params mp = llama_model_default_params();
+        mp.n_gpu_layers = eng.draft_gpu_layers;
+        mp.use_extra_bufts = eng.draft_extra_buffers;
+        model = llama_model_load_from_file_ptr(fp, mp);
+    }
+    std::fclose(fp); // a mapping of it lives on with the model
+    return model;
+}
+
+// Plan the fold of the adapter at adapter_path into the draft at draft_path.
+// False (nothing folded, the adapter applies at decode instead) for what this
+// fold does not cover: weights outside the blocks, quantized adapter tensors,
+// types without a dequantizer, or more than MAX_FOLDED_BYTES of folded weights.
+bool plan_fold(const std::string & draft_path, const std::string & adapter_path, float lora_scale, fold_plan & plan) {
+    struct stat st {};
+    if (stat(draft_path.c_str(), &st) != 0 || (size_t) st.st_size > MAX_FOLD_SOURCE_BYTES) {
+        return false;
+    }
+    if (!load_gguf_data(adapter_path, plan.adapter_gguf, plan.adapter_data)) {
+        return false;
+    }
+    float alpha = 0.0f;
+    if (const int64_t k = gguf_find_key(plan.adapter_gguf.get(), "adapter.lora.alpha");
+        k >= 0 && gguf_get_kv_type(plan.adapter_gguf.get(), k) == GGUF_TYPE_FLOAT32) {
+        alpha = gguf_get_val_f32(plan.adapter_gguf.get(), k);
+    }
+    // By the file's tensor list: the data context also holds the file's data as one blob tensor.
+    for (int64_t id = 0; id < gguf_get_n_tensors(plan.adapter_gguf.get()); ++id) {
+        const std::string name = gguf_get_tensor_name(plan.adapter_gguf.get(), id);
+        const ggml_tensor * t = ggml_get_tensor(plan.adapter_data.get(), name.c_str());
+        const size_t dot = name.rfind('.');
+        const std::string base = dot == std::string::npos ? name : name.substr(0, dot);
+        const std::string part = dot == std::string::npos ? "" : name.substr(dot + 1);
+        if (t == nullptr || (part != "lora_a" && part != "lora_b") || base.compare(0, 4, "blk.") != 0 ||
+            t->type != GGML_TYPE_F32) {
+            return false;
+        }
+        (part == "lora_a" ? plan.pairs[base].a : plan.pairs[base].b) = t;
+    }
+    gguf_init_params meta_only {};
+    meta_only.no_alloc = true;
+    plan.draft_meta.reset(gguf_init_from_file(draft_path.c_str(), meta_only));
+    if (!plan.draft_meta || plan.pairs.empty()) {
+        return false;
+    }
+    size_t folded_bytes = 0;
+    int64_t rank = -1;
+    for (const auto & [base, pair] : plan.pairs) {
+        const int64_t id = gguf_find_tensor(plan.draft_meta.get(), base.c_str());
+        if (pair.a == nullptr || pair.b == nullptr || id < 0) {
+            return false;
+        }
+        const ggml_type type = gguf_get_tensor_type(plan.draft_meta.get(), id);
+        if (type != GGML_TYPE_F32 && ggml_get_type_traits(type)->to_float == nullptr) {
+            return false;
+        }
+        if (rank < 0) {
+            rank = pair.b->ne[0];
+        }
+        if (pair.a->ne[1] != rank || pair.b->ne[0] != rank || ggml_n_dims(pair.a) > 2 || ggml_n_dims(pair.b) > 2) {
+            return false;
+        }
+        folded_bytes += (size_t) (pair.a->ne[0] * pair.b->ne[1]) * sizeof(float);
+    }
+    if (rank < 1 || folded_bytes > MAX_FOLDED_BYTES) {
+        return false;
+    }
+    plan.scale = alpha != 0.0f ? lora_scale * alpha / (float) rank : lora_scale;
+    if (!load_gguf_data(draft_path, plan.draft_gguf, plan.draft_data)) {
+        return false;
+    }
+    for (const auto & [base, pair] : plan.pairs) {
+        const ggml_tensor * w = ggml_get_tensor(plan.draft_data.get(), base.c_str());
+        if (w == nullptr || ggml_n_dims(w) != 2 || w->ne[0] != pair.a->ne[0] || w->ne[1] != pair.b->ne[1]) {
+            return false;
+        }
+        gguf_set_tensor_type(plan.draft_meta.get(), base.c_str(), GGML_TYPE_F32);
+    }
+    return true;
+}
+
 struct learned_arbiter final : cospec_arbiter {
     cospec_engine * eng = nullptr;
     bundle b;
@@ -292,8 +482,10 @@ struct learned_arbiter final : cospec_arbiter {
     cospec_head_fn head_fn = nullptr;
     void * head_user_data = nullptr;
 
-    // The LoRA arbiter's own context on the draft model.
+    // The LoRA arbiter's own context, on the draft model with the adapter
+    // attached, or on `folded`, the draft with the adapter in its weights.
     llama_adapter_lora * adapter = nullptr;
+    llama_model * folded = nullptr;
     llama_context * ctx = nullptr;
     llama_batch batch {};
     int32_t n_batch = 0;
@@ -307,6 +499,9 @@ struct learned_arbiter final : cospec_arbiter {
             llama_batch_free(batch);
             llama_free(ctx);
         }
+        if (folded != nullptr) {
+            llama_model_free(folded);
+        }
         if (adapter != nullptr) {
             llama_adapter_lora_free(adapter);
         }
@@ -318,6 +513,9 @@ struct learned_arbiter final : cospec_arbiter {
     const cospec_engine * engine() const override { return eng; }
     bool uses_engine_draft() const override { return b.context_from_draft; }
     const char * meta(const char * key) const override {
+        if (b.kind == "lora" && std::strcmp(key, "adapter_use") == 0) {
+            return folded != nullptr ? "folded" : "decode";
+        }
         auto it = b.meta.find(key);
         return it == b.meta.end() ? nullptr : it->second.c_str();
     }
@@ -335,10 +533,22 @@ struct learned_arbiter final : cospec_arbiter {
         if (const int32_t st = cospec::check_gguf_file("arbiter adapter", adapter_path.c_str()); st != COSPEC_OK) {
             return fail(COSPEC_ERR_ARBITER, cospec_last_error());
         }
+        // llama.cpp checks that the adapter fits the draft, folded or not.
         adapter = llama_adapter_lora_init(eng->draft.model, adapter_path.c_str());
         if (adapter == nullptr) {
             return fail(COSPEC_ERR_ADAPTER, "arbiter adapter '" + adapter_path + "' does not fit the draft model" +
                                                 " (llama.cpp refused it; see its log with verbose on)");
+        }
+        if (p.fold_adapter) {
+            fold_plan plan;
+            if (plan_fold(eng->draft_path, adapter_path, b.lora_scale, plan)) {
+                folded = load_folded(plan, *eng);
+            }
+            cospec::take_llama_errors(); // a fold that did not happen leaves the adapter to apply at decode
+            if (folded != nullptr) {
+                llama_adapter_lora_free(adapter);
+                adapter = nullptr;
+            }
         }
         llama_context_params cp = llama_context_default_params();
         n_batch = std::max(eng->n_batch, MAX_REGION);
@@ -364,13 +574,13 @@ struct learned_arbiter final : cospec_arbiter {
         }
         cp.abort_callback = [](void * data) { return static_cast<std::atomic<bool> *>(data)->load(); };
         cp.abort_callback_data = &eng->abort_flag;
-        ctx = llama_init_from_model(eng->draft.model, cp);
+        ctx = llama_init_from_model(folded != nullptr ? folded : eng->draft.model, cp);
         if (ctx == nullptr) {
             return fail(COSPEC_ERR_ARBITER, "could not create the arbiter's draft context");
         }
         batch = llama_batch_init(n_batch, 0, 1);
         float scale = b.lora_scale;
-        if (llama_set_adapters_lora(ctx, &adapter, 1, &scale) != 0) {
+        if (adapter != nullptr && llama_set_adapters_lora(ctx, &adapter, 1, &scale) != 0) {
             return fail(COSPEC_ERR_ADAPTER, "llama.cpp could not attach the arbiter's adapter to its context");
         }
         return COSPEC_OK;
@@ -595,6 +805,7 @@ cospec_learned_arbiter_params cospec_learned_arbiter_default_params(void) {
     p.head = nullptr;
     p.head_user_data = nullptr;
     p.n_threads = 0;
+    p.fold_adapter = true;
     return p;
 }
 
