@@ -202,8 +202,18 @@ def plot(summary: dict, path: Path, title: str) -> Path | None:
 def run_config(engine: Engine, runs: Sequence[Run], params: GenerationParams) -> dict:
     """Everything that decides a run's records: models, mode, arbiter identity and settings."""
     settings = {k: v for k, v in asdict(params).items() if k not in ("mode", "arbiter", "stop")}
-    return {r.label: {"mode": r.mode, "arbiter": None if r.arbiter is None else arbiter_identity(
-        r.arbiter, params.arbiter_threshold)} for r in runs} | {"settings": settings}
+
+    def arbiter_of(run: Run) -> dict | None:
+        if run.arbiter is None:
+            return None
+        identity = arbiter_identity(run.arbiter, params.arbiter_threshold)
+        if identity["kind"] == "learned":  # a LoRA arbiter's adapter folded or applied at decode: other rounding
+            loaded = engine.arbiter(run.arbiter, threshold=params.arbiter_threshold, head=params.arbiter_head)
+            if (use := loaded.meta("adapter_use")) is not None:
+                identity["adapter_use"] = use
+        return identity
+
+    return {r.label: {"mode": r.mode, "arbiter": arbiter_of(r)} for r in runs} | {"settings": settings}
 
 
 def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], score: Callable[[Problem, str], bool],

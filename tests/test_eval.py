@@ -133,6 +133,10 @@ def test_runs_that_keep_mismatches_are_reproducible(tmp_path):
     assert sorted(first, key=key) == sorted(second, key=key)
     for run in ("fly", "cospec:demo-lora", "cospec:demo-features"):
         assert sum(r["kept"] for r in first if r["run"] == run) > 0, f"{run} should keep something on this pair"
+    # The config says how the LoRA arbiter's adapter ran (folded or at decode: other rounding).
+    config = json.loads((a / "config.json").read_text())["runs"]
+    assert config["cospec:demo-lora"]["arbiter"]["adapter_use"] == "folded"
+    assert "adapter_use" not in config["cospec:demo-features"]["arbiter"]
 
 
 def test_a_run_with_the_auto_arbiter_records_the_arbiter_that_ran(target_path):

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from gguf import GGUFValueType
+from gguf_corpus import with_kv
 
 from converters.arbiter_export import write_arbiter
 from converters.llama_to_gguf import convert
 from cospec_local import AdapterError, ArbiterError, Engine, GenerationParams, InvalidArgumentError, NoDraftError, _cospec
 from cospec_local.arbiters import NAMED_ARBITERS, onnx_head
+from cospec_local.gguf_edit import open_gguf, rewrite_gguf
 from cospec_local.models import DEMO_DIR, demo_checkpoint, demo_model
 from cospec_local.params import DEFAULTS
 from cospec_local.tasks import FAMILY_STOPS, load_task
@@ -178,6 +182,25 @@ def test_folded_adapter_reads_what_the_adapter_does(f32_draft, states, tmp_path,
         # F16 beside the draft's cache ("draft"): one F16 rounding apart, 5.9e-4 on states up to 17.
         assert 0.0 < worst <= (2e-3 if lora_context == "draft" else 1e-4), worst
         at_decode.close()
+
+
+def test_no_fold_where_llama_cpp_scales_the_weight_first(f32_draft, states, tmp_path):
+    """A per-tensor weight scale (`blk.N.attn_q.scale`, loaded by llama.cpp for every architecture)
+    multiplies W x before llama.cpp adds the adapter's term; a fold would scale B A too. Such a
+    draft runs the adapter at decode, with the same result as asking for that."""
+    reader = open_gguf(f32_draft)
+    scaled = rewrite_gguf(reader, tmp_path / "draft-scaled.gguf",
+                          add_tensors=[("blk.0.attn_q.scale", np.array([1.5], np.float32), None)])
+    folder = export(random_lora_arbiter(f32_draft, seed=4), tmp_path / "lora", scaled)
+    with Engine(demo_model("target"), str(scaled), n_ctx=1024, n_threads=1) as engine:
+        default = engine.arbiter(str(folder))
+        at_decode = _cospec.Arbiter.load(engine._native, str(folder), fold_adapter=False)
+        assert default.meta("adapter_use") == "decode"
+        for s in states[:3]:
+            b = block_of(engine, s)
+            np.testing.assert_array_equal(default.head_inputs(b), at_decode.head_inputs(b))
+        at_decode.close()
+        assert engine.generate(load_task("arith", "test", 1)[0].prompt, arbiter=str(folder), max_tokens=20).tokens
 
 
 def test_shipped_lora_arbiter_folded_decides_as_at_decode(demo_engine, states):
@@ -427,6 +450,15 @@ def test_bad_arbiter_files_are_clear_errors(demo_engine, f32_draft, tmp_path):
                           (str(tmp_path / "missing"), "file not found"), (demo_model("draft"), "not an arbiter")]:
         with pytest.raises(ArbiterError, match=pattern):
             demo_engine.arbiter(path)
+
+    # adapter metadata of the wrong type: llama.cpp's typed getters would abort the process
+    for key, value, vtype in [("adapter.lora.alpha", "16", GGUFValueType.STRING),
+                              ("general.type", 1, GGUFValueType.UINT32),
+                              ("adapter.type", 1.0, GGUFValueType.FLOAT32)]:
+        folder = variant(f"adapter-{key}", lambda f: None)
+        with_kv(good / "adapter.gguf", Path(folder) / "adapter.gguf", key, value, vtype)
+        with pytest.raises(ArbiterError, match=f"{key} must be a"):
+            demo_engine.arbiter(folder)
 
     # a LoRA whose shapes do not fit the draft: llama.cpp refuses it, the engine says so
     wrong = random_lora_arbiter(demo_model("draft"))

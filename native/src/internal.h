@@ -19,6 +19,8 @@ int32_t check_gguf_file(const char * role, const char * path);
 
 // Refuse metadata and tensor infos that llama.cpp would assert on (model_check.cpp).
 int32_t check_model_metadata(const char * role, const char * path);
+// Refuse a LoRA adapter's metadata that llama.cpp would assert on (model_check.cpp).
+int32_t check_adapter_metadata(const char * role, const char * path);
 
 // The error lines llama.cpp logged since the last call, joined, and forgotten.
 std::string take_llama_errors();

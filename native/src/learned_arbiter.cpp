@@ -30,7 +30,9 @@
 #include <map>
 #include <memory>
 #include <new>
+#include <set>
 #include <string>
+#include <string_view>
 #include <sys/stat.h>
 #include <vector>
 
@@ -49,6 +51,26 @@ constexpr size_t MAX_HEAD_BYTES = 256u << 20;
 // Folding the adapter: the folded weights as F32 at most, and the draft file read for it at most.
 constexpr size_t MAX_FOLDED_BYTES = 64u << 20;
 constexpr size_t MAX_FOLD_SOURCE_BYTES = 512u << 20;
+// Architectures whose blocks multiply these weights through llama.cpp's
+// build_lora_mm (W x + s B A x), so a folded W + s B A computes the same.
+const std::set<std::string> FOLDABLE_ARCHITECTURES = {"llama", "gemma3", "qwen2", "qwen3"};
+const std::set<std::string> FOLDABLE_WEIGHTS = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                                "ffn_gate", "ffn_up", "ffn_down"};
+
+// "blk.<layer>.<weight>.weight" with <weight> one of FOLDABLE_WEIGHTS.
+bool is_foldable_weight(const std::string & name) {
+    constexpr std::string_view prefix = "blk.", suffix = ".weight";
+    if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+        return false;
+    }
+    const size_t dot = name.find('.', prefix.size());
+    if (dot == std::string::npos || dot == prefix.size() ||
+        name.find_first_not_of("0123456789", prefix.size()) != dot) {
+        return false;
+    }
+    return FOLDABLE_WEIGHTS.count(name.substr(dot + 1, name.size() - suffix.size() - dot - 1)) > 0;
+}
 
 std::string parent_dir(const std::string & path) {
     const size_t slash = path.find_last_of('/');
@@ -406,9 +428,19 @@ llama_model * load_folded(const fold_plan & plan, const cospec_engine & eng) {
 // False (nothing folded, the adapter applies at decode instead) for what this
 // fold does not cover: weights outside the blocks, quantized adapter tensors,
 // types without a dequantizer, or more than MAX_FOLDED_BYTES of folded weights.
-bool plan_fold(const std::string & draft_path, const std::string & adapter_path, float lora_scale, fold_plan & plan) {
+// Only where llama.cpp applies an adapter to a weight as W x + s B A x: the
+// architectures and weights listed, and no per-tensor weight scale (it would
+// multiply W x before the adapter's term is added, and the fold's delta too).
+bool plan_fold(const cospec_engine & eng, const std::string & adapter_path, float lora_scale, fold_plan & plan) {
+    const std::string & draft_path = eng.draft_path;
     struct stat st {};
     if (stat(draft_path.c_str(), &st) != 0 || (size_t) st.st_size > MAX_FOLD_SOURCE_BYTES) {
+        return false;
+    }
+    // The draft is read again here: it must still be the file the engine loaded and checked.
+    std::string fingerprint;
+    if (cospec::check_model_metadata("draft model", draft_path.c_str()) != COSPEC_OK ||
+        cospec::model_fingerprint(draft_path.c_str(), fingerprint) != COSPEC_OK || fingerprint != eng.draft_fingerprint) {
         return false;
     }
     if (!load_gguf_data(adapter_path, plan.adapter_gguf, plan.adapter_data)) {
@@ -426,7 +458,7 @@ bool plan_fold(const std::string & draft_path, const std::string & adapter_path,
         const size_t dot = name.rfind('.');
         const std::string base = dot == std::string::npos ? name : name.substr(0, dot);
         const std::string part = dot == std::string::npos ? "" : name.substr(dot + 1);
-        if (t == nullptr || (part != "lora_a" && part != "lora_b") || base.compare(0, 4, "blk.") != 0 ||
+        if (t == nullptr || (part != "lora_a" && part != "lora_b") || !is_foldable_weight(base) ||
             t->type != GGML_TYPE_F32) {
             return false;
         }
@@ -438,11 +470,18 @@ bool plan_fold(const std::string & draft_path, const std::string & adapter_path,
     if (!plan.draft_meta || plan.pairs.empty()) {
         return false;
     }
+    if (const int64_t k = gguf_find_key(plan.draft_meta.get(), "general.architecture");
+        k < 0 || gguf_get_kv_type(plan.draft_meta.get(), k) != GGUF_TYPE_STRING ||
+        !FOLDABLE_ARCHITECTURES.count(gguf_get_val_str(plan.draft_meta.get(), k))) {
+        return false;
+    }
     size_t folded_bytes = 0;
     int64_t rank = -1;
     for (const auto & [base, pair] : plan.pairs) {
         const int64_t id = gguf_find_tensor(plan.draft_meta.get(), base.c_str());
-        if (pair.a == nullptr || pair.b == nullptr || id < 0) {
+        const std::string weight_scale = base.substr(0, base.size() - std::strlen(".weight")) + ".scale";
+        if (pair.a == nullptr || pair.b == nullptr || id < 0 ||
+            gguf_find_tensor(plan.draft_meta.get(), weight_scale.c_str()) >= 0) {
             return false;
         }
         const ggml_type type = gguf_get_tensor_type(plan.draft_meta.get(), id);
@@ -453,6 +492,9 @@ bool plan_fold(const std::string & draft_path, const std::string & adapter_path,
             rank = pair.b->ne[0];
         }
         if (pair.a->ne[1] != rank || pair.b->ne[0] != rank || ggml_n_dims(pair.a) > 2 || ggml_n_dims(pair.b) > 2) {
+            return false;
+        }
+        if (pair.a->ne[0] < 1 || pair.b->ne[1] < 1 || pair.a->ne[0] > (int64_t) MAX_FOLDED_BYTES / pair.b->ne[1]) {
             return false;
         }
         folded_bytes += (size_t) (pair.a->ne[0] * pair.b->ne[1]) * sizeof(float);
@@ -533,6 +575,9 @@ struct learned_arbiter final : cospec_arbiter {
         if (const int32_t st = cospec::check_gguf_file("arbiter adapter", adapter_path.c_str()); st != COSPEC_OK) {
             return fail(COSPEC_ERR_ARBITER, cospec_last_error());
         }
+        if (const int32_t st = cospec::check_adapter_metadata("arbiter adapter", adapter_path.c_str()); st != COSPEC_OK) {
+            return fail(COSPEC_ERR_ARBITER, cospec_last_error());
+        }
         // llama.cpp checks that the adapter fits the draft, folded or not.
         adapter = llama_adapter_lora_init(eng->draft.model, adapter_path.c_str());
         if (adapter == nullptr) {
@@ -541,10 +586,12 @@ struct learned_arbiter final : cospec_arbiter {
         }
         if (p.fold_adapter) {
             fold_plan plan;
-            if (plan_fold(eng->draft_path, adapter_path, b.lora_scale, plan)) {
+            if (plan_fold(*eng, adapter_path, b.lora_scale, plan)) {
                 folded = load_folded(plan, *eng);
             }
-            cospec::take_llama_errors(); // a fold that did not happen leaves the adapter to apply at decode
+            // A fold that did not happen leaves the adapter to apply at decode: not an error.
+            cospec::take_llama_errors();
+            cospec::clear_error();
             if (folded != nullptr) {
                 llama_adapter_lora_free(adapter);
                 adapter = nullptr;

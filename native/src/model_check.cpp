@@ -87,6 +87,31 @@ bool has_zero_entry(const gguf_context * g, const std::string & key) {
 
 namespace cospec {
 
+// llama_adapter_lora_init reads these keys with typed getters, which assert on another type.
+int32_t check_adapter_metadata(const char * role, const char * path) {
+    const std::string who = std::string(role) + " '" + path + "'";
+    gguf_init_params gp {};
+    gp.no_alloc = true;
+    std::unique_ptr<gguf_context, gguf_free_deleter> g(gguf_init_from_file(path, gp));
+    if (!g) {
+        return fail(COSPEC_ERR_MODEL_LOAD, who + ": corrupt GGUF header");
+    }
+    const struct { const char * key; gguf_type type; } typed[] = {
+        {"general.type", GGUF_TYPE_STRING},
+        {"general.architecture", GGUF_TYPE_STRING},
+        {"adapter.type", GGUF_TYPE_STRING},
+        {"adapter.lora.alpha", GGUF_TYPE_FLOAT32},
+    };
+    for (const auto & [key, type] : typed) {
+        const int64_t id = gguf_find_key(g.get(), key);
+        if (id >= 0 && gguf_get_kv_type(g.get(), id) != type) {
+            return fail(COSPEC_ERR_MODEL_LOAD, who + ": " + key + " must be a " + gguf_type_name(type) + ", not a " +
+                                                   gguf_type_name(gguf_get_kv_type(g.get(), id)));
+        }
+    }
+    return COSPEC_OK;
+}
+
 int32_t check_model_metadata(const char * role, const char * path) {
     const std::string who = std::string(role) + " '" + path + "'";
     ggml_context * raw_meta = nullptr;
