@@ -1,6 +1,7 @@
 // Python bindings of the C API (module cospec_local._cospec).
 // Native work runs with the GIL released; callbacks into Python take it back.
 #include "cospec.h"
+#include "../src/draft_tuner.h" // exposed for replaying timings in tests
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -709,6 +710,16 @@ PYBIND11_MODULE(_cospec, m) {
             PyErr_SetObject(cospec_error, args.ptr());
         }
     });
+
+    // The adaptive length's model on its own, fed with chosen timings: what it decides from a
+    // given history of costs can be checked without depending on this machine's clock.
+    py::class_<cospec::draft_tuner>(m, "DraftTuner")
+        .def(py::init<>())
+        .def("choose", &cospec::draft_tuner::choose, py::arg("k_max"))
+        .def("observe_block", &cospec::draft_tuner::observe_block, py::arg("kd"), py::arg("accepted"), py::arg("ended_early"))
+        .def("observe_draft", &cospec::draft_tuner::observe_draft, py::arg("first_ms"), py::arg("step_ms"), py::arg("n_steps"))
+        .def("observe_verify", &cospec::draft_tuner::observe_verify, py::arg("n_tokens"), py::arg("ms"), py::arg("fair"))
+        .def_property_readonly("acceptance", &cospec::draft_tuner::acceptance);
 
     m.def("version", &cospec_version);
     m.def("set_llama_log", &cospec_set_llama_log, py::arg("enabled"));

@@ -19,6 +19,7 @@ double ema(double old, double x) {
 
 void draft_tuner::observe_block(int32_t kd, int32_t accepted, bool ended_early) {
     since_explore += 1;
+    clock += 1;
     // A block the draft declined whole verified one token, as a plain step does:
     // going over to plain steps then rebuilds no graph.
     declined_whole = kd <= 0 && ended_early;
@@ -72,32 +73,57 @@ void draft_tuner::observe_verify(int32_t n_tokens, double ms, bool fair) {
     // against 1.6) in the estimate for hundreds of steps of plain decoding,
     // whose rare exploring blocks, after plain steps, were never fair.
     if (!fair) {
-        if (t_verify[n_tokens] <= 0.0) {
+        if (!fresh(n_tokens)) {
             t_verify[n_tokens] = ms;
+            verify_fair[n_tokens] = false;
+            sampled_at[n_tokens] = clock;
         }
         return;
     }
-    t_verify[n_tokens] = verify_fair[n_tokens] ? ema(t_verify[n_tokens], ms) : ms;
+    // Samples of a run of blocks of this size are averaged; one after a pause
+    // (a probe of a length not in use) replaces the estimate, which was made
+    // under another load of the machine: averaged, a probe every 256 steps
+    // took 11 probes to undo an estimate 4x too dear.
+    const bool in_a_run = verify_fair[n_tokens] && clock - sampled_at[n_tokens] <= AVERAGE_WITHIN;
+    t_verify[n_tokens] = in_a_run ? ema(t_verify[n_tokens], ms) : ms;
     verify_fair[n_tokens] = true;
+    sampled_at[n_tokens] = clock;
 }
 
-// Measured cost of verifying n tokens, interpolated between measured batch
-// sizes (linear in n, which is how a compute-bound CPU behaves).
+bool draft_tuner::fresh(int32_t n) const {
+    return t_verify[n] > 0.0 && (fixed_costs || clock - sampled_at[n] <= STALE_AFTER);
+}
+
+// Measured cost of verifying n tokens, interpolated between freshly measured
+// batch sizes (linear in n, which is how a compute-bound CPU behaves). An
+// estimate not refreshed for STALE_AFTER steps counts as unknown: on a shared
+// machine the costs drift by 20% and more between minutes, and a length whose
+// old, dear estimate was never measured again held the tuner at K = 2 for
+// whole runs (8% slower than K = 8; bench/RESULTS.md).
 double draft_tuner::verify_cost(int32_t n) const {
-    if (t_verify[n] > 0.0) {
+    bool any_fresh = false;
+    for (int32_t m = 1; m <= MAX_BATCH && !any_fresh; ++m) {
+        any_fresh = fresh(m);
+    }
+    // (Nothing fresh, which the length in use being measured as it runs should rule out: the old ones.)
+    const auto known = [&](int32_t m) { return any_fresh ? fresh(m) : t_verify[m] > 0.0; };
+    if (known(n)) {
         return t_verify[n];
     }
     int32_t lo = n - 1, hi = n + 1;
-    while (lo >= 1 && t_verify[lo] <= 0.0) --lo;
-    while (hi <= MAX_BATCH && t_verify[hi] <= 0.0) ++hi;
+    while (lo >= 1 && !known(lo)) --lo;
+    while (hi <= MAX_BATCH && !known(hi)) ++hi;
     const bool has_lo = lo >= 1, has_hi = hi <= MAX_BATCH;
     if (has_lo && has_hi) {
         return t_verify[lo] + (t_verify[hi] - t_verify[lo]) * (n - lo) / (hi - lo);
     }
-    const int32_t known = has_lo ? lo : hi;
+    if (!has_lo && !has_hi) {
+        return 0.0; // nothing measured yet: choose() measures before it asks
+    }
+    const int32_t side = has_lo ? lo : hi;
     // One side only: assume each extra token costs a third of a single step.
-    const double per_token = (t_verify[1] > 0.0 ? t_verify[1] : t_verify[known] / (1.0 + (known - 1) / 3.0)) / 3.0;
-    return t_verify[known] + per_token * (n - known);
+    const double per_token = (known(1) ? t_verify[1] : t_verify[side] / (1.0 + (side - 1) / 3.0)) / 3.0;
+    return t_verify[side] + per_token * (n - side);
 }
 
 int32_t draft_tuner::choose(int32_t k_max) {
@@ -189,7 +215,16 @@ int32_t draft_tuner::choose(int32_t k_max) {
         if (best == 0) {
             best = settled_k = best_drafting; // its blocks are the last decodes the next choice follows
         } else {
-            best = 0;
+            // Below the longest length, every other probe times two blocks of
+            // it instead: nothing else measures the lengths not in use.
+            probe_long = best < k_max && !probe_long;
+            if (probe_long) {
+                plain_probe_left = 0;
+                explore_left = 1;
+                best = k_max;
+            } else {
+                best = 0;
+            }
         }
     }
     return last_k = best;

@@ -62,6 +62,7 @@ class draft_tuner {
 
   private:
     double verify_cost(int32_t n) const;
+    bool fresh(int32_t n) const; // t_verify[n] was measured within STALE_AFTER steps
 
     double acc_sum = 1.0; // decayed counts of accepted draft tokens and of rejections
     double rej_sum = 1.0; // (prior: a = 0.5)
@@ -69,6 +70,9 @@ class draft_tuner {
     double t_draft_first = -1.0; // the block's first draft call, catch-up included
     double t_verify[MAX_BATCH + 1] = {};
     bool verify_fair[MAX_BATCH + 1] = {}; // t_verify[n] comes from fair samples
+    int64_t sampled_at[MAX_BATCH + 1] = {}; // `clock` at t_verify[n]'s last sample
+    int64_t clock = 0;                      // blocks and plain steps observed
+    bool probe_long = false;                // the last probe while drafting timed the longest length
     int32_t measuring_blocks = 0;         // blocks taken to time a block fairly
     static constexpr int32_t MEASURE_MAX_BLOCKS = 8;
     int64_t since_explore = 0;          // steps since the last exploration or probe, or switch
@@ -102,6 +106,11 @@ class draft_tuner {
     // every few blocks paid ~0.2 ms a block more than fixed K (bench/RESULTS.md).
     static constexpr double SWITCH_COST = 0.3;
     static constexpr int64_t EXPLORE_MAX = 128;
+    // Steps after which a measured cost is stale. The probes refresh a plain
+    // step's and the longest length's at least every 2 * EXPLORE_MAX steps.
+    static constexpr int64_t STALE_AFTER = 4 * EXPLORE_MAX;
+    // Steps within which a new sample of a size is averaged with its estimate.
+    static constexpr int64_t AVERAGE_WITHIN = EXPLORE_MIN;
 };
 
 } // namespace cospec

@@ -1,0 +1,48 @@
+"""The adaptive draft length's model (native/src/draft_tuner.cpp) replayed on chosen timings, so
+that what it decides from a history of costs does not depend on this machine's clock."""
+from collections import Counter
+
+from cospec_local import _cospec
+
+
+def replay(tuner, steps, verify_ms, first_ms=0.5, step_ms=0.1, k_max=8, state=None):
+    """Drive the tuner as a generation does, with every drafted token accepted; the lengths chosen.
+    A decode counts as a fair sample when the one before it had the same size (no graph rebuild)."""
+    state = {"last_n": 0} if state is None else state
+    chosen = []
+    for _ in range(steps):
+        k = tuner.choose(k_max)
+        chosen.append(k)
+        if k > 0:
+            tuner.observe_draft(first_ms, step_ms, k - 1)
+        tuner.observe_verify(k + 1, verify_ms(k + 1), state["last_n"] == k + 1)
+        tuner.observe_block(k, k, False)
+        state["last_n"] = k + 1
+    return chosen
+
+
+def linear(n):  # ms to verify n tokens: a CPU where each extra token costs 0.15 of a step
+    return 1.0 + 0.15 * (n - 1)
+
+
+def test_a_pair_that_always_agrees_drafts_the_longest_blocks():
+    chosen = replay(_cospec.DraftTuner(), 2000, linear)
+    assert Counter(chosen[-1000:])[8] >= 950  # the rest: probes of a plain step's cost
+
+
+def test_plain_steps_win_where_verifying_costs_a_step_a_token():
+    chosen = replay(_cospec.DraftTuner(), 2000, lambda n: float(n), first_ms=0.6, step_ms=0.3)
+    assert Counter(chosen[-1000:])[0] >= 950  # the rest: exploring blocks
+
+
+def test_a_length_measured_dear_once_is_measured_again():
+    """Long blocks timed 4x too dear for a while (the machine busy), then the load goes: the tuner
+    settles on shorter blocks meanwhile, and once the costs are back it must find the long blocks
+    again. Before, nothing measured a length not in use: the estimate stayed 4x too dear and the
+    tuner stayed at K = 4 for good (on the demo pair, runs at K = 2 were 8% slower than K = 8)."""
+    tuner, state = _cospec.DraftTuner(), {"last_n": 0}
+    busy = replay(tuner, 300, lambda n: linear(n) * (4.0 if n >= 6 else 1.0), state=state)
+    assert Counter(busy).most_common(1)[0][0] in range(1, 6)
+    after = replay(tuner, 1500, linear, state=state)
+    assert Counter(after[:300])[8] >= 150, Counter(after[:300])  # the first probe of the longest length
+    assert Counter(after[-1000:])[8] >= 950
