@@ -1,7 +1,8 @@
 """A corpus of structured corruptions of the demo pair's GGUF files, and a runner that loads each
 one in a worker process and classifies what happened.
 
-    python tests/gguf_corpus.py --out runs/corpus          # build and run all cases (about 3 minutes)
+    python tests/gguf_corpus.py --out runs/corpus              # build and run all cases (about 3 minutes)
+    python tests/gguf_corpus.py --out runs/corpus --arbiters   # the arbiter cases
 
 Every case must end as a clean typed error (a CospecError subclass with a short, valid message)
 or a correct run (finite logits, a few tokens); never a signal, a hang, more than 2 GiB, an
@@ -16,7 +17,10 @@ untyped exception or NaN garbage. Mutations (each deterministic, from the case n
   misaligned, duplicate and missing tensors; general.alignment values;
 - the header (magic, version, counts), truncations, seeded bit flips;
 - pairs: a clean target with a mutated draft, and drafts whose vocabulary, tokenizer or special
-  tokens differ from the target's.
+  tokens differ from the target's;
+- arbiters (`arbiter_cases`, with `--arbiters`): the shipped arbiters' LoRA adapter or head file
+  mutated as above (keys, tensor infos, header, truncations, bit flips), loaded for the clean pair
+  and asked about a block.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import struct
 import subprocess
 import sys
@@ -49,6 +54,7 @@ class Case:
     name: str
     target: str
     draft: str | None
+    arbiter: str | None = None  # an arbiter folder, loaded for the clean pair and run
 
 
 # ---------------------------------------------------------------------------------------- writing
@@ -135,7 +141,8 @@ def scalar_variants(vtype) -> list[tuple[str, object, object]]:
     return []
 
 
-def metadata_cases(src: Path, d: Path, tag: str) -> list[tuple[str, Path]]:
+def kv_cases(src: Path, d: Path, tag: str) -> list[tuple[str, Path]]:
+    """Every scalar key with its type kept, its type changed, or deleted; every array key deleted."""
     reader = open_gguf(src)
     out = []
     for field in reader.fields.values():
@@ -150,6 +157,12 @@ def metadata_cases(src: Path, d: Path, tag: str) -> list[tuple[str, Path]]:
                 out.append((f"{tag}-kv-{safe}-{label}", with_kv(src, d / f"{tag}-kv-{safe}-{label}.gguf", field.name,
                                                                  value, new_type)))
         out.append((f"{tag}-kv-{safe}-deleted", with_kv(src, d / f"{tag}-kv-{safe}-deleted.gguf", field.name, None)))
+    return out
+
+
+def metadata_cases(src: Path, d: Path, tag: str) -> list[tuple[str, Path]]:
+    reader = open_gguf(src)
+    out = kv_cases(src, d, tag)
     special = [("arch-unknown", gguf.Keys.General.ARCHITECTURE, "nonesuch"), ("arch-gemma3", gguf.Keys.General.ARCHITECTURE, "gemma3"),
                ("tok-bert", gguf.Keys.Tokenizer.MODEL, "bert"), ("tok-no_vocab", gguf.Keys.Tokenizer.MODEL, "no_vocab"),
                ("tok-none", gguf.Keys.Tokenizer.MODEL, "none"), ("tok-gpt2", gguf.Keys.Tokenizer.MODEL, "gpt2"),
@@ -235,13 +248,14 @@ def token_cases(src: Path, d: Path, tag: str) -> list[tuple[str, Path]]:
     return out
 
 
-def tensor_cases(src: Path, d: Path, tag: str) -> list[tuple[str, Path]]:
+def tensor_cases(src: Path, d: Path, tag: str, chosen: list[str] | None = None) -> list[tuple[str, Path]]:
     reader = open_gguf(src)
     raw = src.read_bytes()
     offsets = tensor_info_offsets(src)
     names = [t.name for t in reader.tensors]
-    chosen = [n for n in names if n in ("token_embd.weight", "output.weight", "output_norm.weight")] + \
-        [n for n in names if n.startswith("blk.0.")] + [n for n in names if n.startswith("blk.1.attn")]
+    if chosen is None:
+        chosen = [n for n in names if n in ("token_embd.weight", "output.weight", "output_norm.weight")] + \
+            [n for n in names if n.startswith("blk.0.")] + [n for n in names if n.startswith("blk.1.attn")]
     out = []
     for name in chosen:
         off = offsets[name]
@@ -276,7 +290,7 @@ def tensor_cases(src: Path, d: Path, tag: str) -> list[tuple[str, Path]]:
     return out
 
 
-def header_cases(src: Path, d: Path, tag: str) -> list[tuple[str, Path]]:
+def header_cases(src: Path, d: Path, tag: str, bit_flips: int = 80) -> list[tuple[str, Path]]:
     muts = {"magic": (0, b"GGUG"), "magic-zero": (0, b"\0\0\0\0"), "version-0": (4, struct.pack("<I", 0)),
             "version-1": (4, struct.pack("<I", 1)), "version-2": (4, struct.pack("<I", 2)),
             "version-999": (4, struct.pack("<I", 999)), "tensors-0": (8, struct.pack("<Q", 0)),
@@ -296,8 +310,8 @@ def header_cases(src: Path, d: Path, tag: str) -> list[tuple[str, Path]]:
         out.append((name, d / f"{name}.gguf"))
     rng = random.Random(f"bitflips-{tag}")
     header_end = open_gguf(src).tensors[0].data_offset
-    for i in range(80):
-        pos = rng.randrange(0, header_end) if i < 60 else rng.randrange(header_end, size)
+    for i in range(bit_flips):
+        pos = rng.randrange(0, header_end) if i < bit_flips * 3 // 4 else rng.randrange(header_end, size)
         bit = 1 << rng.randrange(8)
         name = f"{tag}-bitflip-{i}-{pos}-{bit}"
         out.append((name, patched(src, d / f"{name}.gguf", pos, bytes([raw[pos] ^ bit]))))
@@ -323,6 +337,28 @@ def build(out: Path, target: Path, draft: Path) -> list[Case]:
     return cases
 
 
+def arbiter_cases(out: Path, target: Path, draft: Path, arbiters: dict[str, Path]) -> list[Case]:
+    """Arbiter folders with one file corrupted (the LoRA adapter, or the head and its metadata),
+    each loaded for the clean pair it was made for and asked to decide."""
+    cases = []
+    for tag, folder in arbiters.items():
+        for file in ("adapter.gguf", "arbiter.gguf"):
+            src = folder / file
+            if not src.exists():
+                continue
+            files = out / f"{tag}-{file}"
+            files.mkdir(parents=True, exist_ok=True)
+            label = f"{tag}-{file.split('.')[0]}"
+            made = kv_cases(src, files, label) + tensor_cases(src, files, label, [t.name for t in open_gguf(src).tensors][:4]) \
+                + header_cases(src, files, label, bit_flips=24)
+            for name, path in made:
+                case_folder = out / name
+                shutil.copytree(folder, case_folder, dirs_exist_ok=True)
+                shutil.copyfile(path, case_folder / file)
+                cases.append(Case(name, str(target), str(draft), str(case_folder)))
+    return cases
+
+
 # ---------------------------------------------------------------------------------------- running
 
 WORKER = r'''
@@ -341,6 +377,18 @@ for line in sys.stdin:
             if case["draft"]:
                 runs.append(engine.generate(prompt, max_tokens=8, ignore_eos=True, draft_max=4, adaptive_draft=False))
                 runs.append(engine.generate(prompt, max_tokens=8, ignore_eos=True, arbiter="fly"))
+            if case.get("arbiter"):
+                arbiter = engine.arbiter(case["arbiter"])
+                runs.append(engine.generate(prompt, max_tokens=8, ignore_eos=True, arbiter=arbiter))
+                k, v = 4, engine.n_vocab  # a block with a mismatch at every position, so the head runs
+                p_keep = arbiter.score({{"context": np.array(prompt[:8], np.int32),
+                                        "draft": np.array(prompt[8:8 + k], np.int32),
+                                        "target": np.array(prompt[9:10 + k], np.int32),
+                                        "mismatch": np.ones(k, np.uint8),
+                                        "target_logits": np.zeros((k + 1, v), np.float32),
+                                        "draft_logits": np.zeros((k, v), np.float32)}})
+                if not np.isfinite(p_keep).all():
+                    raise RuntimeError("non-finite P(keep)")
             logits = engine.score(prompt[:8])
             finite = bool(np.isfinite(logits).all())
             out["outcome"] = "run" if finite else "nan-logits"
@@ -428,10 +476,16 @@ def verdict(result: dict) -> str | None:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--arbiters", action="store_true", help="the arbiter cases instead of the models'")
     args = ap.parse_args(argv)
+    from cospec_local.arbiters import NAMED_ARBITERS
     from cospec_local.models import demo_model
 
-    cases = build(args.out / "files", demo_model("target"), demo_model("draft"))
+    if args.arbiters:
+        cases = arbiter_cases(args.out / "files", demo_model("target"), demo_model("draft"),
+                              {name: NAMED_ARBITERS[f"demo-{name}"].path for name in ("lora", "features")})
+    else:
+        cases = build(args.out / "files", demo_model("target"), demo_model("draft"))
     t0 = time.time()
     results = run(cases)
     bad = [(r["name"], verdict(r)) for r in results if verdict(r)]

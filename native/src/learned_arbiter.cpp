@@ -270,6 +270,9 @@ int32_t read_bundle(const char * path, bundle & b) {
         b.n_embd = (int32_t) std::strtol(n_embd->c_str(), &end, 10);
         if (b.meta.count("lora_scale")) {
             b.lora_scale = std::strtof(b.meta["lora_scale"].c_str(), &end);
+            if (!std::isfinite(b.lora_scale)) {
+                return fail(COSPEC_ERR_ARBITER, who + ": lora_scale must be a finite number");
+            }
         }
         const auto context = b.meta.find("lora_context");
         const std::string reader = context == b.meta.end() ? "adapter" : context->second;

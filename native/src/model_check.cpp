@@ -109,6 +109,11 @@ int32_t check_adapter_metadata(const char * role, const char * path) {
                                                    gguf_type_name(gguf_get_kv_type(g.get(), id)));
         }
     }
+    // A non-finite alpha scales the adapter's term into NaN at every decode.
+    if (const int64_t id = gguf_find_key(g.get(), "adapter.lora.alpha");
+        id >= 0 && !std::isfinite(gguf_get_val_f32(g.get(), id))) {
+        return fail(COSPEC_ERR_MODEL_LOAD, who + ": adapter.lora.alpha must be a finite number");
+    }
     return COSPEC_OK;
 }
 
