@@ -7,15 +7,19 @@ the repeat, so that no run always comes first, right after another problem's run
 run, against the first of --runs:
 - the tokens/s ratio of each repeat, their mean, lowest and highest;
 - the pooled ratio over all repeats with a 95% bootstrap interval over problems;
+- the same over each problem's median time across the repeats, which leaves out the machine's
+  stalls (one problem taking 10-100x its usual time in one repeat);
 - whether every repeat produced the same tokens (they must: runs do not depend on timing).
 
     python bench/paired_speed.py --task arith --limit 500 --repeats 5 --runs sps,cospec:demo-lora -t 2 --out OUT
+    python bench/paired_speed.py --records OUT/records.jsonl --runs sps,cospec:demo-lora   # summarize it again
 """
 from __future__ import annotations
 
 import argparse
 import json
 import random
+import statistics
 from dataclasses import asdict
 from pathlib import Path
 
@@ -48,49 +52,78 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--runs", default="sps,cospec:demo-lora", help="the first is the baseline")
     ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, required=True, help="folder for records.jsonl and results.json")
+    ap.add_argument("--out", type=Path, help="folder for records.jsonl and results.json")
+    ap.add_argument("--records", type=Path, help="summarize this records.jsonl of an earlier run instead of running")
     args = ap.parse_args()
+    if (args.out is None) == (args.records is None):
+        ap.error("give --out (run) or --records (summarize a run)")
+
+    if args.records is not None:  # summarize a finished run again
+        records = [json.loads(line) for line in args.records.read_text(encoding="utf-8").splitlines()]
+        labels = args.runs.split(",")
+        summary = summarize(records, labels, args)
+        print(json.dumps(summary, indent=1))
+        return
 
     engine = Engine.open_default(n_ctx=4096, n_threads=args.threads)
     runs = parse_runs(args.runs, engine.draft_path)
-    base = runs[0].label
+    labels = [r.label for r in runs]
     problems = load_task(args.task, args.split, args.limit)
     params = GenerationParams(max_tokens=256)
     args.out.mkdir(parents=True, exist_ok=True)
-    tokens_of = {}  # (repeat, problem, run) -> completion, to check that repeats agree
-    totals = {}  # (repeat, run) -> [tokens, ms]
-    per_problem = {}  # (problem, run) -> [tokens, ms] over all repeats
+    records = []
     with engine, (args.out / "records.jsonl").open("w", encoding="utf-8") as log:
         for rep in range(args.repeats):
             for i, problem in enumerate(problems):
                 for run in rotated(runs, rep + i):
-                    rec = run_problem(engine, problem, run, params, score, as_chat=False)
-                    log.write(json.dumps({"repeat": rep, **asdict(rec)}) + "\n")
-                    tokens_of[rep, problem.id, run.label] = rec.completion
-                    for key, table in (((rep, run.label), totals), ((problem.id, run.label), per_problem)):
-                        t = table.setdefault(key, [0, 0.0])
-                        t[0] += rec.tokens
-                        t[1] += rec.ms
+                    rec = {"repeat": rep, **asdict(run_problem(engine, problem, run, params, score, as_chat=False))}
+                    log.write(json.dumps(rec) + "\n")
+                    records.append(rec)
+            done = [r for r in records if r["repeat"] == rep]
             print(f"repeat {rep}: " + ", ".join(
-                f"{r.label} {1000 * totals[rep, r.label][0] / totals[rep, r.label][1]:.0f} tok/s" for r in runs),
+                f"{label} {tokens_per_s([r for r in done if r['run'] == label]):.0f} tok/s" for label in labels),
                 flush=True)
-    ids = [p.id for p in problems]
-    same = all(tokens_of[rep, i, r.label] == tokens_of[0, i, r.label]
-               for rep in range(args.repeats) for i in ids for r in runs)
-    summary = {"task": args.task, "split": args.split, "problems": len(ids), "repeats": args.repeats,
-               "threads": args.threads, "baseline": base, "same_tokens_every_repeat": same, "runs": {}}
-    for run in runs[1:]:
-        ratios = [(totals[rep, run.label][0] / totals[rep, run.label][1]) / (totals[rep, base][0] / totals[rep, base][1])
-                  for rep in range(args.repeats)]
-        pooled, lo, hi = bootstrap_ratio(per_problem, ids, run.label, base)
-        summary["runs"][run.label] = {"ratio_per_repeat": [round(r, 4) for r in ratios],
-                                      "mean": sum(ratios) / len(ratios), "lowest": min(ratios), "highest": max(ratios),
-                                      "pooled": pooled, "pooled_ci95": [lo, hi]}
-        print(f"{run.label} / {base}: repeats {', '.join(f'{r:.3f}' for r in ratios)}; mean {sum(ratios) / len(ratios):.3f}"
-              f"; pooled {pooled:.3f} (95% over problems {lo:.3f}-{hi:.3f})")
-    print(f"same tokens in every repeat: {same}")
+    summary = summarize(records, labels, args)
     (args.out / "results.json").write_text(json.dumps(summary, indent=1))
 
+
+def tokens_per_s(records: list[dict]) -> float:
+    return 1000 * sum(r["tokens"] for r in records) / sum(r["ms"] for r in records)
+
+
+def summarize(records: list[dict], labels: list[str], args) -> dict:
+    """Ratios against the first run; printed, and returned for results.json."""
+    base = labels[0]
+    repeats = sorted({r["repeat"] for r in records})
+    ids = sorted({r["problem_id"] for r in records})
+    by = {(r["repeat"], r["problem_id"], r["run"]): r for r in records}
+    same = all(by[rep, i, label]["completion"] == by[repeats[0], i, label]["completion"]
+               for rep in repeats for i in ids for label in labels)
+    # Pooled: every repeat's time summed. Of medians: each problem's median time over the repeats,
+    # so that a stall of the machine (a problem that took 10-100x its usual time in one repeat) is
+    # left out.
+    pooled_times, median_times = {}, {}
+    for i in ids:
+        for label in labels:
+            rows = [by[rep, i, label] for rep in repeats]
+            pooled_times[i, label] = [sum(r["tokens"] for r in rows), sum(r["ms"] for r in rows)]
+            median_times[i, label] = [rows[0]["tokens"], statistics.median(r["ms"] for r in rows)]
+    summary = {"task": args.task, "split": args.split, "problems": len(ids), "repeats": len(repeats),
+               "threads": args.threads, "baseline": base, "same_tokens_every_repeat": same, "runs": {}}
+    for label in labels[1:]:
+        ratios = [tokens_per_s([by[rep, i, label] for i in ids]) / tokens_per_s([by[rep, i, base] for i in ids])
+                  for rep in repeats]
+        pooled, lo, hi = bootstrap_ratio(pooled_times, ids, label, base)
+        of_medians, m_lo, m_hi = bootstrap_ratio(median_times, ids, label, base)
+        summary["runs"][label] = {"ratio_per_repeat": [round(r, 4) for r in ratios],
+                                  "mean": sum(ratios) / len(ratios), "lowest": min(ratios), "highest": max(ratios),
+                                  "pooled": pooled, "pooled_ci95": [lo, hi],
+                                  "of_medians": of_medians, "of_medians_ci95": [m_lo, m_hi]}
+        print(f"{label} / {base}: repeats {', '.join(f'{r:.3f}' for r in ratios)}; mean {sum(ratios) / len(ratios):.3f}"
+              f"; pooled {pooled:.3f} (95% over problems {lo:.3f}-{hi:.3f})"
+              f"; of each problem's median time {of_medians:.3f} ({m_lo:.3f}-{m_hi:.3f})")
+    print(f"same tokens in every repeat: {same}")
+    return summary
 
 if __name__ == "__main__":
     main()

@@ -27,6 +27,7 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export COSPEC_CORPUS_MEMORY_LIMIT=0  # ASan reserves terabytes of address space: no RLIMIT_AS
 "$PY" -c 'import cospec_local; print("sanitized:", cospec_local.native_version())'
 "$PY" tests/gguf_corpus.py --out build/sanitize-corpus
+"$PY" tests/gguf_corpus.py --out build/sanitize-corpus-arbiters --arbiters
 # The sandbox tests run no engine code, and procps tools (pgrep) deadlock under the preloaded
 # ASan runtime that every child process inherits: they run in the normal suite only.
 if [ $# -eq 0 ]; then
