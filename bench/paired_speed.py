@@ -60,9 +60,7 @@ def main():
 
     if args.records is not None:  # summarize a finished run again
         records = [json.loads(line) for line in args.records.read_text(encoding="utf-8").splitlines()]
-        labels = args.runs.split(",")
-        summary = summarize(records, labels, args)
-        print(json.dumps(summary, indent=1))
+        summarize(records, args.runs.split(","), args)
         return
 
     engine = Engine.open_default(n_ctx=4096, n_threads=args.threads)
@@ -124,6 +122,7 @@ def summarize(records: list[dict], labels: list[str], args) -> dict:
               f"; of each problem's median time {of_medians:.3f} ({m_lo:.3f}-{m_hi:.3f})")
     print(f"same tokens in every repeat: {same}")
     return summary
+
 
 if __name__ == "__main__":
     main()

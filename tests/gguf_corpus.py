@@ -337,6 +337,13 @@ def build(out: Path, target: Path, draft: Path) -> list[Case]:
     return cases
 
 
+def shipped_arbiters() -> dict[str, Path]:
+    """The demo pair's arbiter folders, by kind."""
+    from cospec_local.arbiters import NAMED_ARBITERS
+
+    return {kind: NAMED_ARBITERS[f"demo-{kind}"].path for kind in ("lora", "features")}
+
+
 def arbiter_cases(out: Path, target: Path, draft: Path, arbiters: dict[str, Path]) -> list[Case]:
     """Arbiter folders with one file corrupted (the LoRA adapter, or the head and its metadata),
     each loaded for the clean pair it was made for and asked to decide."""
@@ -478,12 +485,10 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--arbiters", action="store_true", help="the arbiter cases instead of the models'")
     args = ap.parse_args(argv)
-    from cospec_local.arbiters import NAMED_ARBITERS
     from cospec_local.models import demo_model
 
     if args.arbiters:
-        cases = arbiter_cases(args.out / "files", demo_model("target"), demo_model("draft"),
-                              {name: NAMED_ARBITERS[f"demo-{name}"].path for name in ("lora", "features")})
+        cases = arbiter_cases(args.out / "files", demo_model("target"), demo_model("draft"), shipped_arbiters())
     else:
         cases = build(args.out / "files", demo_model("target"), demo_model("draft"))
     t0 = time.time()

@@ -1,36 +1,32 @@
 """No model file may abort, hang or exhaust the process: the corpus of structured corruptions of
 the demo pair (tests/gguf_corpus.py, over 1,000 cases) ends, case by case, in a clean typed error
 with a short, valid message, or in a correct run with finite logits."""
-from cospec_local.arbiters import NAMED_ARBITERS
 from cospec_local.models import demo_model
-from gguf_corpus import arbiter_cases, build, run, verdict
+from gguf_corpus import arbiter_cases, build, run, shipped_arbiters, verdict
+
+
+def assert_clean(cases, error_classes: set[str]) -> None:
+    """Every case ends in a typed error of these classes or a correct run, and both outcomes occur."""
+    results = run(cases)
+    assert len(results) == len(cases)
+    failures = [(r["name"], verdict(r)) for r in results if verdict(r)]
+    assert failures == []
+    outcomes = {r["outcome"] for r in results}
+    assert outcomes == {"error", "run"}
+    classes = {r["error_class"] for r in results if r["outcome"] == "error"}
+    assert classes <= error_classes, classes
 
 
 def test_every_corrupted_model_is_a_clean_error_or_a_correct_run(tmp_path):
     cases = build(tmp_path, demo_model("target"), demo_model("draft"))
     assert len(cases) >= 1000
-    results = run(cases)
-    assert len(results) == len(cases)
-    failures = [(r["name"], verdict(r)) for r in results if verdict(r)]
-    assert failures == []
-    outcomes = {r["outcome"] for r in results}
-    assert outcomes == {"error", "run"}
-    classes = {r["error_class"] for r in results if r["outcome"] == "error"}
-    assert classes <= {"ModelLoadError", "VocabMismatchError", "DecodeError", "InvalidArgumentError",
-                       "ContextFullError"}, classes  # (a context_length of 1: the prompt does not fit)
+    assert_clean(cases, {"ModelLoadError", "VocabMismatchError", "DecodeError", "InvalidArgumentError",
+                         "ContextFullError"})  # (a context_length of 1: the prompt does not fit)
 
 
 def test_every_corrupted_arbiter_is_a_clean_error_or_a_correct_run(tmp_path):
     """The shipped arbiters' files (the LoRA adapter, the head and its metadata) corrupted one at a
     time: loading and asking the arbiter ends in a typed error or a run with finite P(keep)."""
-    arbiters = {"lora": NAMED_ARBITERS["demo-lora"].path, "features": NAMED_ARBITERS["demo-features"].path}
-    cases = arbiter_cases(tmp_path, demo_model("target"), demo_model("draft"), arbiters)
+    cases = arbiter_cases(tmp_path, demo_model("target"), demo_model("draft"), shipped_arbiters())
     assert len(cases) >= 400
-    results = run(cases)
-    assert len(results) == len(cases)
-    failures = [(r["name"], verdict(r)) for r in results if verdict(r)]
-    assert failures == []
-    outcomes = {r["outcome"] for r in results}
-    assert outcomes == {"error", "run"}
-    classes = {r["error_class"] for r in results if r["outcome"] == "error"}
-    assert classes <= {"ArbiterError", "AdapterError"}, classes
+    assert_clean(cases, {"ArbiterError", "AdapterError"})
