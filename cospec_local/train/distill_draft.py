@@ -3,7 +3,8 @@ and write it as a GGUF with the target's tokenizer.
 
     python -m cospec_local.train.distill_draft --out OUT [--layers 2] [--train-prompts 2000] [--threads 2]
 
-Recipe (stages, each writing into OUT; a later invocation with --stages resumes):
+Recipe (stages, each writing into OUT; a later invocation with --stages resumes, and an
+interrupted generate stage rerun with the same arguments continues from its last saved batch):
 1. generate: the target (dequantized into torch, `--precision`) answers `--train-prompts` chat prompts
    (cospec_local.train.distill_prompts "train" split, rendered with the target's own chat template)
    and `--self-prompts` prompts it wrote itself (see self_prompts), greedily, batched, up to
@@ -140,13 +141,18 @@ def self_prompts(target_gguf: Path, model, n: int, seed: int, batch: int, exclud
 
 
 def generate_data(target_gguf: Path, model, prompts: list[str], max_new: int, batch: int, out: Path) -> dict:
-    """Greedy answers of the target with its top-k logits at every answer position."""
+    """Greedy answers of the target with its top-k logits at every answer position.
+
+    Each batch is saved as it finishes (OUT/generate_parts/), and a rerun on the same prompts and
+    settings reuses the saved batches: an interrupted hour of generation resumes where it stopped."""
     import torch
     from transformers import LogitsProcessor, LogitsProcessorList
 
     eos, pad = model.config.eos_token_id, 0
     rendered = render_prompts(target_gguf, prompts)
     order = sorted(range(len(prompts)), key=lambda i: len(rendered[i]))  # little padding per batch
+    parts = out / "generate_parts"
+    parts.mkdir(exist_ok=True)
 
     class RecordTopK(LogitsProcessor):
         def __init__(self):
@@ -157,34 +163,60 @@ def generate_data(target_gguf: Path, model, prompts: list[str], max_new: int, ba
             self.steps.append((v.to(torch.float16), i.to(torch.int32)))
             return scores
 
-    seqs, prompt_lens, top_v, top_i = [], [], [], []
+    def saved_batch(path: Path, idx: list[int]):
+        """The batch saved at `path` if it answered exactly these prompts with these settings."""
+        if not path.exists():
+            return None
+        with np.load(path) as npz:
+            d = {k: npz[k] for k in npz.files}
+        same = (d["idx"].tolist() == idx and int(d["max_new"]) == max_new
+                and all(d["tokens"][a:a + p].tolist() == rendered[i]
+                        for i, a, p in zip(idx, np.concatenate([[0], np.cumsum(d["lens"])[:-1]]), d["prompt_lens"])))
+        return d if same else None
+
+    done = []
     t0 = time.time()
-    n_new = 0
+    n_new = n_reused = 0
     for b in range(0, len(order), batch):
         idx = order[b:b + batch]
-        x, mask = _left_padded([rendered[i] for i in idx], pad, torch)
-        rec = RecordTopK()
-        with torch.no_grad():
-            gen = model.generate(input_ids=x, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
-                                 eos_token_id=eos, pad_token_id=pad, logits_processor=LogitsProcessorList([rec]))
-        new = gen[:, x.shape[1]:]
-        v = torch.stack([s[0] for s in rec.steps], 1)  # (batch, steps, k)
-        ix = torch.stack([s[1] for s in rec.steps], 1)
-        for r, i in enumerate(idx):
-            answer = new[r].tolist()
-            n = answer.index(eos) + 1 if eos in answer else len(answer)  # keep EOS: the draft must predict it
-            seqs.append(rendered[i] + answer[:n])
-            prompt_lens.append(len(rendered[i]))
-            top_v.append(v[r, :n].numpy())
-            top_i.append(ix[r, :n].numpy())
-            n_new += n
-        print(f"[generate] {min(b + batch, len(order))}/{len(order)} prompts, {n_new} answer tokens, "
-              f"{n_new / (time.time() - t0):.0f} tok/s", flush=True)
-    lens = np.array([len(s) for s in seqs])
-    np.savez_compressed(out / "distill_data.npz", tokens=np.concatenate(seqs).astype(np.int32), lens=lens,
-                        prompt_lens=np.array(prompt_lens), top_v=np.concatenate(top_v), top_i=np.concatenate(top_i))
-    return {"prompts": len(prompts), "answer_tokens": int(n_new), "wall_s": time.time() - t0,
-            "tokens_per_s": n_new / (time.time() - t0), "max_new": max_new, "top_k": TOP_K}
+        path = parts / f"batch-{b // batch:05d}.npz"
+        d = saved_batch(path, idx)
+        if d is None:
+            x, mask = _left_padded([rendered[i] for i in idx], pad, torch)
+            rec = RecordTopK()
+            with torch.no_grad():
+                gen = model.generate(input_ids=x, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
+                                     eos_token_id=eos, pad_token_id=pad, logits_processor=LogitsProcessorList([rec]))
+            new = gen[:, x.shape[1]:]
+            v = torch.stack([s[0] for s in rec.steps], 1)  # (batch, steps, k)
+            ix = torch.stack([s[1] for s in rec.steps], 1)
+            seqs, top_v, top_i = [], [], []
+            for r, i in enumerate(idx):
+                answer = new[r].tolist()
+                n = answer.index(eos) + 1 if eos in answer else len(answer)  # keep EOS: the draft must predict it
+                seqs.append(rendered[i] + answer[:n])
+                top_v.append(v[r, :n].numpy())
+                top_i.append(ix[r, :n].numpy())
+            d = {"idx": np.array(idx), "max_new": np.array(max_new), "tokens": np.concatenate(seqs).astype(np.int32),
+                 "lens": np.array([len(q) for q in seqs]), "prompt_lens": np.array([len(rendered[i]) for i in idx]),
+                 "top_v": np.concatenate(top_v), "top_i": np.concatenate(top_i)}
+            np.savez(path.with_suffix(".tmp.npz"), **d)
+            path.with_suffix(".tmp.npz").replace(path)  # a batch is saved whole or not at all
+            n_new += len(d["top_i"])
+        else:
+            n_reused += len(d["top_i"])
+        done.append(d)
+        rate = n_new / (time.time() - t0)
+        print(f"[generate] {min(b + batch, len(order))}/{len(order)} prompts, {n_new + n_reused} answer tokens "
+              f"({n_reused} from an earlier run), {rate:.0f} tok/s", flush=True)
+    np.savez_compressed(out / "distill_data.npz", **{k: np.concatenate([d[k] for d in done])
+                                                      for k in ("tokens", "lens", "prompt_lens", "top_v", "top_i")})
+    for f in parts.glob("batch-*.npz"):
+        f.unlink()
+    parts.rmdir()
+    wall = time.time() - t0
+    return {"prompts": len(prompts), "answer_tokens": int(n_new + n_reused), "reused_answer_tokens": int(n_reused),
+            "wall_s": wall, "tokens_per_s": n_new / wall, "max_new": max_new, "top_k": TOP_K}
 
 
 def load_data(out: Path):
@@ -427,12 +459,20 @@ def main(argv: list[str] | None = None) -> None:
     if "generate" in stages:
         model = load_generator(target, precision)
         prompts = build_prompts("train", args.train_prompts, args.seed)
+        recipe = {"train_prompts": args.train_prompts, "self_prompts": args.self_prompts, "seed": args.seed,
+                  "target": str(target)}
+        saved = args.out / "distill_prompts.json"
         written = {}
-        if args.self_prompts:
+        previous = json.loads(saved.read_text()) if saved.exists() else None
+        if isinstance(previous, dict) and previous.get("recipe") == recipe:
+            prompts = previous["prompts"]  # a rerun: the self-written prompts were sampled already
+            written = previous.get("self_prompts", {})
+            print(f"[generate] {len(prompts)} prompts from {saved}", flush=True)
+        elif args.self_prompts:
             extra, written = self_prompts(target, model, args.self_prompts, args.seed, args.gen_batch,
                                           heldout_topics())
             prompts += extra
-        (args.out / "distill_prompts.json").write_text(json.dumps(prompts, indent=0))
+        saved.write_text(json.dumps({"recipe": recipe, "self_prompts": written, "prompts": prompts}, indent=0))
         log_update(args.out, self_prompts=written,
                    generate=generate_data(target, model, prompts, args.max_new, args.gen_batch, args.out))
         del model

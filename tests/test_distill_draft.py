@@ -1,0 +1,80 @@
+"""Draft distillation's generate stage: an interrupted run resumes from its saved batches and
+ends with the same data as an uninterrupted one (the demo target stands in for SmolLM2: same
+code path, seconds instead of minutes)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+torch.set_num_threads(1)
+
+from cospec_local.models import resolve_model  # noqa: E402
+from cospec_local.train.distill_draft import generate_data, load_generator  # noqa: E402
+
+PROMPTS = ["12 + 30 =", "def add(a, b):", "7 * 8 =", "91 - 45 =", "def neg(x):", "3 + 4 ="]
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _arrays(out: Path) -> dict:
+    with np.load(out / "distill_data.npz") as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+def test_generate_resumes_from_saved_batches(tmp_path):
+    target = resolve_model("demo-target")
+    model = load_generator(target, "float32")
+
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    first = generate_data(target, model, PROMPTS, max_new=6, batch=2, out=whole)
+    assert first["answer_tokens"] > 0 and first["reused_answer_tokens"] == 0
+    assert not (whole / "generate_parts").exists()
+
+    # Stopped during its second batch: the first is on disk, no data file yet.
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    real_generate, calls = model.generate, []
+
+    def stop_at_second_batch(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise Interrupted
+        return real_generate(*args, **kwargs)
+
+    model.generate = stop_at_second_batch
+    with pytest.raises(Interrupted):
+        generate_data(target, model, PROMPTS, max_new=6, batch=2, out=cut)
+    del model.generate
+    assert sorted(p.name for p in (cut / "generate_parts").iterdir()) == ["batch-00000.npz"]
+    assert not (cut / "distill_data.npz").exists()
+
+    resumed = generate_data(target, model, PROMPTS, max_new=6, batch=2, out=cut)
+    assert 0 < resumed["reused_answer_tokens"] < resumed["answer_tokens"] == first["answer_tokens"]
+    a, b = _arrays(whole), _arrays(cut)
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_saved_batches_of_other_settings_are_not_reused(tmp_path):
+    target = resolve_model("demo-target")
+    model = load_generator(target, "float32")
+    real_generate = model.generate
+
+    def stop_after_first_batch(*args, **kwargs):
+        model.generate = lambda *a, **k: (_ for _ in ()).throw(Interrupted)
+        return real_generate(*args, **kwargs)
+
+    model.generate = stop_after_first_batch
+    with pytest.raises(Interrupted):
+        generate_data(target, model, PROMPTS, max_new=6, batch=2, out=tmp_path)
+    del model.generate
+    other = generate_data(target, model, PROMPTS, max_new=3, batch=2, out=tmp_path)  # other answer length
+    assert other["reused_answer_tokens"] == 0
+    assert 0 < other["answer_tokens"] == len(_arrays(tmp_path)["top_i"]) <= 3 * len(PROMPTS)
