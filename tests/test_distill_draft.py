@@ -62,7 +62,8 @@ def test_generate_resumes_from_saved_batches(tmp_path):
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
-def test_saved_batches_of_other_settings_are_not_reused(tmp_path):
+@pytest.mark.parametrize("change", ["answer length", "precision", "target"])
+def test_saved_batches_of_other_settings_are_not_reused(tmp_path, change):
     target = resolve_model("demo-target")
     model = load_generator(target, "float32")
     real_generate = model.generate
@@ -75,6 +76,13 @@ def test_saved_batches_of_other_settings_are_not_reused(tmp_path):
     with pytest.raises(Interrupted):
         generate_data(target, model, PROMPTS, max_new=6, batch=2, out=tmp_path)
     del model.generate
-    other = generate_data(target, model, PROMPTS, max_new=3, batch=2, out=tmp_path)  # other answer length
+    assert (tmp_path / "generate_parts" / "batch-00000.npz").exists()
+    max_new = 3 if change == "answer length" else 6
+    if change == "precision":
+        model = load_generator(target, "bf16")
+    elif change == "target":  # the demo draft shares the target's tokenizer: the same prompt tokens
+        target = resolve_model("demo-draft")
+        model = load_generator(target, "float32")
+    other = generate_data(target, model, PROMPTS, max_new=max_new, batch=2, out=tmp_path)
     assert other["reused_answer_tokens"] == 0
-    assert 0 < other["answer_tokens"] == len(_arrays(tmp_path)["top_i"]) <= 3 * len(PROMPTS)
+    assert 0 < other["answer_tokens"] == len(_arrays(tmp_path)["top_i"]) <= max_new * len(PROMPTS)

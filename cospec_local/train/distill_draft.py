@@ -163,13 +163,18 @@ def generate_data(target_gguf: Path, model, prompts: list[str], max_new: int, ba
             self.steps.append((v.to(torch.float16), i.to(torch.int32)))
             return scores
 
+    # What a saved batch must have been made by to be reused: the same target file, in the same
+    # arithmetic (bf16 and float32 greedy answers differ at near ties), with the same answer length.
+    maker = {"target": str(Path(target_gguf).resolve()), "dtype": str(next(model.parameters()).dtype),
+             "max_new": max_new}
+
     def saved_batch(path: Path, idx: list[int]):
-        """The batch saved at `path` if it answered exactly these prompts with these settings."""
+        """The batch saved at `path` if `maker` answered exactly these prompts."""
         if not path.exists():
             return None
         with np.load(path) as npz:
             d = {k: npz[k] for k in npz.files}
-        same = (d["idx"].tolist() == idx and int(d["max_new"]) == max_new
+        same = (d["idx"].tolist() == idx and all(k in d and d[k].item() == v for k, v in maker.items())
                 and all(d["tokens"][a:a + p].tolist() == rendered[i]
                         for i, a, p in zip(idx, np.concatenate([[0], np.cumsum(d["lens"])[:-1]]), d["prompt_lens"])))
         return d if same else None
@@ -197,7 +202,7 @@ def generate_data(target_gguf: Path, model, prompts: list[str], max_new: int, ba
                 seqs.append(rendered[i] + answer[:n])
                 top_v.append(v[r, :n].numpy())
                 top_i.append(ix[r, :n].numpy())
-            d = {"idx": np.array(idx), "max_new": np.array(max_new), "tokens": np.concatenate(seqs).astype(np.int32),
+            d = {"idx": np.array(idx), **{k: np.array(v) for k, v in maker.items()}, "tokens": np.concatenate(seqs).astype(np.int32),
                  "lens": np.array([len(q) for q in seqs]), "prompt_lens": np.array([len(rendered[i]) for i in idx]),
                  "top_v": np.concatenate(top_v), "top_i": np.concatenate(top_i)}
             np.savez(path.with_suffix(".tmp.npz"), **d)
