@@ -86,3 +86,26 @@ def test_saved_batches_of_other_settings_are_not_reused(tmp_path, change):
     other = generate_data(target, model, PROMPTS, max_new=max_new, batch=2, out=tmp_path)
     assert other["reused_answer_tokens"] == 0
     assert 0 < other["answer_tokens"] == len(_arrays(tmp_path)["top_i"]) <= max_new * len(PROMPTS)
+
+
+def test_training_goes_on_from_init_and_rejects_blocks_of_another_shape(tmp_path):
+    from cospec_local.train.distill_draft import train_draft
+
+    target = resolve_model("demo-target")
+    prompts = PROMPTS + [f"{a} + {b} =" for a, b in ((5, 9), (40, 2), (17, 17), (8, 60), (23, 11), (6, 6))] * 2
+    generate_data(target, load_generator(target, "float32"), prompts, max_new=6, batch=6, out=tmp_path)
+    first = train_draft(target, 1, tmp_path, epochs=4.0, lr=3e-3, batch=2, seed=0, precision="float32")
+    assert first["best_dev_agreement"] > first["initial_dev_agreement"]
+    saved = tmp_path / "first_blocks.pt"
+    (tmp_path / "draft_blocks.pt").rename(saved)
+
+    # Same seed, same dev split: the second run starts exactly at the first one's kept blocks. Its
+    # learning rate is far too high, so no step beats them on dev and they must come out unchanged.
+    second = train_draft(target, 1, tmp_path, epochs=2.0, lr=0.05, batch=2, seed=0, precision="float32", init=saved)
+    assert second["initial_dev_agreement"] == first["best_dev_agreement"] == second["best_dev_agreement"]
+    assert min(point["dev_agreement"] for point in second["curve"]) < second["initial_dev_agreement"]
+    kept, started = torch.load(tmp_path / "draft_blocks.pt"), torch.load(saved)
+    assert kept.keys() == started.keys() and all(torch.equal(kept[k], started[k]) for k in kept)
+
+    with pytest.raises(SystemExit, match="does not fit a 2-block draft"):
+        train_draft(target, 2, tmp_path, epochs=1.0, lr=1e-3, batch=2, seed=0, precision="float32", init=saved)

@@ -279,8 +279,10 @@ def agreement(model, items, torch, batch: int = 16) -> float:
 
 
 def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: float, batch: int, seed: int,
-                precision: str) -> dict:
-    """float32 master weights; with precision "bf16" the forward runs under bf16 autocast."""
+                precision: str, init: Path | None = None) -> dict:
+    """float32 master weights; with precision "bf16" the forward runs under bf16 autocast.
+    init: a previous run's draft_blocks.pt to go on from (the dev split depends on the seed only,
+    so the same seed keeps the dev sequences out of training across runs)."""
     import torch
 
     from converters.gguf_to_torch import load_llama_gguf
@@ -292,14 +294,26 @@ def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: fl
     dev = [items[i] for i in perm[:n_dev]]
     train = [items[i] for i in perm[n_dev:]]
     model = load_llama_gguf(target_gguf, n_layers=layers)
-    model.model.embed_tokens.weight.requires_grad_(False)  # tied with lm_head: frozen, shared with the target
+    if init is not None:
+        missing, unexpected = model.load_state_dict(torch.load(init, weights_only=True), strict=False)
+        untrained = [k for k in missing if "embed_tokens" not in k and "lm_head" not in k]
+        if untrained or unexpected:
+            raise SystemExit(f"{init} does not fit a {layers}-block draft of {target_gguf.name}: "
+                             f"missing {untrained[:3]}, unexpected {unexpected[:3]}")
+    # The draft GGUF takes its embedding and output head from the target, so both stay frozen here
+    # (tied in SmolLM2; an untied head trained here would be thrown away when the GGUF is written).
+    model.model.embed_tokens.weight.requires_grad_(False)
+    model.lm_head.weight.requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     steps = int(epochs * len(train) / batch)
     warmup = max(1, steps // 20)
     start = agreement(model, dev, torch)
     print(f"[train] {len(train)} sequences, {n_dev} dev; {steps} steps; initial dev agreement {start:.1%}", flush=True)
-    curve, best, best_state = [{"step": 0, "dev_agreement": start}], start, None
+    # The starting blocks count as a candidate: a run from --init that never improves on dev
+    # must leave them as they were, not its last step.
+    curve, best = [{"step": 0, "dev_agreement": start}], start
+    best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     t0 = time.time()
     eval_every = max(1, steps // 12)
     order = []
@@ -328,12 +342,11 @@ def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: fl
                   f"dev agreement {acc:.1%}", flush=True)
             if acc > best:
                 best, best_state = acc, {k: v.detach().clone() for k, v in model.state_dict().items()}
-    if best_state is not None:
-        model.load_state_dict(best_state)
+    model.load_state_dict(best_state)
     torch.save({k: v for k, v in model.state_dict().items() if "embed_tokens" not in k and "lm_head" not in k},
                out / "draft_blocks.pt")
     return {"layers": layers, "sequences": len(train), "dev_sequences": n_dev, "steps": steps, "batch": batch, "lr": lr,
-            "epochs": epochs, "precision": precision, "initial_dev_agreement": start, "best_dev_agreement": best, "curve": curve,
+            "epochs": epochs, "precision": precision, "init": str(init) if init else None, "initial_dev_agreement": start, "best_dev_agreement": best, "curve": curve,
             "wall_s": time.time() - t0}
 
 
@@ -447,6 +460,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--init", type=Path, default=None,
+                    help="train stage: go on from this draft_blocks.pt (a previous run's blocks) instead of the target's first blocks")
     ap.add_argument("--precision", default="auto", choices=["auto", "bf16", "float32"],
                     help="generation and training arithmetic: auto = bf16 where the CPU has native bf16 products")
     args = ap.parse_args(argv)
@@ -459,7 +474,8 @@ def main(argv: list[str] | None = None) -> None:
     target = args.target or find_smollm2_gguf()
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     precision = resolve_precision(args.precision)
-    log_update(args.out, args=vars(args) | {"out": str(args.out), "target": str(target), "precision_used": precision})
+    log_update(args.out, args=vars(args) | {"out": str(args.out), "target": str(target), "init": str(args.init) if args.init else None,
+                                          "precision_used": precision})
     draft_path = args.out / "smollm2-135m-draft-q8_0.gguf"
     if "generate" in stages:
         model = load_generator(target, precision)
@@ -483,7 +499,7 @@ def main(argv: list[str] | None = None) -> None:
         del model
     if "train" in stages:
         log_update(args.out, train=train_draft(target, args.layers, args.out, args.epochs, args.lr, args.batch, args.seed,
-                                                    precision))
+                                                    precision, args.init))
     if "gguf" in stages:
         write_draft_gguf(target, args.out, args.layers, draft_path)
         log_update(args.out, gguf={"path": draft_path.name, "bytes": draft_path.stat().st_size})
