@@ -3,6 +3,7 @@ ends with the same data as an uninterrupted one (the demo target stands in for S
 code path, seconds instead of minutes)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -109,3 +110,52 @@ def test_training_goes_on_from_init_and_rejects_blocks_of_another_shape(tmp_path
 
     with pytest.raises(SystemExit, match="does not fit a 2-block draft"):
         train_draft(target, 2, tmp_path, epochs=1.0, lr=1e-3, batch=2, seed=0, precision="float32", init=saved)
+
+
+def test_self_written_prompts_resume_and_skip_known_ones(tmp_path):
+    from cospec_local.train.distill_draft import self_prompts
+
+    target = resolve_model("demo-target")  # it writes arithmetic, not questions: the same code path
+    model = load_generator(target, "float32")
+    whole, _ = self_prompts(target, model, 10, seed=3, batch=4, exclude=[])
+    assert len(whole) == 10 == len({p.lower() for p in whole})
+
+    real_generate, calls = model.generate, []
+
+    def stop_at_third_batch(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise Interrupted
+        return real_generate(*args, **kwargs)
+
+    progress = tmp_path / "progress.json"
+    model.generate = stop_at_third_batch
+    with pytest.raises(Interrupted):
+        self_prompts(target, model, 10, seed=3, batch=4, exclude=[], progress=progress)
+    del model.generate
+    assert 0 < len(json.loads(progress.read_text())["kept"]) < 10
+    resumed, log = self_prompts(target, model, 10, seed=3, batch=4, exclude=[], progress=progress)
+    assert resumed == whole and log["sampled"] > 8
+
+    # An earlier data set's prompts are not asked again: the same seed would write them first.
+    known = whole[:3]
+    again, _ = self_prompts(target, model, 10, seed=3, batch=4, exclude=[], known=known,
+                            progress=tmp_path / "other.json")
+    assert len(again) == 10 and not {p.lower() for p in known} & {p.lower() for p in again}
+    assert again[:7] == whole[3:]
+
+
+def test_training_takes_several_data_sets(tmp_path):
+    from cospec_local.train.distill_draft import train_draft
+
+    target = resolve_model("demo-target")
+    model = load_generator(target, "float32")
+    first, second = tmp_path / "first", tmp_path / "second"
+    for out, prompts in ((first, PROMPTS * 2), (second, [f"{a} - {b} =" for a in (50, 71, 93) for b in (4, 18, 26, 7)])):
+        out.mkdir()
+        generate_data(target, model, prompts, max_new=4, batch=6, out=out)
+    alone = train_draft(target, 1, first, epochs=1.0, lr=1e-3, batch=4, seed=0, precision="float32")
+    both = train_draft(target, 1, second, epochs=1.0, lr=1e-3, batch=4, seed=0, precision="float32", more_data=[first])
+    # 8 dev sequences from each set (at least 8 per set), the rest trained on.
+    assert (alone["sequences"], alone["dev_sequences"]) == (4, 8)
+    assert (both["sequences"], both["dev_sequences"]) == (4 + 4, 16)

@@ -4,7 +4,8 @@ and write it as a GGUF with the target's tokenizer.
     python -m cospec_local.train.distill_draft --out OUT [--layers 2] [--train-prompts 2000] [--threads 2]
 
 Recipe (stages, each writing into OUT; a later invocation with --stages resumes, and an
-interrupted generate stage rerun with the same arguments continues from its last saved batch):
+interrupted generate stage rerun with the same arguments continues from its last saved batch,
+of prompts or of answers):
 1. generate: the target (dequantized into torch, `--precision`) answers `--train-prompts` chat prompts
    (cospec_local.train.distill_prompts "train" split, rendered with the target's own chat template)
    and `--self-prompts` prompts it wrote itself (see self_prompts), greedily, batched, up to
@@ -30,11 +31,16 @@ multiplies bf16 natively (AVX512-BF16 / AMX: on an Intel Xeon, 2 threads, 1.7x f
 generation and 1.8x in an 8-block training step) and in float32 elsewhere (on AVX2 only, bf16
 generation runs at a fifth of float32's speed).
 
+More data later: a second OUT generated with `--with-data OUT1 --seed 1` (new self-written prompts,
+none of OUT1's asked again) trains on both sets together; `--init OUT1/draft_blocks.pt` goes on
+from the blocks trained on the first.
+
 Everything is logged to OUT/distill_log.json with wall times.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing
 import time
@@ -100,11 +106,17 @@ def _left_padded(rows: list[list[int]], pad: int, torch):
     return x, mask
 
 
-def self_prompts(target_gguf: Path, model, n: int, seed: int, batch: int, exclude: list[str]) -> tuple[list[str], dict]:
+def self_prompts(target_gguf: Path, model, n: int, seed: int, batch: int, exclude: list[str],
+                 known: list[str] = (), progress: Path | None = None) -> tuple[list[str], dict]:
     """User prompts written by the target itself: it is given only its chat template's opening of
     a user turn and samples the rest (the Magpie recipe), so the prompts cover what the model
-    expects to be asked, beyond the templates' topics. Kept: complete, 3 to 60 words, distinct,
-    and naming none of the `exclude` topics (the held-out ones stay unseen)."""
+    expects to be asked, beyond the templates' topics. Kept: complete, 3 to 60 words, distinct
+    (from each other and from `known`, prompts an earlier data set has), and naming none of the
+    `exclude` topics (the held-out ones stay unseen).
+
+    Each sampled batch draws its seed from one generator seeded by `seed`, and the prompts kept so
+    far are saved to `progress` after every batch: a rerun with the same arguments goes on from
+    the last saved batch and ends with the same prompts as an uninterrupted run."""
     import torch
 
     from cospec_local import Engine
@@ -112,9 +124,19 @@ def self_prompts(target_gguf: Path, model, n: int, seed: int, batch: int, exclud
     marker = "\u2063USER\u2063"
     eos = model.config.eos_token_id
     blocked = [t.lower() for t in exclude]
-    kept, seen, sampled = [], set(), 0
+    maker = {"target": str(Path(target_gguf).resolve()), "dtype": str(next(model.parameters()).dtype), "seed": seed,
+             "batch": batch, "known": hashlib.sha256("\n".join(known).encode()).hexdigest()[:16]}
+    kept, batches, sampled, wall_before = [], 0, 0, 0.0
+    if progress is not None and progress.exists():
+        saved = json.loads(progress.read_text())
+        if saved.get("maker") == maker:
+            kept, batches, sampled, wall_before = saved["kept"], saved["batches"], saved["sampled"], saved["wall_s"]
+            print(f"[self-prompts] {len(kept)} kept of {sampled} sampled, from {progress}", flush=True)
+    seen = {p.lower() for p in known} | {p.lower() for p in kept}
     t0 = time.time()
     gen = torch.Generator().manual_seed(seed)
+    for _ in range(batches):  # the batches already sampled drew these seeds
+        torch.randint(0, 2**31 - 1, (1,), generator=gen)
     with Engine(target_gguf, n_ctx=512, n_threads=1) as engine:  # its tokenizer, for the template's opening and the text
         text = engine.detokenize(engine.render_chat([{"role": "user", "content": marker}]), render_special=True)
         opening = engine.tokenize(text[:text.index(marker)], add_special=False, parse_special=True)
@@ -125,6 +147,7 @@ def self_prompts(target_gguf: Path, model, n: int, seed: int, batch: int, exclud
                 out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=64,
                                      do_sample=True, temperature=1.0, top_p=0.95, eos_token_id=eos, pad_token_id=eos)
             sampled += batch
+            batches += 1
             for row in out[:, len(opening):].tolist():
                 if eos not in row:
                     continue  # cut off: not a whole prompt
@@ -133,11 +156,16 @@ def self_prompts(target_gguf: Path, model, n: int, seed: int, batch: int, exclud
                 if 3 <= len(prompt.split()) <= 60 and key not in seen and not any(t in key for t in blocked):
                     seen.add(key)
                     kept.append(prompt)
+            if progress is not None:
+                tmp = progress.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"maker": maker, "batches": batches, "sampled": sampled,
+                                           "wall_s": wall_before + time.time() - t0, "kept": kept}))
+                tmp.replace(progress)
             print(f"[self-prompts] {len(kept)}/{n} kept of {sampled} sampled", flush=True)
             if len(kept) < n and sampled >= 20 * n + batch:  # SmolLM2 keeps ~4 in 5: a model that never does would loop forever
                 raise ValueError(f"{target_gguf.name}: only {len(kept)} usable prompts of {sampled} sampled; "
                                  "it does not write whole user turns after its chat template's opening")
-    return kept[:n], {"self_prompts": n, "sampled": sampled, "wall_s": time.time() - t0}
+    return kept[:n], {"self_prompts": n, "sampled": sampled, "wall_s": wall_before + time.time() - t0}
 
 
 def generate_data(target_gguf: Path, model, prompts: list[str], max_new: int, batch: int, out: Path) -> dict:
@@ -279,20 +307,26 @@ def agreement(model, items, torch, batch: int = 16) -> float:
 
 
 def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: float, batch: int, seed: int,
-                precision: str, init: Path | None = None) -> dict:
+                precision: str, init: Path | None = None, more_data: list[Path] = ()) -> dict:
     """float32 master weights; with precision "bf16" the forward runs under bf16 autocast.
     init: a previous run's draft_blocks.pt to go on from (the dev split depends on the seed only,
-    so the same seed keeps the dev sequences out of training across runs)."""
+    so the same seed keeps the dev sequences out of training across runs).
+    more_data: earlier OUT directories whose distill_data.npz is trained on too."""
     import torch
 
     from converters.gguf_to_torch import load_llama_gguf
 
-    items = load_data(out)
+    # Each data set keeps the dev split its seed gives it alone, so blocks trained on one set
+    # (--init) never meet its dev sequences in training when more sets join.
     rng = np.random.default_rng(seed)
-    perm = rng.permutation(len(items))
-    n_dev = max(8, len(items) // 20)
-    dev = [items[i] for i in perm[:n_dev]]
-    train = [items[i] for i in perm[n_dev:]]
+    dev, train = [], []
+    for d, data in enumerate([out, *more_data]):
+        items = load_data(data)
+        perm = (rng if d == 0 else np.random.default_rng(seed)).permutation(len(items))
+        n_dev = max(8, len(items) // 20)
+        dev += [items[i] for i in perm[:n_dev]]
+        train += [items[i] for i in perm[n_dev:]]
+    n_dev = len(dev)
     model = load_llama_gguf(target_gguf, n_layers=layers)
     if init is not None:
         missing, unexpected = model.load_state_dict(torch.load(init, weights_only=True), strict=False)
@@ -346,7 +380,8 @@ def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: fl
     torch.save({k: v for k, v in model.state_dict().items() if "embed_tokens" not in k and "lm_head" not in k},
                out / "draft_blocks.pt")
     return {"layers": layers, "sequences": len(train), "dev_sequences": n_dev, "steps": steps, "batch": batch, "lr": lr,
-            "epochs": epochs, "precision": precision, "init": str(init) if init else None, "initial_dev_agreement": start, "best_dev_agreement": best, "curve": curve,
+            "epochs": epochs, "precision": precision, "init": str(init) if init else None,
+            "more_data": [str(d) for d in more_data], "initial_dev_agreement": start, "best_dev_agreement": best, "curve": curve,
             "wall_s": time.time() - t0}
 
 
@@ -460,6 +495,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--with-data", default="",
+                    help="earlier OUT directories, comma-separated: the train stage trains on their data too, and "
+                         "the generate stage does not ask their prompts again (give this data set another --seed)")
     ap.add_argument("--init", type=Path, default=None,
                     help="train stage: go on from this draft_blocks.pt (a previous run's blocks) instead of the target's first blocks")
     ap.add_argument("--precision", default="auto", choices=["auto", "bf16", "float32"],
@@ -474,14 +512,20 @@ def main(argv: list[str] | None = None) -> None:
     target = args.target or find_smollm2_gguf()
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     precision = resolve_precision(args.precision)
+    with_data = [Path(d).resolve() for d in args.with_data.split(",") if d.strip()]
+    for d in with_data:
+        if not (d / "distill_data.npz").exists() or not (d / "distill_prompts.json").exists():
+            raise SystemExit(f"--with-data {d}: no distill_data.npz and distill_prompts.json there (run its generate stage first)")
     log_update(args.out, args=vars(args) | {"out": str(args.out), "target": str(target), "init": str(args.init) if args.init else None,
-                                          "precision_used": precision})
+                                          "with_data": [str(d) for d in with_data], "precision_used": precision})
     draft_path = args.out / "smollm2-135m-draft-q8_0.gguf"
     if "generate" in stages:
         model = load_generator(target, precision)
-        prompts = build_prompts("train", args.train_prompts, args.seed)
+        known = [p for d in with_data for p in json.loads((d / "distill_prompts.json").read_text())["prompts"]]
+        known_keys = {p.lower() for p in known}
+        prompts = [p for p in build_prompts("train", args.train_prompts, args.seed) if p.lower() not in known_keys]
         recipe = {"train_prompts": args.train_prompts, "self_prompts": args.self_prompts, "seed": args.seed,
-                  "target": str(target)}
+                  "target": str(target)} | ({"with_data": [str(d) for d in with_data]} if with_data else {})
         saved = args.out / "distill_prompts.json"
         written = {}
         previous = json.loads(saved.read_text()) if saved.exists() else None
@@ -491,15 +535,16 @@ def main(argv: list[str] | None = None) -> None:
             print(f"[generate] {len(prompts)} prompts from {saved}", flush=True)
         elif args.self_prompts:
             extra, written = self_prompts(target, model, args.self_prompts, args.seed, args.gen_batch,
-                                          heldout_topics())
+                                          heldout_topics(), known, args.out / "self_prompts_progress.json")
             prompts += extra
         saved.write_text(json.dumps({"recipe": recipe, "self_prompts": written, "prompts": prompts}, indent=0))
+        (args.out / "self_prompts_progress.json").unlink(missing_ok=True)  # distill_prompts.json holds them now
         log_update(args.out, self_prompts=written,
                    generate=generate_data(target, model, prompts, args.max_new, args.gen_batch, args.out))
         del model
     if "train" in stages:
         log_update(args.out, train=train_draft(target, args.layers, args.out, args.epochs, args.lr, args.batch, args.seed,
-                                                    precision, args.init))
+                                                    precision, args.init, with_data))
     if "gguf" in stages:
         write_draft_gguf(target, args.out, args.layers, draft_path)
         log_update(args.out, gguf={"path": draft_path.name, "bytes": draft_path.stat().st_size})
