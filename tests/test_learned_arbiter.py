@@ -203,6 +203,30 @@ def test_no_fold_where_llama_cpp_scales_the_weight_first(f32_draft, states, tmp_
         assert engine.generate(load_task("arith", "test", 1)[0].prompt, arbiter=str(folder), max_tokens=20).tokens
 
 
+def test_no_fold_of_a_draft_file_changed_since_the_engine_read_it(f32_draft, states, tmp_path):
+    """The fold reads the draft file again. Replaced since the engine loaded it (same shapes, one
+    weight changed), it is not the model the engine runs: its bytes' fingerprint differs, so the
+    adapter applies at decode to the draft the engine holds, as if nothing had been replaced."""
+    draft = tmp_path / "draft.gguf"
+    shutil.copyfile(f32_draft, draft)
+    folder = export(random_lora_arbiter(f32_draft, seed=4), tmp_path / "lora", f32_draft)
+    with Engine(demo_model("target"), str(draft), n_ctx=1024, n_threads=1) as engine:
+        before = engine.arbiter(str(folder))
+        assert before.meta("adapter_use") == "folded"
+        norm = next(t for t in open_gguf(draft).tensors if t.name == "output_norm.weight")
+        data = bytearray(draft.read_bytes())
+        np.frombuffer(data, np.float32, count=1, offset=int(norm.data_offset))[0] += 0.5
+        changed = tmp_path / "changed.gguf"
+        changed.write_bytes(bytes(data))
+        changed.replace(draft)
+        after = _cospec.Arbiter.load(engine._native, str(folder))  # engine.arbiter would reuse `before`
+        assert after.meta("adapter_use") == "decode"
+        for s in states[:3]:
+            b = block_of(engine, s)
+            assert np.abs(before.head_inputs(b) - after.head_inputs(b)).max() <= 2e-3
+        after.close()
+
+
 def test_shipped_lora_arbiter_folded_decides_as_at_decode(demo_engine, states):
     """The bundled LoRA arbiter on its Q8_0 draft: the folded copy computes in F32 where llama.cpp
     applies the adapter beside Q8_0 products, so P(keep) moves a little, decisions hardly."""

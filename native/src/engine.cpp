@@ -188,6 +188,33 @@ struct hasher {
 };
 } // namespace
 
+namespace {
+std::string hex_of(uint64_t h) {
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", (unsigned long long) h);
+    return hex;
+}
+} // namespace
+
+bool loaded_model_fingerprint(const gguf_context * g, const ggml_context * data, std::string & out) {
+    hasher h;
+    for (int64_t i = 0; i < gguf_get_n_tensors(g); ++i) {
+        const char * name = gguf_get_tensor_name(g, i);
+        const ggml_tensor * t = ggml_get_tensor(const_cast<ggml_context *>(data), name);
+        if (t == nullptr || t->data == nullptr || ggml_nbytes(t) != gguf_get_tensor_size(g, i)) {
+            return false;
+        }
+        h.text(name);
+        h.word((uint64_t) gguf_get_tensor_type(g, i));
+        for (int d = 0; d < GGML_MAX_DIMS; ++d) {
+            h.word((uint64_t) t->ne[d]);
+        }
+        h.bytes((const unsigned char *) t->data, ggml_nbytes(t));
+    }
+    out = hex_of(h.h);
+    return true;
+}
+
 int32_t model_fingerprint(const char * path, std::string & out) {
     if (path == nullptr) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "fingerprint: no path");
@@ -235,9 +262,7 @@ int32_t model_fingerprint(const char * path, std::string & out) {
     gguf_free(g);
     ggml_free(meta);
     if (status == COSPEC_OK) {
-        char hex[17];
-        std::snprintf(hex, sizeof(hex), "%016llx", (unsigned long long) h.h);
-        out = hex;
+        out = hex_of(h.h);
     }
     return status;
 }

@@ -6,6 +6,9 @@
 #include <cstddef>
 #include <string>
 
+struct gguf_context;
+struct ggml_context;
+
 namespace cospec {
 
 // Record a failure message for cospec_last_error() and return the status.
@@ -27,6 +30,9 @@ std::string take_llama_errors();
 
 // The fingerprint of a model file (see cospec_model_fingerprint).
 int32_t model_fingerprint(const char * path, std::string & out);
+// The same fingerprint of a GGUF already read into memory (data: its tensors, allocated);
+// false where a tensor of the file's list is missing from data.
+bool loaded_model_fingerprint(const gguf_context * g, const ggml_context * data, std::string & out);
 
 } // namespace cospec
 

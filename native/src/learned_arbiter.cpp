@@ -440,10 +440,7 @@ bool plan_fold(const cospec_engine & eng, const std::string & adapter_path, floa
     if (stat(draft_path.c_str(), &st) != 0 || (size_t) st.st_size > MAX_FOLD_SOURCE_BYTES) {
         return false;
     }
-    // The draft is read again here: it must still be the file the engine loaded and checked.
-    std::string fingerprint;
-    if (cospec::check_model_metadata("draft model", draft_path.c_str()) != COSPEC_OK ||
-        cospec::model_fingerprint(draft_path.c_str(), fingerprint) != COSPEC_OK || fingerprint != eng.draft_fingerprint) {
+    if (cospec::check_model_metadata("draft model", draft_path.c_str()) != COSPEC_OK) {
         return false;
     }
     if (!load_gguf_data(adapter_path, plan.adapter_gguf, plan.adapter_data)) {
@@ -506,7 +503,12 @@ bool plan_fold(const cospec_engine & eng, const std::string & adapter_path, floa
         return false;
     }
     plan.scale = alpha != 0.0f ? lora_scale * alpha / (float) rank : lora_scale;
-    if (!load_gguf_data(draft_path, plan.draft_gguf, plan.draft_data)) {
+    // The draft is read again here: what is folded must be the file the engine loaded and
+    // checked, so the fingerprint is taken of the very bytes that will be folded.
+    std::string fingerprint;
+    if (!load_gguf_data(draft_path, plan.draft_gguf, plan.draft_data) ||
+        !cospec::loaded_model_fingerprint(plan.draft_gguf.get(), plan.draft_data.get(), fingerprint) ||
+        fingerprint != eng.draft_fingerprint) {
         return false;
     }
     for (const auto & [base, pair] : plan.pairs) {
