@@ -138,9 +138,9 @@ def test_self_written_prompts_resume_and_skip_known_ones(tmp_path):
     assert resumed == whole and log["sampled"] > 8
 
     # An earlier data set's prompts are not asked again: the same seed would write them first.
+    # (The progress saved above, made without them, is not taken up.)
     known = whole[:3]
-    again, _ = self_prompts(target, model, 10, seed=3, batch=4, exclude=[], known=known,
-                            progress=tmp_path / "other.json")
+    again, _ = self_prompts(target, model, 10, seed=3, batch=4, exclude=[], known=known, progress=progress)
     assert len(again) == 10 and not {p.lower() for p in known} & {p.lower() for p in again}
     assert again[:7] == whole[3:]
 
@@ -154,8 +154,14 @@ def test_training_takes_several_data_sets(tmp_path):
     for out, prompts in ((first, PROMPTS * 2), (second, [f"{a} - {b} =" for a in (50, 71, 93) for b in (4, 18, 26, 7)])):
         out.mkdir()
         generate_data(target, model, prompts, max_new=4, batch=6, out=out)
+    # The first set's prompts were drawn with seed 0 (what its generate stage records).
+    (first / "distill_prompts.json").write_text(json.dumps({"recipe": {"seed": 0}, "prompts": PROMPTS * 2}))
     alone = train_draft(target, 1, first, epochs=1.0, lr=1e-3, batch=4, seed=0, precision="float32")
-    both = train_draft(target, 1, second, epochs=1.0, lr=1e-3, batch=4, seed=0, precision="float32", more_data=[first])
-    # 8 dev sequences from each set (at least 8 per set), the rest trained on.
+    both = train_draft(target, 1, second, epochs=1.0, lr=1e-3, batch=4, seed=1, precision="float32", more_data=[first])
+    # 8 dev sequences from each set (at least 8 per set), the rest trained on ...
     assert (alone["sequences"], alone["dev_sequences"]) == (4, 8)
     assert (both["sequences"], both["dev_sequences"]) == (4 + 4, 16)
+    # ... and the first set's dev split is the one it had alone, though another seed trains now.
+    assert both["dev_digests"][1] == alone["dev_digests"][0]
+    other_seed = train_draft(target, 1, second, epochs=0.5, lr=1e-3, batch=4, seed=0, precision="float32")
+    assert other_seed["dev_digests"][0] != both["dev_digests"][0]  # a set made without a record: the training seed

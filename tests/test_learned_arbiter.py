@@ -203,21 +203,30 @@ def test_no_fold_where_llama_cpp_scales_the_weight_first(f32_draft, states, tmp_
         assert engine.generate(load_task("arith", "test", 1)[0].prompt, arbiter=str(folder), max_tokens=20).tokens
 
 
-def test_no_fold_of_a_draft_file_changed_since_the_engine_read_it(f32_draft, states, tmp_path):
+@pytest.mark.parametrize("change", ["a weight", "a metadata value"])
+def test_no_fold_of_a_draft_file_changed_since_the_engine_read_it(f32_draft, states, tmp_path, change):
     """The fold reads the draft file again. Replaced since the engine loaded it (same shapes, one
-    weight changed), it is not the model the engine runs: its bytes' fingerprint differs, so the
-    adapter applies at decode to the draft the engine holds, as if nothing had been replaced."""
+    weight or one hyperparameter changed), it is not the model the engine runs: its tensors'
+    fingerprint or its metadata's hash differs, so the adapter applies at decode to the draft the
+    engine holds, as if nothing had been replaced."""
     draft = tmp_path / "draft.gguf"
     shutil.copyfile(f32_draft, draft)
     folder = export(random_lora_arbiter(f32_draft, seed=4), tmp_path / "lora", f32_draft)
     with Engine(demo_model("target"), str(draft), n_ctx=1024, n_threads=1) as engine:
         before = engine.arbiter(str(folder))
         assert before.meta("adapter_use") == "folded"
-        norm = next(t for t in open_gguf(draft).tensors if t.name == "output_norm.weight")
-        data = bytearray(draft.read_bytes())
-        np.frombuffer(data, np.float32, count=1, offset=int(norm.data_offset))[0] += 0.5
         changed = tmp_path / "changed.gguf"
-        changed.write_bytes(bytes(data))
+        reader = open_gguf(draft)
+        if change == "a weight":
+            norm = next(t for t in reader.tensors if t.name == "output_norm.weight")
+            data = bytearray(draft.read_bytes())
+            np.frombuffer(data, np.float32, count=1, offset=int(norm.data_offset))[0] += 0.5
+            changed.write_bytes(bytes(data))
+        else:  # the tensors byte for byte, the norm's epsilon 100 times larger
+            eps_key = "llama.attention.layer_norm_rms_epsilon"
+            assert eps_key in reader.fields
+            rewrite_gguf(reader, changed, kv_edit=lambda key, value: value * 100 if key == eps_key else value)
+        del reader
         changed.replace(draft)
         after = _cospec.Arbiter.load(engine._native, str(folder))  # engine.arbiter would reuse `before`
         assert after.meta("adapter_use") == "decode"

@@ -125,7 +125,9 @@ def self_prompts(target_gguf: Path, model, n: int, seed: int, batch: int, exclud
     eos = model.config.eos_token_id
     blocked = [t.lower() for t in exclude]
     maker = {"target": str(Path(target_gguf).resolve()), "dtype": str(next(model.parameters()).dtype), "seed": seed,
-             "batch": batch, "known": hashlib.sha256("\n".join(known).encode()).hexdigest()[:16]}
+             "batch": batch, "threads": torch.get_num_threads(),  # bf16 sums can round by thread count
+             "known": hashlib.sha256("\n".join(known).encode()).hexdigest()[:16],
+             "exclude": hashlib.sha256("\n".join(exclude).encode()).hexdigest()[:16]}
     kept, batches, sampled, wall_before = [], 0, 0, 0.0
     if progress is not None and progress.exists():
         saved = json.loads(progress.read_text())
@@ -267,6 +269,26 @@ def load_data(out: Path):
 # ----------------------------------------------------------------------------- training
 
 
+def split_seed(data: Path, fallback: int) -> int:
+    """The seed a data set's dev split is drawn with: the one its prompts were drawn with (its
+    distill_prompts.json), whatever seed trains on it later, so blocks trained on it never meet
+    its dev sequences in another run. `fallback` for data made without that file."""
+    saved = data / "distill_prompts.json"
+    if saved.exists():
+        kept = json.loads(saved.read_text())
+        if isinstance(kept, dict) and "seed" in kept.get("recipe", {}):
+            return int(kept["recipe"]["seed"])
+    return fallback
+
+
+def dev_digest(items) -> str:
+    """Names a dev split by its sequences, for the log (and to check that a split stayed put)."""
+    h = hashlib.sha256()
+    for it in items:
+        h.update(it["tokens"].astype(np.int32).tobytes() + b"|")
+    return h.hexdigest()[:16]
+
+
 def make_batch(items, torch):
     """Right-padded inputs; targets only at answer positions: row j of an item's labels is the
     target's choice for the token at prompt_len + j, predicted from position prompt_len + j - 1."""
@@ -316,17 +338,18 @@ def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: fl
 
     from converters.gguf_to_torch import load_llama_gguf
 
-    # Each data set keeps the dev split its seed gives it alone, so blocks trained on one set
-    # (--init) never meet its dev sequences in training when more sets join.
-    rng = np.random.default_rng(seed)
-    dev, train = [], []
-    for d, data in enumerate([out, *more_data]):
+    # Each data set keeps the dev split of its own seed (split_seed), so blocks trained on one
+    # set (--init) never meet its dev sequences in training when more sets join.
+    dev, train, digests = [], [], []
+    for data in [out, *more_data]:
         items = load_data(data)
-        perm = (rng if d == 0 else np.random.default_rng(seed)).permutation(len(items))
+        perm = np.random.default_rng(split_seed(data, seed)).permutation(len(items))
         n_dev = max(8, len(items) // 20)
         dev += [items[i] for i in perm[:n_dev]]
         train += [items[i] for i in perm[n_dev:]]
+        digests.append(dev_digest([items[i] for i in perm[:n_dev]]))
     n_dev = len(dev)
+    rng = np.random.default_rng(seed)  # the training order
     model = load_llama_gguf(target_gguf, n_layers=layers)
     if init is not None:
         missing, unexpected = model.load_state_dict(torch.load(init, weights_only=True), strict=False)
@@ -381,7 +404,7 @@ def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: fl
                out / "draft_blocks.pt")
     return {"layers": layers, "sequences": len(train), "dev_sequences": n_dev, "steps": steps, "batch": batch, "lr": lr,
             "epochs": epochs, "precision": precision, "init": str(init) if init else None,
-            "more_data": [str(d) for d in more_data], "initial_dev_agreement": start, "best_dev_agreement": best, "curve": curve,
+            "more_data": [str(d) for d in more_data], "dev_digests": digests, "initial_dev_agreement": start, "best_dev_agreement": best, "curve": curve,
             "wall_s": time.time() - t0}
 
 
@@ -513,9 +536,14 @@ def main(argv: list[str] | None = None) -> None:
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     precision = resolve_precision(args.precision)
     with_data = [Path(d).resolve() for d in args.with_data.split(",") if d.strip()]
+    if args.out.resolve() in with_data or len(set(with_data)) < len(with_data):
+        raise SystemExit("--with-data: name each earlier data set once, and not --out itself")
     for d in with_data:
         if not (d / "distill_data.npz").exists() or not (d / "distill_prompts.json").exists():
             raise SystemExit(f"--with-data {d}: no distill_data.npz and distill_prompts.json there (run its generate stage first)")
+        made_by = json.loads((d / "distill_prompts.json").read_text()).get("recipe", {}).get("target")
+        if made_by is None or Path(made_by).resolve() != Path(target).resolve():
+            raise SystemExit(f"--with-data {d}: its data were made by {made_by}, not by the target {target}")
     log_update(args.out, args=vars(args) | {"out": str(args.out), "target": str(target), "init": str(args.init) if args.init else None,
                                           "with_data": [str(d) for d in with_data], "precision_used": precision})
     draft_path = args.out / "smollm2-135m-draft-q8_0.gguf"
@@ -525,7 +553,10 @@ def main(argv: list[str] | None = None) -> None:
         known_keys = {p.lower() for p in known}
         prompts = [p for p in build_prompts("train", args.train_prompts, args.seed) if p.lower() not in known_keys]
         recipe = {"train_prompts": args.train_prompts, "self_prompts": args.self_prompts, "seed": args.seed,
-                  "target": str(target)} | ({"with_data": [str(d) for d in with_data]} if with_data else {})
+                  "target": str(target)}
+        if with_data:  # which prompts were not to be asked again, by content: a regenerated set is another set
+            recipe |= {"with_data": [str(d) for d in with_data],
+                       "known": hashlib.sha256("\n".join(known).encode()).hexdigest()[:16]}
         saved = args.out / "distill_prompts.json"
         written = {}
         previous = json.loads(saved.read_text()) if saved.exists() else None

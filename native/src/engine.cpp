@@ -194,9 +194,18 @@ std::string hex_of(uint64_t h) {
     std::snprintf(hex, sizeof(hex), "%016llx", (unsigned long long) h);
     return hex;
 }
+
+// Of the metadata as gguf serialises it: every key and value, and the tensor infos.
+std::string header_hash(const gguf_context * g) {
+    std::vector<unsigned char> meta(gguf_get_meta_size(g));
+    gguf_get_meta_data(g, meta.data());
+    hasher h;
+    h.bytes(meta.data(), meta.size());
+    return hex_of(h.h);
+}
 } // namespace
 
-bool loaded_model_fingerprint(const gguf_context * g, const ggml_context * data, std::string & out) {
+bool loaded_model_fingerprint(const gguf_context * g, const ggml_context * data, std::string & out, std::string * header) {
     hasher h;
     for (int64_t i = 0; i < gguf_get_n_tensors(g); ++i) {
         const char * name = gguf_get_tensor_name(g, i);
@@ -212,10 +221,13 @@ bool loaded_model_fingerprint(const gguf_context * g, const ggml_context * data,
         h.bytes((const unsigned char *) t->data, ggml_nbytes(t));
     }
     out = hex_of(h.h);
+    if (header != nullptr) {
+        *header = header_hash(g);
+    }
     return true;
 }
 
-int32_t model_fingerprint(const char * path, std::string & out) {
+int32_t model_fingerprint(const char * path, std::string & out, std::string * header) {
     if (path == nullptr) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "fingerprint: no path");
     }
@@ -259,11 +271,14 @@ int32_t model_fingerprint(const char * path, std::string & out) {
         h.bytes(buf.data(), size);
     }
     std::fclose(f);
-    gguf_free(g);
-    ggml_free(meta);
     if (status == COSPEC_OK) {
         out = hex_of(h.h);
+        if (header != nullptr) {
+            *header = header_hash(g);
+        }
     }
+    gguf_free(g);
+    ggml_free(meta);
     return status;
 }
 

@@ -56,6 +56,7 @@ struct cospec_engine {
     int32_t draft_gpu_layers = 0;
     bool draft_extra_buffers = false;
     std::string draft_fingerprint; // computed on first use (learned arbiters check it)
+    std::string draft_header;      // a hash of its metadata, read with it (a fold checks both)
     // Parameters of the draft over the target's: the draft step's cost in the
     // fixed cost model that arbiters which keep mismatches use (timing-free).
     double draft_cost_ratio = 0.0;

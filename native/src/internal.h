@@ -22,6 +22,8 @@ int32_t check_gguf_file(const char * role, const char * path);
 
 // Refuse metadata and tensor infos that llama.cpp would assert on (model_check.cpp).
 int32_t check_model_metadata(const char * role, const char * path);
+// The same checks on a GGUF already read (tensors: its tensor context, or null); who names it in errors.
+int32_t check_loaded_model_metadata(const std::string & who, const gguf_context * g, const ggml_context * tensors);
 // Refuse a LoRA adapter's metadata that llama.cpp would assert on (model_check.cpp).
 int32_t check_adapter_metadata(const char * role, const char * path);
 
@@ -29,10 +31,13 @@ int32_t check_adapter_metadata(const char * role, const char * path);
 std::string take_llama_errors();
 
 // The fingerprint of a model file (see cospec_model_fingerprint).
-int32_t model_fingerprint(const char * path, std::string & out);
+// header, where given, receives a hash of the metadata (keys, values, tensor infos), which the
+// fingerprint leaves out so that a renamed model still matches its arbiters.
+int32_t model_fingerprint(const char * path, std::string & out, std::string * header = nullptr);
 // The same fingerprint of a GGUF already read into memory (data: its tensors, allocated);
 // false where a tensor of the file's list is missing from data.
-bool loaded_model_fingerprint(const gguf_context * g, const ggml_context * data, std::string & out);
+bool loaded_model_fingerprint(const gguf_context * g, const ggml_context * data, std::string & out,
+                              std::string * header = nullptr);
 
 } // namespace cospec
 

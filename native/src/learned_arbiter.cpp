@@ -326,8 +326,8 @@ struct fold_plan {
         const ggml_tensor * a = nullptr; // [n_in, rank]
         const ggml_tensor * b = nullptr; // [rank, n_out]
     };
-    std::unique_ptr<gguf_context, gguf_deleter> draft_meta; // tensor types of folded weights set to F32
-    std::unique_ptr<gguf_context, gguf_deleter> draft_gguf, adapter_gguf;
+    std::unique_ptr<gguf_context, gguf_deleter> draft_gguf; // its tensor types of folded weights set to F32
+    std::unique_ptr<gguf_context, gguf_deleter> adapter_gguf;
     std::unique_ptr<ggml_context, ggml_deleter> draft_data, adapter_data;
     std::map<std::string, lora_pair> pairs;
     float scale = 1.0f; // lora_scale * alpha / rank, as llama.cpp applies it
@@ -374,7 +374,7 @@ void fold_weight(const fold_plan & plan, const fold_plan::lora_pair & pair, cons
 // the file, but it creates every optional tensor of the architecture, biases
 // and rope factors included, which this draft does not have.)
 bool write_folded(const fold_plan & plan, FILE * fp) {
-    const gguf_context * meta = plan.draft_meta.get();
+    const gguf_context * meta = plan.draft_gguf.get();
     if (!gguf_write_to_file_ptr(meta, fp, /*only_meta =*/ true)) {
         return false;
     }
@@ -440,9 +440,6 @@ bool plan_fold(const cospec_engine & eng, const std::string & adapter_path, floa
     if (stat(draft_path.c_str(), &st) != 0 || (size_t) st.st_size > MAX_FOLD_SOURCE_BYTES) {
         return false;
     }
-    if (cospec::check_model_metadata("draft model", draft_path.c_str()) != COSPEC_OK) {
-        return false;
-    }
     if (!load_gguf_data(adapter_path, plan.adapter_gguf, plan.adapter_data)) {
         return false;
     }
@@ -464,27 +461,34 @@ bool plan_fold(const cospec_engine & eng, const std::string & adapter_path, floa
         }
         (part == "lora_a" ? plan.pairs[base].a : plan.pairs[base].b) = t;
     }
-    gguf_init_params meta_only {};
-    meta_only.no_alloc = true;
-    plan.draft_meta.reset(gguf_init_from_file(draft_path.c_str(), meta_only));
-    if (!plan.draft_meta || plan.pairs.empty()) {
+    if (plan.pairs.empty()) {
         return false;
     }
-    if (const int64_t k = gguf_find_key(plan.draft_meta.get(), "general.architecture");
-        k < 0 || gguf_get_kv_type(plan.draft_meta.get(), k) != GGUF_TYPE_STRING ||
-        !FOLDABLE_ARCHITECTURES.count(gguf_get_val_str(plan.draft_meta.get(), k))) {
+    // The draft is read again, once, and all that follows reads this copy: its fingerprint and
+    // metadata (it must be the model the engine's arbiters were checked against, header and
+    // all), the metadata checks and the header the fold writes.
+    std::string fingerprint, header;
+    if (!load_gguf_data(draft_path, plan.draft_gguf, plan.draft_data) ||
+        !cospec::loaded_model_fingerprint(plan.draft_gguf.get(), plan.draft_data.get(), fingerprint, &header) ||
+        fingerprint != eng.draft_fingerprint || header != eng.draft_header ||
+        cospec::check_loaded_model_metadata("draft model '" + draft_path + "'", plan.draft_gguf.get(),
+                                            plan.draft_data.get()) != COSPEC_OK) {
+        return false;
+    }
+    const gguf_context * draft = plan.draft_gguf.get();
+    if (const int64_t k = gguf_find_key(draft, "general.architecture");
+        k < 0 || gguf_get_kv_type(draft, k) != GGUF_TYPE_STRING || !FOLDABLE_ARCHITECTURES.count(gguf_get_val_str(draft, k))) {
         return false;
     }
     size_t folded_bytes = 0;
     int64_t rank = -1;
     for (const auto & [base, pair] : plan.pairs) {
-        const int64_t id = gguf_find_tensor(plan.draft_meta.get(), base.c_str());
+        const int64_t id = gguf_find_tensor(draft, base.c_str());
         const std::string weight_scale = base.substr(0, base.size() - std::strlen(".weight")) + ".scale";
-        if (pair.a == nullptr || pair.b == nullptr || id < 0 ||
-            gguf_find_tensor(plan.draft_meta.get(), weight_scale.c_str()) >= 0) {
+        if (pair.a == nullptr || pair.b == nullptr || id < 0 || gguf_find_tensor(draft, weight_scale.c_str()) >= 0) {
             return false;
         }
-        const ggml_type type = gguf_get_tensor_type(plan.draft_meta.get(), id);
+        const ggml_type type = gguf_get_tensor_type(draft, id);
         if (type != GGML_TYPE_F32 && ggml_get_type_traits(type)->to_float == nullptr) {
             return false;
         }
@@ -497,26 +501,20 @@ bool plan_fold(const cospec_engine & eng, const std::string & adapter_path, floa
         if (pair.a->ne[0] < 1 || pair.b->ne[1] < 1 || pair.a->ne[0] > (int64_t) MAX_FOLDED_BYTES / pair.b->ne[1]) {
             return false;
         }
+        const ggml_tensor * w = ggml_get_tensor(plan.draft_data.get(), base.c_str());
+        if (w == nullptr || ggml_n_dims(w) != 2 || w->ne[0] != pair.a->ne[0] || w->ne[1] != pair.b->ne[1]) {
+            return false;
+        }
         folded_bytes += (size_t) (pair.a->ne[0] * pair.b->ne[1]) * sizeof(float);
     }
     if (rank < 1 || folded_bytes > MAX_FOLDED_BYTES) {
         return false;
     }
     plan.scale = alpha != 0.0f ? lora_scale * alpha / (float) rank : lora_scale;
-    // The draft is read again here: what is folded must be the file the engine loaded and
-    // checked, so the fingerprint is taken of the very bytes that will be folded.
-    std::string fingerprint;
-    if (!load_gguf_data(draft_path, plan.draft_gguf, plan.draft_data) ||
-        !cospec::loaded_model_fingerprint(plan.draft_gguf.get(), plan.draft_data.get(), fingerprint) ||
-        fingerprint != eng.draft_fingerprint) {
-        return false;
-    }
+    // Last, after the fingerprint: the header the fold writes gives the folded weights F32
+    // (the data context's tensors keep their own types; only the file's tensor infos change).
     for (const auto & [base, pair] : plan.pairs) {
-        const ggml_tensor * w = ggml_get_tensor(plan.draft_data.get(), base.c_str());
-        if (w == nullptr || ggml_n_dims(w) != 2 || w->ne[0] != pair.a->ne[0] || w->ne[1] != pair.b->ne[1]) {
-            return false;
-        }
-        gguf_set_tensor_type(plan.draft_meta.get(), base.c_str(), GGML_TYPE_F32);
+        gguf_set_tensor_type(plan.draft_gguf.get(), base.c_str(), GGML_TYPE_F32);
     }
     return true;
 }
@@ -880,7 +878,9 @@ int32_t cospec_arbiter_load(cospec_engine * engine, const cospec_learned_arbiter
             return st;
         }
         if (engine->draft_fingerprint.empty()) {
-            if (const int32_t st = cospec::model_fingerprint(engine->draft_path.c_str(), engine->draft_fingerprint); st != COSPEC_OK) {
+            if (const int32_t st = cospec::model_fingerprint(engine->draft_path.c_str(), engine->draft_fingerprint,
+                                                                 &engine->draft_header);
+                st != COSPEC_OK) {
                 return st;
             }
         }

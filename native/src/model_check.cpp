@@ -128,30 +128,34 @@ int32_t check_model_metadata(const char * role, const char * path) {
     if (!g) {
         return fail(COSPEC_ERR_MODEL_LOAD, who + ": corrupt GGUF header");
     }
+    return check_loaded_model_metadata(who, g.get(), meta.get());
+}
+
+int32_t check_loaded_model_metadata(const std::string & who, const gguf_context * g, const ggml_context * tensors) {
     const auto bad = [&](const std::string & why) { return fail(COSPEC_ERR_MODEL_LOAD, who + ": " + why); };
 
     double alignment = 0;
-    if (number(g.get(), "general.alignment", alignment) && alignment < MIN_ALIGNMENT) {
+    if (number(g, "general.alignment", alignment) && alignment < MIN_ALIGNMENT) {
         return bad("general.alignment " + std::to_string((long long) alignment) + " is below " +
                    std::to_string(MIN_ALIGNMENT));
     }
-    const std::string arch = text(g.get(), "general.architecture");
+    const std::string arch = text(g, "general.architecture");
     if (arch.empty()) {
         return bad("no general.architecture");
     }
     double n_layer = 0;
-    if (!number(g.get(), arch + ".block_count", n_layer) || !(n_layer >= 1 && n_layer <= MAX_LAYERS)) {
+    if (!number(g, arch + ".block_count", n_layer) || !(n_layer >= 1 && n_layer <= MAX_LAYERS)) {
         return bad(arch + ".block_count must be between 1 and " + std::to_string(MAX_LAYERS));
     }
     for (const char * key : {".attention.layer_norm_rms_epsilon", ".attention.layer_norm_epsilon"}) {
         double eps = 0;
-        if (number(g.get(), arch + key, eps) && !(std::isfinite(eps) && eps >= 0)) {
+        if (number(g, arch + key, eps) && !(std::isfinite(eps) && eps >= 0)) {
             return bad(arch + key + " must be a finite number >= 0");
         }
     }
     for (const char * key : {".rope.freq_base", ".rope.scaling.factor"}) {
         double v = 0;
-        if (number(g.get(), arch + key, v) && !(std::isfinite(v) && v > 0)) {
+        if (number(g, arch + key, v) && !(std::isfinite(v) && v > 0)) {
             return bad(arch + key + " must be a finite positive number");
         }
     }
@@ -159,38 +163,38 @@ int32_t check_model_metadata(const char * role, const char * path) {
     // in the others a 0 divides by zero inside llama.cpp.
     if (arch != "deci") {
         for (const char * key : {".attention.head_count", ".attention.head_count_kv", ".feed_forward_length"}) {
-            if (has_zero_entry(g.get(), arch + key)) {
+            if (has_zero_entry(g, arch + key)) {
                 return bad(arch + key + " has a zero entry");
             }
         }
     }
-    const std::string tokenizer = text(g.get(), "tokenizer.ggml.model");
+    const std::string tokenizer = text(g, "tokenizer.ggml.model");
     if (tokenizer == "bert" || tokenizer == "no_vocab") {
         return bad("tokenizer model '" + tokenizer + "' is not one a generative model can run with");
     }
     // Token texts must be unique as llama.cpp reads them (C strings: "a\0b" is "a").
-    const int64_t tokens = gguf_find_key(g.get(), "tokenizer.ggml.tokens");
-    if (tokens >= 0 && gguf_get_kv_type(g.get(), tokens) == GGUF_TYPE_ARRAY &&
-        gguf_get_arr_type(g.get(), tokens) == GGUF_TYPE_STRING) {
-        const size_t n = gguf_get_arr_n(g.get(), tokens);
+    const int64_t tokens = gguf_find_key(g, "tokenizer.ggml.tokens");
+    if (tokens >= 0 && gguf_get_kv_type(g, tokens) == GGUF_TYPE_ARRAY &&
+        gguf_get_arr_type(g, tokens) == GGUF_TYPE_STRING) {
+        const size_t n = gguf_get_arr_n(g, tokens);
         std::unordered_set<std::string_view> seen;
         seen.reserve(n);
         for (size_t i = 0; i < n; ++i) {
-            const char * s = gguf_get_arr_str(g.get(), tokens, i);
+            const char * s = gguf_get_arr_str(g, tokens, i);
             if (!seen.insert(std::string_view(s, std::strlen(s))).second) {
                 return bad("token " + std::to_string(i) + " repeats the text of an earlier token");
             }
         }
     }
     // Norm weights are F32 vectors; another type reaches a kernel that asserts.
-    for (int64_t i = 0; i < gguf_get_n_tensors(g.get()); ++i) {
-        const std::string name = gguf_get_tensor_name(g.get(), i);
+    for (int64_t i = 0; i < gguf_get_n_tensors(g); ++i) {
+        const std::string name = gguf_get_tensor_name(g, i);
         const size_t suffix = name.size() >= 12 ? name.size() - 12 : 0;
         if (name.compare(suffix, std::string::npos, "_norm.weight") == 0) {
-            if (gguf_get_tensor_type(g.get(), i) != GGML_TYPE_F32) {
-                return bad("norm tensor '" + name + "' must be F32, not " + ggml_type_name(gguf_get_tensor_type(g.get(), i)));
+            if (gguf_get_tensor_type(g, i) != GGML_TYPE_F32) {
+                return bad("norm tensor '" + name + "' must be F32, not " + ggml_type_name(gguf_get_tensor_type(g, i)));
             }
-            const ggml_tensor * t = meta ? ggml_get_tensor(meta.get(), name.c_str()) : nullptr;
+            const ggml_tensor * t = tensors ? ggml_get_tensor(const_cast<ggml_context *>(tensors), name.c_str()) : nullptr;
             if (t != nullptr && ggml_n_dims(t) != 1) {
                 return bad("norm tensor '" + name + "' must be a vector");
             }
