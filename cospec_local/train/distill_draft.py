@@ -584,7 +584,8 @@ def main(argv: list[str] | None = None) -> None:
         # In its own process: llama.cpp decoded 2.5x slower in a process where torch had
         # run multi-threaded work (the train stage), and unevenly: the speed ratios were off.
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            result = pool.submit(measure, target, draft_path, build_prompts("heldout", args.heldout_prompts, args.seed),
+            # The held-out prompts do not follow --seed: every draft is scored on the same ones.
+            result = pool.submit(measure, target, draft_path, build_prompts("heldout", args.heldout_prompts, 0),
                                  args.max_new, args.threads).result()
         log_update(args.out, measure=result)
         print(json.dumps(result, indent=1))
