@@ -510,7 +510,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--train-prompts", type=int, default=2000, help="template prompts (distill_prompts 'train' split)")
     ap.add_argument("--self-prompts", type=int, default=0,
                     help="and this many prompts the target writes itself (held-out topics excluded)")
-    ap.add_argument("--heldout-prompts", type=int, default=60)
+    ap.add_argument("--heldout-prompts", type=int, default=60, help="measure stage: the first N held-out prompts (seed 0)")
     ap.add_argument("--max-new", type=int, default=160)
     ap.add_argument("--gen-batch", type=int, default=128)
     ap.add_argument("--epochs", type=float, default=2.0)
