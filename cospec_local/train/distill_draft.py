@@ -541,7 +541,11 @@ def main(argv: list[str] | None = None) -> None:
     for d in with_data:
         if not (d / "distill_data.npz").exists() or not (d / "distill_prompts.json").exists():
             raise SystemExit(f"--with-data {d}: no distill_data.npz and distill_prompts.json there (run its generate stage first)")
-        made_by = json.loads((d / "distill_prompts.json").read_text()).get("recipe", {}).get("target")
+        saved = json.loads((d / "distill_prompts.json").read_text())
+        if not isinstance(saved, dict) or "seed" not in saved.get("recipe", {}):
+            raise SystemExit(f"--with-data {d}: its distill_prompts.json has no recipe (an older format): the seed "
+                             "of its dev split and the target that made it are unknown")
+        made_by = saved["recipe"].get("target")
         if made_by is None or Path(made_by).resolve() != Path(target).resolve():
             raise SystemExit(f"--with-data {d}: its data were made by {made_by}, not by the target {target}")
     log_update(args.out, args=vars(args) | {"out": str(args.out), "target": str(target), "init": str(args.init) if args.init else None,
