@@ -22,6 +22,20 @@ class Interrupted(Exception):
     pass
 
 
+def interrupt_at_call(model, call: int) -> None:
+    """Make the model's `call`-th generate (counting from 1) raise Interrupted, as a Ctrl-C there
+    would; the calls before it run as usual. `del model.generate` undoes it."""
+    real_generate, calls = model.generate, []
+
+    def generate(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise Interrupted
+        return real_generate(*args, **kwargs)
+
+    model.generate = generate
+
+
 def _arrays(out: Path) -> dict:
     with np.load(out / "distill_data.npz") as npz:
         return {k: npz[k] for k in npz.files}
@@ -40,15 +54,7 @@ def test_generate_resumes_from_saved_batches(tmp_path):
     # Stopped during its second batch: the first is on disk, no data file yet.
     cut = tmp_path / "cut"
     cut.mkdir()
-    real_generate, calls = model.generate, []
-
-    def stop_at_second_batch(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise Interrupted
-        return real_generate(*args, **kwargs)
-
-    model.generate = stop_at_second_batch
+    interrupt_at_call(model, 2)
     with pytest.raises(Interrupted):
         generate_data(target, model, PROMPTS, max_new=6, batch=2, out=cut)
     del model.generate
@@ -67,13 +73,7 @@ def test_generate_resumes_from_saved_batches(tmp_path):
 def test_saved_batches_of_other_settings_are_not_reused(tmp_path, change):
     target = resolve_model("demo-target")
     model = load_generator(target, "float32")
-    real_generate = model.generate
-
-    def stop_after_first_batch(*args, **kwargs):
-        model.generate = lambda *a, **k: (_ for _ in ()).throw(Interrupted)
-        return real_generate(*args, **kwargs)
-
-    model.generate = stop_after_first_batch
+    interrupt_at_call(model, 2)
     with pytest.raises(Interrupted):
         generate_data(target, model, PROMPTS, max_new=6, batch=2, out=tmp_path)
     del model.generate
@@ -120,16 +120,8 @@ def test_self_written_prompts_resume_and_skip_known_ones(tmp_path):
     whole, _ = self_prompts(target, model, 10, seed=3, batch=4, exclude=[])
     assert len(whole) == 10 == len({p.lower() for p in whole})
 
-    real_generate, calls = model.generate, []
-
-    def stop_at_third_batch(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise Interrupted
-        return real_generate(*args, **kwargs)
-
     progress = tmp_path / "progress.json"
-    model.generate = stop_at_third_batch
+    interrupt_at_call(model, 3)
     with pytest.raises(Interrupted):
         self_prompts(target, model, 10, seed=3, batch=4, exclude=[], progress=progress)
     del model.generate

@@ -106,6 +106,17 @@ def _left_padded(rows: list[list[int]], pad: int, torch):
     return x, mask
 
 
+def text_digest(texts) -> str:
+    """A short name for a list of texts (prompts, topics), for recipes and saved progress."""
+    return hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
+
+
+def made_by(target_gguf: Path, model) -> dict:
+    """What generated something, as saved beside it: the target file and the arithmetic
+    (bf16 and float32 outputs differ at near ties)."""
+    return {"target": str(Path(target_gguf).resolve()), "dtype": str(next(model.parameters()).dtype)}
+
+
 def self_prompts(target_gguf: Path, model, n: int, seed: int, batch: int, exclude: list[str],
                  known: list[str] = (), progress: Path | None = None) -> tuple[list[str], dict]:
     """User prompts written by the target itself: it is given only its chat template's opening of
@@ -124,10 +135,9 @@ def self_prompts(target_gguf: Path, model, n: int, seed: int, batch: int, exclud
     marker = "\u2063USER\u2063"
     eos = model.config.eos_token_id
     blocked = [t.lower() for t in exclude]
-    maker = {"target": str(Path(target_gguf).resolve()), "dtype": str(next(model.parameters()).dtype), "seed": seed,
-             "batch": batch, "threads": torch.get_num_threads(),  # bf16 sums can round by thread count
-             "known": hashlib.sha256("\n".join(known).encode()).hexdigest()[:16],
-             "exclude": hashlib.sha256("\n".join(exclude).encode()).hexdigest()[:16]}
+    maker = made_by(target_gguf, model) | {"seed": seed, "batch": batch,
+                                           "threads": torch.get_num_threads(),  # bf16 sums can round by thread count
+                                           "known": text_digest(known), "exclude": text_digest(exclude)}
     kept, batches, sampled, wall_before = [], 0, 0, 0.0
     if progress is not None and progress.exists():
         saved = json.loads(progress.read_text())
@@ -194,9 +204,8 @@ def generate_data(target_gguf: Path, model, prompts: list[str], max_new: int, ba
             return scores
 
     # What a saved batch must have been made by to be reused: the same target file, in the same
-    # arithmetic (bf16 and float32 greedy answers differ at near ties), with the same answer length.
-    maker = {"target": str(Path(target_gguf).resolve()), "dtype": str(next(model.parameters()).dtype),
-             "max_new": max_new}
+    # arithmetic, with the same answer length.
+    maker = made_by(target_gguf, model) | {"max_new": max_new}
 
     def saved_batch(path: Path, idx: list[int]):
         """The batch saved at `path` if `maker` answered exactly these prompts."""
@@ -331,8 +340,8 @@ def agreement(model, items, torch, batch: int = 16) -> float:
 def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: float, batch: int, seed: int,
                 precision: str, init: Path | None = None, more_data: list[Path] = ()) -> dict:
     """float32 master weights; with precision "bf16" the forward runs under bf16 autocast.
-    init: a previous run's draft_blocks.pt to go on from (the dev split depends on the seed only,
-    so the same seed keeps the dev sequences out of training across runs).
+    init: a previous run's draft_blocks.pt to go on from (each data set's dev split follows its
+    own seed, split_seed, so those blocks never train on the dev sequences they are scored on).
     more_data: earlier OUT directories whose distill_data.npz is trained on too."""
     import torch
 
@@ -538,6 +547,7 @@ def main(argv: list[str] | None = None) -> None:
     with_data = [Path(d).resolve() for d in args.with_data.split(",") if d.strip()]
     if args.out.resolve() in with_data or len(set(with_data)) < len(with_data):
         raise SystemExit("--with-data: name each earlier data set once, and not --out itself")
+    known = []  # the earlier sets' prompts, not to be asked again
     for d in with_data:
         if not (d / "distill_data.npz").exists() or not (d / "distill_prompts.json").exists():
             raise SystemExit(f"--with-data {d}: no distill_data.npz and distill_prompts.json there (run its generate stage first)")
@@ -545,22 +555,22 @@ def main(argv: list[str] | None = None) -> None:
         if not isinstance(saved, dict) or "seed" not in saved.get("recipe", {}):
             raise SystemExit(f"--with-data {d}: its distill_prompts.json has no recipe (an older format): the seed "
                              "of its dev split and the target that made it are unknown")
-        made_by = saved["recipe"].get("target")
-        if made_by is None or Path(made_by).resolve() != Path(target).resolve():
-            raise SystemExit(f"--with-data {d}: its data were made by {made_by}, not by the target {target}")
+        maker = saved["recipe"].get("target")
+        if maker is None or Path(maker).resolve() != Path(target).resolve():
+            raise SystemExit(f"--with-data {d}: its data were made by {maker}, not by the target {target}")
+        known += saved["prompts"]
     log_update(args.out, args=vars(args) | {"out": str(args.out), "target": str(target), "init": str(args.init) if args.init else None,
                                           "with_data": [str(d) for d in with_data], "precision_used": precision})
     draft_path = args.out / "smollm2-135m-draft-q8_0.gguf"
     if "generate" in stages:
         model = load_generator(target, precision)
-        known = [p for d in with_data for p in json.loads((d / "distill_prompts.json").read_text())["prompts"]]
         known_keys = {p.lower() for p in known}
         prompts = [p for p in build_prompts("train", args.train_prompts, args.seed) if p.lower() not in known_keys]
         recipe = {"train_prompts": args.train_prompts, "self_prompts": args.self_prompts, "seed": args.seed,
                   "target": str(target)}
         if with_data:  # which prompts were not to be asked again, by content: a regenerated set is another set
             recipe |= {"with_data": [str(d) for d in with_data],
-                       "known": hashlib.sha256("\n".join(known).encode()).hexdigest()[:16]}
+                       "known": text_digest(known)}
         saved = args.out / "distill_prompts.json"
         written = {}
         previous = json.loads(saved.read_text()) if saved.exists() else None

@@ -195,6 +195,18 @@ std::string hex_of(uint64_t h) {
     return hex;
 }
 
+// One tensor's part of a fingerprint: name, type, shape (where known) and data, in that order.
+void hash_tensor(hasher & h, const char * name, ggml_type type, const ggml_tensor * shape, const void * data, size_t size) {
+    h.text(name);
+    h.word((uint64_t) type);
+    if (shape != nullptr) {
+        for (int d = 0; d < GGML_MAX_DIMS; ++d) {
+            h.word((uint64_t) shape->ne[d]);
+        }
+    }
+    h.bytes((const unsigned char *) data, size);
+}
+
 // Of the metadata as gguf serialises it: every key and value, and the tensor infos.
 std::string header_hash(const gguf_context * g) {
     std::vector<unsigned char> meta(gguf_get_meta_size(g));
@@ -213,12 +225,7 @@ bool loaded_model_fingerprint(const gguf_context * g, const ggml_context * data,
         if (t == nullptr || t->data == nullptr || ggml_nbytes(t) != gguf_get_tensor_size(g, i)) {
             return false;
         }
-        h.text(name);
-        h.word((uint64_t) gguf_get_tensor_type(g, i));
-        for (int d = 0; d < GGML_MAX_DIMS; ++d) {
-            h.word((uint64_t) t->ne[d]);
-        }
-        h.bytes((const unsigned char *) t->data, ggml_nbytes(t));
+        hash_tensor(h, name, gguf_get_tensor_type(g, i), t, t->data, ggml_nbytes(t));
     }
     out = hex_of(h.h);
     if (header != nullptr) {
@@ -254,13 +261,6 @@ int32_t model_fingerprint(const char * path, std::string & out, std::string * he
     const size_t data_offset = gguf_get_data_offset(g);
     for (int64_t i = 0; i < gguf_get_n_tensors(g) && status == COSPEC_OK; ++i) {
         const char * name = gguf_get_tensor_name(g, i);
-        h.text(name);
-        h.word((uint64_t) gguf_get_tensor_type(g, i));
-        if (const ggml_tensor * t = meta ? ggml_get_tensor(meta, name) : nullptr) {
-            for (int d = 0; d < GGML_MAX_DIMS; ++d) {
-                h.word((uint64_t) t->ne[d]);
-            }
-        }
         const size_t size = gguf_get_tensor_size(g, i);
         buf.resize(size);
         if (std::fseek(f, (long) (data_offset + gguf_get_tensor_offset(g, i)), SEEK_SET) != 0 ||
@@ -268,7 +268,7 @@ int32_t model_fingerprint(const char * path, std::string & out, std::string * he
             status = fail(COSPEC_ERR_MODEL_LOAD, std::string("model '") + path + "': tensor data cannot be read");
             break;
         }
-        h.bytes(buf.data(), size);
+        hash_tensor(h, name, gguf_get_tensor_type(g, i), meta ? ggml_get_tensor(meta, name) : nullptr, buf.data(), size);
     }
     std::fclose(f);
     if (status == COSPEC_OK) {
