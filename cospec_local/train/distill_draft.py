@@ -278,16 +278,20 @@ def load_data(out: Path):
 # ----------------------------------------------------------------------------- training
 
 
+def saved_prompts(data: Path) -> dict | None:
+    """A data set's distill_prompts.json ({"recipe": {..., "seed"}, "prompts": [...]}), or None where
+    it is missing or in the older format without a recipe."""
+    saved = data / "distill_prompts.json"
+    kept = json.loads(saved.read_text()) if saved.exists() else None
+    return kept if isinstance(kept, dict) and "seed" in kept.get("recipe", {}) else None
+
+
 def split_seed(data: Path, fallback: int) -> int:
     """The seed a data set's dev split is drawn with: the one its prompts were drawn with (its
     distill_prompts.json), whatever seed trains on it later, so blocks trained on it never meet
     its dev sequences in another run. `fallback` for data made without that file."""
-    saved = data / "distill_prompts.json"
-    if saved.exists():
-        kept = json.loads(saved.read_text())
-        if isinstance(kept, dict) and "seed" in kept.get("recipe", {}):
-            return int(kept["recipe"]["seed"])
-    return fallback
+    kept = saved_prompts(data)
+    return int(kept["recipe"]["seed"]) if kept is not None else fallback
 
 
 def dev_digest(items) -> str:
@@ -551,8 +555,8 @@ def main(argv: list[str] | None = None) -> None:
     for d in with_data:
         if not (d / "distill_data.npz").exists() or not (d / "distill_prompts.json").exists():
             raise SystemExit(f"--with-data {d}: no distill_data.npz and distill_prompts.json there (run its generate stage first)")
-        saved = json.loads((d / "distill_prompts.json").read_text())
-        if not isinstance(saved, dict) or "seed" not in saved.get("recipe", {}):
+        saved = saved_prompts(d)
+        if saved is None:
             raise SystemExit(f"--with-data {d}: its distill_prompts.json has no recipe (an older format): the seed "
                              "of its dev split and the target that made it are unknown")
         maker = saved["recipe"].get("target")
