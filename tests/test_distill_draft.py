@@ -157,3 +157,24 @@ def test_training_takes_several_data_sets(tmp_path):
     assert both["dev_digests"][1] == alone["dev_digests"][0]
     other_seed = train_draft(target, 1, second, epochs=0.5, lr=1e-3, batch=4, seed=0, precision="float32")
     assert other_seed["dev_digests"][0] != both["dev_digests"][0]  # a set made without a record: the training seed
+
+
+def test_device_choice_is_checked_and_recorded(tmp_path):
+    """`--device auto` runs where torch can (here the CPU); a device torch cannot see is refused
+    before any work, and what made the data (the device too) is saved with every batch."""
+    from cospec_local.train.distill_draft import main, made_by, resolve_device
+
+    auto = resolve_device("auto")
+    assert auto.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(SystemExit, match="must be auto, cpu or cuda"):
+        resolve_device("meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="sees no CUDA device"):
+            main(["--out", str(tmp_path / "never"), "--device", "cuda", "--stages", "train"])
+        assert not (tmp_path / "never").exists()
+    target = resolve_model("demo-target")
+    model = load_generator(target, "float32", resolve_device("cpu"))
+    assert made_by(target, model)["device"] == "cpu"
+    generate_data(target, model, PROMPTS[:2], max_new=4, batch=2, out=tmp_path)
+    assert (tmp_path / "distill_data.npz").exists()

@@ -31,6 +31,10 @@ multiplies bf16 natively (AVX512-BF16 / AMX: on an Intel Xeon, 2 threads, 1.7x f
 generation and 1.8x in an 8-block training step) and in float32 elsewhere (on AVX2 only, bf16
 generation runs at a fifth of float32's speed).
 
+`--device auto` (the default) generates and trains on a CUDA device where torch sees one (in bf16
+where it multiplies bf16), else on the CPU. What made the data (target file, arithmetic, device)
+is saved with it, so an interrupted run never resumes on answers another device computed.
+
 More data later: a second OUT generated with `--with-data OUT1 --seed 1` (new self-written prompts,
 none of OUT1's asked again) trains on both sets together; `--init OUT1/draft_blocks.pt` goes on
 from the blocks trained on the first.
@@ -71,19 +75,37 @@ def render_prompts(target_gguf: Path, prompts: list[str]) -> list[list[int]]:
         return [engine.render_chat([{"role": "user", "content": p}]) for p in prompts]
 
 
-def resolve_precision(precision: str) -> str:
+def resolve_device(device: str):
+    """The torch device generation and training run on: `auto` is the first CUDA device where torch
+    sees one (data and training in minutes instead of hours), else the CPU."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {device}: this torch sees no CUDA device")
+    if dev.type not in ("cpu", "cuda"):
+        raise SystemExit(f"--device must be auto, cpu or cuda[:N], not {device!r}")
+    return dev
+
+
+def resolve_precision(precision: str, device=None) -> str:
     """"bf16" or "float32": `auto` picks bf16 where oneDNN runs bf16 products natively (AVX512-BF16,
-    AMX), since elsewhere (AVX2 only) they are emulated and 5x slower than float32."""
+    AMX), since elsewhere (AVX2 only) they are emulated and 5x slower than float32, and on a CUDA
+    device that supports it."""
     import torch
 
     if precision == "auto":
+        if device is not None and device.type == "cuda":
+            return "bf16" if torch.cuda.is_bf16_supported() else "float32"
         return "bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32"
     if precision not in ("bf16", "float32"):
         raise ValueError(f"precision must be auto, bf16 or float32, not {precision!r}")
     return precision
 
 
-def load_generator(target_gguf: Path, precision: str):
+def load_generator(target_gguf: Path, precision: str, device=None):
     """The target in torch for generation, in `precision` (see resolve_precision). Measured, 2
     threads, batch 128, SmolLM2-135M: float32 211 tok/s and bf16 40 on AMD EPYC (AVX2); bf16
     1.7x float32 on an Intel Xeon with AMX. llama.cpp's own batched decoding of the Q4_1 GGUF
@@ -93,7 +115,7 @@ def load_generator(target_gguf: Path, precision: str):
     from converters.gguf_to_torch import load_llama_gguf
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    return load_llama_gguf(target_gguf).to(dtype).eval()
+    return load_llama_gguf(target_gguf).to(device or "cpu", dtype).eval()
 
 
 def _left_padded(rows: list[list[int]], pad: int, torch):
@@ -112,9 +134,10 @@ def text_digest(texts) -> str:
 
 
 def made_by(target_gguf: Path, model) -> dict:
-    """What generated something, as saved beside it: the target file and the arithmetic
-    (bf16 and float32 outputs differ at near ties)."""
-    return {"target": str(Path(target_gguf).resolve()), "dtype": str(next(model.parameters()).dtype)}
+    """What generated something, as saved beside it: the target file and the arithmetic (bf16 and
+    float32 outputs differ at near ties, and so do a GPU's kernels and the CPU's)."""
+    weight = next(model.parameters())
+    return {"target": str(Path(target_gguf).resolve()), "dtype": str(weight.dtype), "device": weight.device.type}
 
 
 def self_prompts(target_gguf: Path, model, n: int, seed: int, batch: int, exclude: list[str],
@@ -154,7 +177,7 @@ def self_prompts(target_gguf: Path, model, n: int, seed: int, batch: int, exclud
         opening = engine.tokenize(text[:text.index(marker)], add_special=False, parse_special=True)
         while len(kept) < n:
             torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-            x = torch.tensor([opening] * batch)
+            x = torch.tensor([opening] * batch, device=model.device)
             with torch.no_grad():
                 out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=64,
                                      do_sample=True, temperature=1.0, top_p=0.95, eos_token_id=eos, pad_token_id=eos)
@@ -226,14 +249,14 @@ def generate_data(target_gguf: Path, model, prompts: list[str], max_new: int, ba
         path = parts / f"batch-{b // batch:05d}.npz"
         d = saved_batch(path, idx)
         if d is None:
-            x, mask = _left_padded([rendered[i] for i in idx], pad, torch)
+            x, mask = (t.to(model.device) for t in _left_padded([rendered[i] for i in idx], pad, torch))
             rec = RecordTopK()
             with torch.no_grad():
                 gen = model.generate(input_ids=x, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
                                      eos_token_id=eos, pad_token_id=pad, logits_processor=LogitsProcessorList([rec]))
             new = gen[:, x.shape[1]:]
-            v = torch.stack([s[0] for s in rec.steps], 1)  # (batch, steps, k)
-            ix = torch.stack([s[1] for s in rec.steps], 1)
+            v = torch.stack([s[0] for s in rec.steps], 1).cpu()  # (batch, steps, k)
+            ix = torch.stack([s[1] for s in rec.steps], 1).cpu()
             seqs, top_v, top_i = [], [], []
             for r, i in enumerate(idx):
                 answer = new[r].tolist()
@@ -333,7 +356,7 @@ def agreement(model, items, torch, batch: int = 16) -> float:
     hit = total = 0
     with torch.no_grad():
         for b in range(0, len(items), batch):
-            x, mask, pos, hard, _, _ = make_batch(items[b:b + batch], torch)
+            x, mask, pos, hard, _, _ = (t.to(model.device) for t in make_batch(items[b:b + batch], torch))
             pred = answer_logits(model, x, mask, pos, torch).argmax(-1)
             hit += int((pred == hard).sum())
             total += len(hard)
@@ -342,7 +365,7 @@ def agreement(model, items, torch, batch: int = 16) -> float:
 
 
 def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: float, batch: int, seed: int,
-                precision: str, init: Path | None = None, more_data: list[Path] = ()) -> dict:
+                precision: str, init: Path | None = None, more_data: list[Path] = (), device=None) -> dict:
     """float32 master weights; with precision "bf16" the forward runs under bf16 autocast.
     init: a previous run's draft_blocks.pt to go on from (each data set's dev split follows its
     own seed, split_seed, so those blocks never train on the dev sequences they are scored on).
@@ -363,9 +386,9 @@ def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: fl
         digests.append(dev_digest([items[i] for i in perm[:n_dev]]))
     n_dev = len(dev)
     rng = np.random.default_rng(seed)  # the training order
-    model = load_llama_gguf(target_gguf, n_layers=layers)
+    model = load_llama_gguf(target_gguf, n_layers=layers).to(device or "cpu")
     if init is not None:
-        missing, unexpected = model.load_state_dict(torch.load(init, weights_only=True), strict=False)
+        missing, unexpected = model.load_state_dict(torch.load(init, map_location="cpu", weights_only=True), strict=False)
         untrained = [k for k in missing if "embed_tokens" not in k and "lm_head" not in k]
         if untrained or unexpected:
             raise SystemExit(f"{init} does not fit a {layers}-block draft of {target_gguf.name}: "
@@ -394,8 +417,8 @@ def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: fl
         lr_now = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * step / steps)))
         for g in opt.param_groups:
             g["lr"] = lr_now
-        x, mask, pos, hard, soft_v, soft_i = make_batch(chunk, torch)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        x, mask, pos, hard, soft_v, soft_i = (t.to(model.device) for t in make_batch(chunk, torch))
+        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             logits = answer_logits(model, x, mask, pos, torch)  # .float() inside: the losses in float32
         logp = torch.log_softmax(logits, -1)
         hard_loss = -logp.gather(1, hard[:, None]).mean()
@@ -413,10 +436,10 @@ def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: fl
             if acc > best:
                 best, best_state = acc, {k: v.detach().clone() for k, v in model.state_dict().items()}
     model.load_state_dict(best_state)
-    torch.save({k: v for k, v in model.state_dict().items() if "embed_tokens" not in k and "lm_head" not in k},
+    torch.save({k: v.cpu() for k, v in model.state_dict().items() if "embed_tokens" not in k and "lm_head" not in k},
                out / "draft_blocks.pt")
     return {"layers": layers, "sequences": len(train), "dev_sequences": n_dev, "steps": steps, "batch": batch, "lr": lr,
-            "epochs": epochs, "precision": precision, "init": str(init) if init else None,
+            "epochs": epochs, "precision": precision, "device": model.device.type, "init": str(init) if init else None,
             "more_data": [str(d) for d in more_data], "dev_digests": digests, "initial_dev_agreement": start, "best_dev_agreement": best, "curve": curve,
             "wall_s": time.time() - t0}
 
@@ -537,17 +560,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--init", type=Path, default=None,
                     help="train stage: go on from this draft_blocks.pt (a previous run's blocks) instead of the target's first blocks")
     ap.add_argument("--precision", default="auto", choices=["auto", "bf16", "float32"],
-                    help="generation and training arithmetic: auto = bf16 where the CPU has native bf16 products")
+                    help="generation and training arithmetic: auto = bf16 where the CPU has native bf16 products, "
+                         "or on a CUDA device that has them")
+    ap.add_argument("--device", default="auto",
+                    help="where generation and training run: auto (a CUDA device where torch sees one, else the CPU), "
+                         "cpu or cuda[:N]; the measure stage runs llama.cpp as the engine is built")
     args = ap.parse_args(argv)
 
     import torch
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    device = resolve_device(args.device)  # refused before anything is written
+    precision = resolve_precision(args.precision, device)
     args.out.mkdir(parents=True, exist_ok=True)
     target = args.target or find_smollm2_gguf()
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
-    precision = resolve_precision(args.precision)
     with_data = [Path(d).resolve() for d in args.with_data.split(",") if d.strip()]
     if args.out.resolve() in with_data or len(set(with_data)) < len(with_data):
         raise SystemExit("--with-data: name each earlier data set once, and not --out itself")
@@ -564,10 +592,11 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"--with-data {d}: its data were made by {maker}, not by the target {target}")
         known += saved["prompts"]
     log_update(args.out, args=vars(args) | {"out": str(args.out), "target": str(target), "init": str(args.init) if args.init else None,
-                                          "with_data": [str(d) for d in with_data], "precision_used": precision})
+                                          "with_data": [str(d) for d in with_data], "precision_used": precision,
+                                          "device_used": str(device)})
     draft_path = args.out / "smollm2-135m-draft-q8_0.gguf"
     if "generate" in stages:
-        model = load_generator(target, precision)
+        model = load_generator(target, precision, device)
         known_keys = {p.lower() for p in known}
         prompts = [p for p in build_prompts("train", args.train_prompts, args.seed) if p.lower() not in known_keys]
         recipe = {"train_prompts": args.train_prompts, "self_prompts": args.self_prompts, "seed": args.seed,
@@ -593,7 +622,7 @@ def main(argv: list[str] | None = None) -> None:
         del model
     if "train" in stages:
         log_update(args.out, train=train_draft(target, args.layers, args.out, args.epochs, args.lr, args.batch, args.seed,
-                                                    precision, args.init, with_data))
+                                                    precision, args.init, with_data, device))
     if "gguf" in stages:
         write_draft_gguf(target, args.out, args.layers, draft_path)
         log_update(args.out, gguf={"path": draft_path.name, "bytes": draft_path.stat().st_size})
