@@ -13,14 +13,20 @@ run, against the first of --runs:
 
     python bench/paired_speed.py --task arith --limit 500 --repeats 5 --runs sps,cospec:demo-lora -t 2 --out OUT
     python bench/paired_speed.py --records OUT/records.jsonl --runs sps,cospec:demo-lora   # summarize it again
+
+A run may carry its own longest block, after a slash (`sps/16`); the others draft up to
+--draft-max tokens a block:
+
+    python bench/paired_speed.py --task arith --runs sps,sps/16,cospec:demo-lora/16 -t 2 --out OUT
 """
 from __future__ import annotations
 
 import argparse
 import json
 import random
+import re
 import statistics
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from cospec_local import Engine, GenerationParams
@@ -52,6 +58,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--runs", default="sps,cospec:demo-lora", help="the first is the baseline")
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--draft-max", type=int, default=GenerationParams().draft_max,
+                    help="longest block (K) of the runs that name none after a slash")
     ap.add_argument("--out", type=Path, help="folder for records.jsonl and results.json")
     ap.add_argument("--records", type=Path, help="summarize this records.jsonl of an earlier run instead of running")
     args = ap.parse_args()
@@ -64,17 +72,17 @@ def main():
         return
 
     engine = Engine.open_default(n_ctx=4096, n_threads=args.threads)
-    runs = parse_runs(args.runs, engine.draft_path)
+    runs, params = runs_with_lengths(args.runs, engine.draft_path, GenerationParams(max_tokens=256, draft_max=args.draft_max))
     labels = [r.label for r in runs]
     problems = load_task(args.task, args.split, args.limit)
-    params = GenerationParams(max_tokens=256)
     args.out.mkdir(parents=True, exist_ok=True)
     records = []
     with engine, (args.out / "records.jsonl").open("w", encoding="utf-8") as log:
         for rep in range(args.repeats):
             for i, problem in enumerate(problems):
                 for run in rotated(runs, rep + i):
-                    rec = {"repeat": rep, **asdict(run_problem(engine, problem, run, params, score, as_chat=False))}
+                    rec = {"repeat": rep, **asdict(run_problem(engine, problem, run, params[run.label], score,
+                                                               as_chat=False))}
                     log.write(json.dumps(rec) + "\n")
                     records.append(rec)
             done = [r for r in records if r["repeat"] == rep]
@@ -83,6 +91,18 @@ def main():
                 flush=True)
     summary = summarize(records, labels, args)
     (args.out / "results.json").write_text(json.dumps(summary, indent=1))
+
+
+def runs_with_lengths(text: str, draft_path, params: GenerationParams):
+    """The runs of --runs and each one's settings: `RUN/K` is RUN drafting blocks of up to K."""
+    runs, settings = [], {}
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        m = re.fullmatch(r"(.+)/(\d+)", item)
+        runs.append(replace(parse_runs(m.group(1) if m else item, draft_path)[0], label=item))
+        settings[item] = params.updated(draft_max=int(m.group(2))) if m else params
+    if len(settings) != len(runs):
+        raise SystemExit("--runs: a run is named twice")
+    return runs, settings
 
 
 def tokens_per_s(records: list[dict]) -> float:
