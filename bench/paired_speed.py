@@ -72,7 +72,8 @@ def main():
         return
 
     engine = Engine.open_default(n_ctx=4096, n_threads=args.threads)
-    runs, params = runs_with_lengths(args.runs, engine.draft_path, GenerationParams(max_tokens=256, draft_max=args.draft_max))
+    runs, params = runs_with_lengths(args.runs, engine.draft_path,
+                                     GenerationParams(max_tokens=256, draft_max=args.draft_max))
     labels = [r.label for r in runs]
     problems = load_task(args.task, args.split, args.limit)
     args.out.mkdir(parents=True, exist_ok=True)

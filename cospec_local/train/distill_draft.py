@@ -388,7 +388,8 @@ def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: fl
     rng = np.random.default_rng(seed)  # the training order
     model = load_llama_gguf(target_gguf, n_layers=layers).to(device or "cpu")
     if init is not None:
-        missing, unexpected = model.load_state_dict(torch.load(init, map_location="cpu", weights_only=True), strict=False)
+        blocks = torch.load(init, map_location="cpu", weights_only=True)
+        missing, unexpected = model.load_state_dict(blocks, strict=False)
         untrained = [k for k in missing if "embed_tokens" not in k and "lm_head" not in k]
         if untrained or unexpected:
             raise SystemExit(f"{init} does not fit a {layers}-block draft of {target_gguf.name}: "
