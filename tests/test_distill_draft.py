@@ -167,8 +167,9 @@ def test_device_choice_is_checked_and_recorded(tmp_path):
     auto = resolve_device("auto")
     assert auto.type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert resolve_device("cpu") == torch.device("cpu")
-    with pytest.raises(SystemExit, match="must be auto, cpu or cuda"):
-        resolve_device("meta")
+    for wrong in ("meta", "gpu0"):
+        with pytest.raises(SystemExit, match="must be auto, cpu or cuda"):
+            resolve_device(wrong)
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="sees no CUDA device"):
             main(["--out", str(tmp_path / "never"), "--device", "cuda", "--stages", "train"])
@@ -176,5 +177,8 @@ def test_device_choice_is_checked_and_recorded(tmp_path):
     target = resolve_model("demo-target")
     model = load_generator(target, "float32", resolve_device("cpu"))
     assert made_by(target, model)["device"] == "cpu"
-    generate_data(target, model, PROMPTS[:2], max_new=4, batch=2, out=tmp_path)
-    assert (tmp_path / "distill_data.npz").exists()
+    interrupt_at_call(model, 2)  # the first batch is saved, the second never comes
+    with pytest.raises(Interrupted):
+        generate_data(target, model, PROMPTS[:4], max_new=4, batch=2, out=tmp_path)
+    with np.load(tmp_path / "generate_parts" / "batch-00000.npz") as saved:
+        assert saved["device"].item() == "cpu" and saved["dtype"].item() == "torch.float32"

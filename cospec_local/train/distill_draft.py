@@ -82,11 +82,14 @@ def resolve_device(device: str):
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:  # torch's own message names its whole list of device kinds
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise SystemExit(f"--device must be auto, cpu or cuda[:N], not {device!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"--device {device}: this torch sees no CUDA device")
-    if dev.type not in ("cpu", "cuda"):
-        raise SystemExit(f"--device must be auto, cpu or cuda[:N], not {device!r}")
     return dev
 
 
@@ -325,9 +328,10 @@ def dev_digest(items) -> str:
     return h.hexdigest()[:16]
 
 
-def make_batch(items, torch):
+def make_batch(items, torch, device=None):
     """Right-padded inputs; targets only at answer positions: row j of an item's labels is the
-    target's choice for the token at prompt_len + j, predicted from position prompt_len + j - 1."""
+    target's choice for the token at prompt_len + j, predicted from position prompt_len + j - 1.
+    Built on the CPU and moved to `device` (the model's)."""
     width = max(len(it["tokens"]) for it in items) - 1
     x = torch.zeros((len(items), width), dtype=torch.long)
     mask = torch.zeros((len(items), width), dtype=torch.long)
@@ -342,7 +346,8 @@ def make_batch(items, torch):
         hard.append(t[p:])
         soft_v.append(torch.from_numpy(it["top_v"].astype(np.float32)))
         soft_i.append(torch.from_numpy(it["top_i"].astype(np.int64)))
-    return x, mask, torch.cat(pos), torch.cat(hard), torch.cat(soft_v), torch.cat(soft_i)
+    batch = (x, mask, torch.cat(pos), torch.cat(hard), torch.cat(soft_v), torch.cat(soft_i))
+    return tuple(t.to(device) for t in batch) if device is not None else batch
 
 
 def answer_logits(model, x, mask, pos, torch):
@@ -356,7 +361,7 @@ def agreement(model, items, torch, batch: int = 16) -> float:
     hit = total = 0
     with torch.no_grad():
         for b in range(0, len(items), batch):
-            x, mask, pos, hard, _, _ = (t.to(model.device) for t in make_batch(items[b:b + batch], torch))
+            x, mask, pos, hard, _, _ = make_batch(items[b:b + batch], torch, model.device)
             pred = answer_logits(model, x, mask, pos, torch).argmax(-1)
             hit += int((pred == hard).sum())
             total += len(hard)
@@ -418,7 +423,7 @@ def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: fl
         lr_now = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * step / steps)))
         for g in opt.param_groups:
             g["lr"] = lr_now
-        x, mask, pos, hard, soft_v, soft_i = (t.to(model.device) for t in make_batch(chunk, torch))
+        x, mask, pos, hard, soft_v, soft_i = make_batch(chunk, torch, model.device)
         with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             logits = answer_logits(model, x, mask, pos, torch)  # .float() inside: the losses in float32
         logp = torch.log_softmax(logits, -1)
