@@ -32,6 +32,12 @@ FAMILY_STOPS = {
 }
 
 
+def cut_at_stops(text: str, stops) -> str:
+    """`text` up to the first of `stops` it contains (the engine ends a generation there too)."""
+    ends = [text.find(s) for s in stops if s and s in text]
+    return text[:min(ends)] if ends else text
+
+
 def get_task(name: str) -> TaskFamily | Benchmark:
     if name in TASKS:
         return TASKS[name]
@@ -62,6 +68,6 @@ def score(problem: Problem, completion: str) -> bool:
 
 
 __all__ = ["Problem", "TaskFamily", "Benchmark", "TASKS", "BENCHMARKS", "SPLITS", "TRAIN_FAMILIES",
-           "TRANSFER_FAMILIES", "DEFAULT_N", "FAMILY_STOPS", "get_task", "load_task", "score", "final_answer", "parse_number",
+           "TRANSFER_FAMILIES", "DEFAULT_N", "FAMILY_STOPS", "cut_at_stops", "get_task", "load_task", "score", "final_answer", "parse_number",
            "split_of", "stable_int", "last_boxed", "normalize_math", "math_equal", "read_jsonl", "detect",
            "Arithmetic", "PyFunc", "ListOps"]

@@ -43,15 +43,10 @@ from ..arbiters import ARBITER_FILE, arbiter_dir, arbiter_from_function, arbiter
 from ..engine import Engine
 from ..evaluate import model_identity
 from ..params import GenerationParams
-from ..tasks import FAMILY_STOPS, Problem, load_task, score
+from ..tasks import FAMILY_STOPS, Problem, cut_at_stops, load_task, score
 
 # Settings of the recorded runs and of their branches (the eval's defaults for these tasks).
 MAX_TOKENS = 256
-
-
-def cut_at_stops(text: str, stops) -> str:
-    ends = [text.find(s) for s in stops if s and s in text]
-    return text[:min(ends)] if ends else text
 
 
 class Collector:

@@ -27,8 +27,7 @@ from .. import _cospec
 from ..arbiters import arbiter_from_function
 from ..engine import Engine
 from ..params import GenerationParams
-from ..tasks import FAMILY_STOPS, Problem, score
-from .collect import cut_at_stops
+from ..tasks import FAMILY_STOPS, Problem, cut_at_stops, score
 
 
 @dataclass(frozen=True)
