@@ -8,7 +8,7 @@
   Runtime); named ones ship with the package;
 - any Python function (`arbiter_from_function`).
 
-Only the standard library, numpy and the extension are imported here;
+Only the standard library, numpy, gguf and the extension are imported here;
 onnxruntime is imported when a head runs under it.
 """
 from __future__ import annotations
@@ -20,12 +20,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from . import _cospec
+from .arbiter_bundle import ADAPTER_FILE, ARBITER_FILE, ONNX_FILE
 
 Arbiter = _cospec.Arbiter
 
-ARBITER_FILE = "arbiter.gguf"
-ADAPTER_FILE = "adapter.gguf"
-ONNX_FILE = "head.onnx"
 
 DEMO_ARBITERS_DIR = Path(__file__).parent / "data" / "demo" / "arbiters"
 

@@ -23,10 +23,11 @@ import numpy as np
 import pytest
 import torch
 
-from converters.demo_models import build_model, llama_config, save_model
-from converters.llama_to_gguf import convert, main as convert_main, permute_qk
-from converters.tokenizer import BOS_ID, EOS_ID, UNK_ID, gguf_vocab, load_tokenizer, read_pieces, train_tokenizer
+from cospec_local.train.demo_models import build_model, llama_config, save_model
+from cospec_local.convert.llama_to_gguf import convert, main as convert_main, permute_qk
+from cospec_local.convert.tokenizer import BOS_ID, EOS_ID, UNK_ID, gguf_vocab, load_tokenizer, read_pieces, train_tokenizer
 from cospec_local import Engine, arbiter_from_function
+from cospec_local.arbiters import DEMO_ARBITERS_DIR
 from quantization import q8_0_roundtrip
 
 torch.set_num_threads(1)
@@ -286,3 +287,59 @@ def test_convert_rejects_bad_input(art, tmp_path):
     with pytest.raises(ValueError, match="vocab_size"):
         convert(build_model(small), art["tok"], tmp_path / "x.gguf")
     assert not (tmp_path / "x.gguf").exists()
+
+
+def run_entry_point(*args: str) -> str:
+    """`python -m converters.NAME ...` in a fresh interpreter, as a user runs it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_entry_points_convert_both_ways(art, tmp_path):
+    """converters.llama_to_gguf writes the same tensors as the library call, and
+    converters.gguf_to_torch reads them back into a folder whose weights equal the torch model's."""
+    from safetensors.numpy import load_file
+
+    out = tmp_path / "target.gguf"
+    run_entry_point("converters.llama_to_gguf", str(art["dir"] / "target-hf"), str(art["tok"]), str(out), "--type", "f32")
+    library = {t.name: np.array(t.data) for t in gguf.GGUFReader(art["files"]["target", "f32"]).tensors}
+    written = {t.name: np.array(t.data) for t in gguf.GGUFReader(out).tensors}
+    assert written.keys() == library.keys()
+    assert all(np.array_equal(written[k], library[k]) for k in library)
+    run_entry_point("converters.gguf_to_torch", str(out), str(tmp_path / "back"))
+    back = load_file(str(tmp_path / "back" / "model.safetensors"))
+    expected = {k: v.detach().numpy() for k, v in art["target"].state_dict().items()}
+    assert back.keys() == expected.keys()
+    assert max(float(np.abs(back[k] - expected[k]).max()) for k in expected) < 1e-6
+
+
+def test_arbiter_export_entry_point_writes_the_head_as_onnx(tmp_path):
+    """converters.arbiter_export rebuilds head.onnx from arbiter.gguf, and the engine's ONNX head
+    then gives the shipped arbiter's native P(keep)."""
+    import shutil
+
+    import onnxruntime
+
+    from cospec_local.arbiter_bundle import ONNX_FILE, read_bundle
+
+    folder = tmp_path / "features"
+    shutil.copytree(DEMO_ARBITERS_DIR / "features", folder)
+    (folder / ONNX_FILE).unlink()
+    printed = run_entry_point("converters.arbiter_export", str(folder), "--draft", "demo-draft")
+    assert "P(keep) within" in printed
+    head = read_bundle(folder).head
+    rows = np.random.default_rng(0).normal(size=(32, head["head.in_mean"].size)).astype(np.float32)
+    h = (rows - head["head.in_mean"]) * head["head.in_scale"]
+    for i in range(len([k for k in head if k.endswith(".weight")])):
+        h = h @ head[f"head.{i}.weight"].T + head[f"head.{i}.bias"]
+        h = np.maximum(h, 0) if f"head.{i + 1}.weight" in head else h
+    expected = 1 / (1 + np.exp(-h.reshape(-1)))
+    session = onnxruntime.InferenceSession(str(folder / ONNX_FILE), providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: rows})[0].reshape(-1)
+    assert np.abs(got - expected).max() < 1e-5

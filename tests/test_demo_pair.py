@@ -22,8 +22,8 @@ from cospec_local.models import (DEFAULT_DRAFT, DEFAULT_TARGET, DEMO_DIR, demo_c
 from cospec_local.tasks import load_task, score
 
 torch = pytest.importorskip("torch")
-from converters.llama_to_gguf import convert  # noqa: E402  (needs the train extra, as torch does)
-from converters.tokenizer import load_tokenizer  # noqa: E402
+from cospec_local.convert.llama_to_gguf import convert  # noqa: E402  (needs the train extra, as torch does)
+from cospec_local.convert.tokenizer import load_tokenizer  # noqa: E402
 from cospec_local.train.demo_pair import Arch, per_token_flops  # noqa: E402
 from quantization import q8_0_roundtrip  # noqa: E402
 

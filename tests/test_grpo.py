@@ -173,7 +173,7 @@ def mismatch_problems(worker):
 def lenient_features_arbiter(tmp_path: Path) -> Path:
     """The bundled features arbiter with its last bias raised: P(keep) well inside (0, 1), so that
     sampled decisions go both ways."""
-    from converters.arbiter_export import write_arbiter
+    from cospec_local.arbiter_bundle import write_arbiter
     from cospec_local.train.arbiter_model import load_arbiter
 
     draft = resolve_model("demo-draft")

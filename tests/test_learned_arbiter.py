@@ -19,8 +19,8 @@ import torch
 from gguf import GGUFValueType
 from gguf_corpus import with_kv
 
-from converters.arbiter_export import write_arbiter
-from converters.llama_to_gguf import convert
+from cospec_local.arbiter_bundle import write_arbiter
+from cospec_local.convert.llama_to_gguf import convert
 from cospec_local import AdapterError, ArbiterError, Engine, GenerationParams, InvalidArgumentError, NoDraftError, _cospec
 from cospec_local.arbiters import NAMED_ARBITERS, onnx_head
 from cospec_local.gguf_edit import open_gguf, rewrite_gguf

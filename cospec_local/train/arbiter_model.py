@@ -15,7 +15,7 @@
     decodes the whole text a second time (the first arbiters).
   Either way the region is one batch with causal attention off (native/src/learned_arbiter.cpp).
 
-The backbone is the draft GGUF itself, dequantized (converters.gguf_to_torch), so the adapter
+The backbone is the draft GGUF itself, dequantized (cospec_local.convert.gguf_to_torch), so the adapter
 is trained on the weights llama.cpp computes with.
 """
 from __future__ import annotations
@@ -27,14 +27,20 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..arbiter_bundle import LORA_CONTEXTS
+
 N_FEATURES = 16  # cospec_block_features (COSPEC_N_FEATURES); checked against the extension at run time
-# Where a LoRA arbiter's adapter applies (see the module docstring); arbiter.gguf's `lora_context`.
-LORA_CONTEXTS = ("draft", "adapter")
 # The draft's projections that get a LoRA adapter (Hugging Face names), and llama.cpp's names for them.
 LORA_TARGETS = {
     "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
     "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
 }
+
+
+def lora_base_name(module_name: str) -> str:
+    """llama.cpp's name of the weight a PEFT LoRA module adapts (...layers.3.self_attn.q_proj -> blk.3.attn_q.weight)."""
+    layer = int(module_name.split("layers.")[1].split(".")[0])
+    return f"blk.{layer}.{LORA_TARGETS[module_name.rsplit('.', 1)[1]]}.weight"
 
 
 class Head(nn.Module):
@@ -59,17 +65,6 @@ class Head(nn.Module):
             if i + 1 < len(self.layers):
                 h = torch.relu(h)
         return h.squeeze(-1)
-
-
-class ProbabilityHead(nn.Module):
-    """The head with its sigmoid: what head.onnx computes (rows -> P(keep))."""
-
-    def __init__(self, head: Head):
-        super().__init__()
-        self.head = head
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.head(x))
 
 
 class FeaturesArbiter(nn.Module):
@@ -158,7 +153,7 @@ def load_draft_backbone(draft: str | Path):
 
         model = LlamaForCausalLM.from_pretrained(draft, torch_dtype=torch.float32)
     else:
-        from converters.gguf_to_torch import load_llama_gguf
+        from cospec_local.convert.gguf_to_torch import load_llama_gguf
 
         model = load_llama_gguf(draft)
     backbone = model.model
@@ -223,53 +218,30 @@ class LoraArbiter(nn.Module):
         out = {}
         for name, module in self.backbone.named_modules():
             if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):
-                layer = int(name.split("layers.")[1].split(".")[0])
-                proj = name.rsplit(".", 1)[1]
                 a = module.lora_A["default"].weight.detach().cpu().numpy().astype(np.float32)
                 b = module.lora_B["default"].weight.detach().cpu().numpy().astype(np.float32)
-                out[f"blk.{layer}.{LORA_TARGETS[proj]}.weight"] = (a, b)
+                out[lora_base_name(name)] = (a, b)
         return out
 
 
 def load_arbiter(folder: str | Path, draft_gguf: str | Path):
     """An exported arbiter folder back in torch (to check parity, or to go on training it):
     the head from arbiter.gguf and, for `lora`, the adapter from adapter.gguf on the draft."""
-    import gguf
+    from ..arbiter_bundle import read_bundle
 
-    from converters.arbiter_export import KEY, draft_heads
-    from converters.gguf_to_torch import unpermute_qk
-
-    folder = Path(folder)
-    reader = gguf.GGUFReader(folder / "arbiter.gguf", "r")
-
-    def meta(key):
-        field = reader.get_field(KEY + key)
-        return None if field is None else field.contents()
-
-    tensors = {t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors}
-    n_layers = int(meta("head_layers"))
+    bundle = read_bundle(folder, draft_gguf)
+    tensors = bundle.head
+    n_layers = int(bundle.meta["head_layers"])
     hidden = tensors["head.0.weight"].shape[0] if n_layers > 1 else 1
-    if meta("kind") == "features":
+    if bundle.kind == "features":
         model = FeaturesArbiter(hidden, n_layers)
     else:
-        adapter = gguf.GGUFReader(folder / meta("adapter"), "r")
-        alpha = float(adapter.get_field(gguf.Keys.Adapter.LORA_ALPHA).contents())
-        lora = {t.name: np.array(t.data, dtype=np.float32) for t in adapter.tensors}
-        rank = next(v for k, v in lora.items() if k.endswith(".lora_a")).shape[0]
-        # Arbiters written before lora_context existed read the prefix with the adapter.
-        model = LoraArbiter(load_draft_backbone(draft_gguf), rank, alpha, 0.0, hidden, n_layers,
-                            meta("lora_context") or "adapter")
-        n_head, n_head_kv = draft_heads(Path(draft_gguf))
+        rank = next(iter(bundle.lora.values()))[0].shape[0]
+        model = LoraArbiter(load_draft_backbone(draft_gguf), rank, bundle.lora_alpha, 0.0, hidden, n_layers,
+                            bundle.lora_context)
         for name, module in model.backbone.named_modules():
             if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):
-                layer = int(name.split("layers.")[1].split(".")[0])
-                proj = name.rsplit(".", 1)[1]
-                base = f"blk.{layer}.{LORA_TARGETS[proj]}.weight"
-                a, b = lora[base + ".lora_a"], lora[base + ".lora_b"]
-                if proj == "q_proj":
-                    b = unpermute_qk(b, n_head)
-                elif proj == "k_proj":
-                    b = unpermute_qk(b, n_head_kv)
+                a, b = bundle.lora[lora_base_name(name)]
                 module.lora_A["default"].weight.data = torch.from_numpy(np.ascontiguousarray(a))
                 module.lora_B["default"].weight.data = torch.from_numpy(np.ascontiguousarray(b))
     head = model.head
@@ -278,7 +250,6 @@ def load_arbiter(folder: str | Path, draft_gguf: str | Path):
     for i, layer in enumerate(head.layers):
         layer.weight.data = torch.from_numpy(tensors[f"head.{i}.weight"])
         layer.bias.data = torch.from_numpy(tensors[f"head.{i}.bias"])
-    model.threshold = float(meta("threshold"))
-    verify_cost = meta("verify_cost")
-    model.verify_cost = None if verify_cost is None else float(verify_cost)  # the schedule it was trained under
+    model.threshold = bundle.threshold
+    model.verify_cost = bundle.verify_cost  # the schedule it was trained under
     return model.eval()

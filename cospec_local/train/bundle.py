@@ -14,12 +14,11 @@ import json
 import shutil
 from pathlib import Path
 
+from ..arbiter_bundle import BUNDLE_FILES, REFERENCE_FILE
 from ..engine import Engine
 from ..params import GenerationParams
 from ..tasks import FAMILY_STOPS, load_task
 
-REFERENCE_FILE = "reference.jsonl"
-ARBITER_FILES = ("arbiter.gguf", "adapter.gguf", "head.onnx", "info.json")
 # Per family: the shipped arbiters keep a draft token only past the 8th test problem.
 REFERENCE_PROBLEMS = 16
 
@@ -47,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", type=int, default=REFERENCE_PROBLEMS, help="Reference problems per family.")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    for name in ARBITER_FILES:
+    for name in BUNDLE_FILES:
         if (args.arbiter / name).is_file() and args.arbiter.resolve() != args.out.resolve():
             shutil.copyfile(args.arbiter / name, args.out / name)
     with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=1) as engine:

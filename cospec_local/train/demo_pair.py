@@ -71,7 +71,7 @@ import numpy as np
 
 from cospec_local.tasks import FAMILY_STOPS  # where each family's answer ends, as in eval
 
-from converters.tokenizer import BOS_ID, EOS_ID, load_tokenizer, train_tokenizer
+from cospec_local.convert.tokenizer import BOS_ID, EOS_ID, load_tokenizer, train_tokenizer
 
 PAD_ID = 0  # <unk>; padded positions are masked and carry no loss
 IGNORE = -100
@@ -247,7 +247,7 @@ def per_token_flops(arch: Arch, vocab: int, context: int = 0) -> float:
 
 
 def make_model(arch: Arch, vocab: int, seed: int):
-    from converters.demo_models import build_model, llama_config
+    from cospec_local.train.demo_models import build_model, llama_config
 
     cfg = llama_config(vocab, arch.dim, arch.layers, arch.heads, arch.kv_heads, arch.ffn, arch.max_len)
     cfg._attn_implementation = "eager"  # faster than sdpa on CPU for training these sizes
@@ -350,7 +350,7 @@ class RunLog:
 
 def train_one(rc: RunConfig, data: Dataset, sp, dev, out_dir: Path, tok_path: Path, save_log, torch) -> RunLog:
     """Train one model; `save_log(log)` is called after every evaluation."""
-    from converters.demo_models import save_model
+    from cospec_local.train.demo_models import save_model
 
     vocab = sp.vocab_size()
     log = RunLog(config={**asdict(rc), "arch": asdict(rc.arch)})
@@ -493,7 +493,7 @@ def write_ggufs(out: Path, names: list[str], runs: dict, check_problems, sp, thr
     """Write each model as GGUF. With `gguf_type` "auto": an f32 GGUF is the reference, and q8_0
     is kept when its llama.cpp accuracy on `check_problems` is at most `tol` below the f32 one,
     else f16 under the same rule, else f32. Only the chosen file stays."""
-    from converters.llama_to_gguf import convert
+    from cospec_local.convert.llama_to_gguf import convert
 
     result = {}
     for name in names:

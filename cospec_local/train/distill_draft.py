@@ -115,7 +115,7 @@ def load_generator(target_gguf: Path, precision: str, device=None):
     reached 130 tok/s on the EPYC."""
     import torch
 
-    from converters.gguf_to_torch import load_llama_gguf
+    from cospec_local.convert.gguf_to_torch import load_llama_gguf
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     return load_llama_gguf(target_gguf).to(device or "cpu", dtype).eval()
@@ -377,7 +377,7 @@ def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: fl
     more_data: earlier OUT directories whose distill_data.npz is trained on too."""
     import torch
 
-    from converters.gguf_to_torch import load_llama_gguf
+    from cospec_local.convert.gguf_to_torch import load_llama_gguf
 
     # Each data set keeps the dev split of its own seed (split_seed), so blocks trained on one
     # set (--init) never meet its dev sequences in training when more sets join.
@@ -459,7 +459,7 @@ def write_draft_gguf(target_gguf: Path, out: Path, layers: int, dst: Path) -> Pa
     import torch
 
     from cospec_local.gguf_edit import architecture, open_gguf, rewrite_gguf
-    from converters.llama_to_gguf import _LAYER_TENSORS, permute_qk
+    from cospec_local.convert.llama_to_gguf import _LAYER_TENSORS, permute_qk
 
     state = torch.load(out / "draft_blocks.pt")
     reader = open_gguf(target_gguf)

@@ -308,7 +308,7 @@ class Distributed:
 
 def export_policy(model, kind: str, folder: Path, draft_gguf: Path, threshold: float, info: dict,
                   onnx: bool) -> Path:
-    from converters.arbiter_export import write_arbiter
+    from cospec_local.arbiter_bundle import write_arbiter
 
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

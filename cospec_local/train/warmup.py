@@ -11,7 +11,7 @@ keep recovers an answer only the draft gets, a wrong one loses an answer the tar
 on the dev split: precision and recall of "keep" on decisive states, and the share of all states
 (ties included) each arbiter keeps.
 
-Writes OUT/features and OUT/lora (the arbiter folders the engine loads; converters/arbiter_export)
+Writes OUT/features and OUT/lora (the arbiter folders the engine loads; cospec_local/arbiter_bundle.py)
 and OUT/warmup_log.json. Run data collection first, in its own process (collect.py).
 
 A second round trains on the first round's states together with those its arbiter meets as it
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    from converters.arbiter_export import write_arbiter
+    from cospec_local.arbiter_bundle import write_arbiter
     from cospec_local import _cospec
     from cospec_local.models import resolve_model
 
