@@ -470,7 +470,9 @@ def bench(load, params, draft_max_list, runs_text, prompts_file,
 @model_options
 @generation_options(exclude=("mode", "arbiter", "stop"), max_tokens=256)
 @click.option("--task", required=True, help="Task family (arith, pyfunc, listops) or a benchmark jsonl file.")
-@click.option("--split", default="test", show_default=True, type=click.Choice(["train", "dev", "test"]))
+@click.option("--split", default=None, type=click.Choice(["train", "dev", "test"]),
+              help="Which split: default test for a family, every row for a file (a file's split: the rows whose "
+                   "prompt hashes to it, 70/10/20).")
 @click.option("--limit", default=None, type=click.IntRange(1, None),
               help="Number of problems (default: 200 for a family, all of a file).")
 @click.option("--runs", "--modes", "runs_text", default="target-only,draft-only,sps,fly", show_default=True,
@@ -501,7 +503,8 @@ def eval_command(load, params, task, split, limit, runs_text,
         problems = load_task(task, split, limit)
     except (KeyError, FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
-    title = f"{Path(task).name} ({split})" if task.endswith((".jsonl", ".gz")) else f"{task} ({split})"
+    is_file = task.endswith((".jsonl", ".gz"))
+    title = f"{Path(task).name} ({split or 'all'})" if is_file else f"{task} ({split or 'test'})"
     engine = open_engine(load, draft, quiet=as_json)
 
     def progress(items):

