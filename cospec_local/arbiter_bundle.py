@@ -85,16 +85,20 @@ def _meta(reader) -> dict:
 
 
 def read_meta(folder: str | Path) -> dict:
-    """arbiter.gguf's metadata (keys without the prefix), without reading any tensor data."""
+    """arbiter.gguf's metadata (keys without the prefix), without reading any tensor data; `folder`
+    may also be the arbiter.gguf file itself."""
     import gguf
 
-    folder = Path(folder)
-    meta = _meta(gguf.GGUFReader(folder / ARBITER_FILE, "r"))
+    path = Path(folder)
+    file = path / ARBITER_FILE if path.is_dir() else path
+    try:
+        meta = _meta(gguf.GGUFReader(file, "r"))
+    except (ValueError, IndexError, OSError) as exc:  # gguf's reader on a file that is not GGUF, or a cut one
+        raise ValueError(f"{file}: not a readable GGUF file ({exc})") from None
     if meta.get("version") is None:
-        raise ValueError(f"{folder / ARBITER_FILE}: not an arbiter file (no {KEY}version)")
+        raise ValueError(f"{file}: not an arbiter file (no {KEY}version)")
     if int(meta["version"]) != FORMAT_VERSION:
-        raise ValueError(f"{folder / ARBITER_FILE}: format version {meta['version']}, this package reads "
-                         f"version {FORMAT_VERSION}")
+        raise ValueError(f"{file}: format version {meta['version']}, this package reads version {FORMAT_VERSION}")
     return meta
 
 

@@ -87,15 +87,49 @@ def arbiter_from_function(fn: Callable[[dict], Sequence[float]], name: str = "py
     return _cospec.Arbiter.callback(name, fn, begin, taken, reset)
 
 
+def user_arbiters_dir() -> Path:
+    """Where `cospec-local arbiter train` installs arbiters, each found by its name as `--arbiter NAME`:
+    $COSPEC_LOCAL_ARBITERS, default ~/.local/share/cospec-local/arbiters."""
+    return Path(os.environ.get("COSPEC_LOCAL_ARBITERS") or Path.home() / ".local" / "share" / "cospec-local" / "arbiters")
+
+
+def installed_arbiters() -> dict[str, Path]:
+    """The arbiters installed in the user's folder, by name."""
+    root = user_arbiters_dir()
+    if not root.is_dir():
+        return {}
+    return {p.name: p for p in sorted(root.iterdir()) if (p / ARBITER_FILE).is_file()}
+
+
 def resolve_arbiter_path(spec: str | os.PathLike) -> Path:
-    """A named arbiter's folder, or the given path (a folder or its arbiter.gguf)."""
+    """A bundled arbiter's folder by name, the given path (a folder or its arbiter.gguf) where it
+    exists, else an arbiter installed in the user's folder by that name (else the path as given:
+    its loader says it is not found)."""
     key = os.fspath(spec)
     if key in NAMED_ARBITERS:
         path = NAMED_ARBITERS[key].path
         if not (path / ARBITER_FILE).is_file():
             raise FileNotFoundError(f"the bundled arbiter {key!r} is missing from {path}; reinstall cospec-local")
         return path
-    return Path(key)
+    path = Path(key)
+    if not path.exists() and os.sep not in key and (user_arbiters_dir() / key / ARBITER_FILE).is_file():
+        return user_arbiters_dir() / key
+    return path
+
+
+def missing_arbiter_hint(spec: str | os.PathLike) -> str | None:
+    """Why `spec` names no arbiter, in words a user can act on, or None when it does name one."""
+    path = resolve_arbiter_path(spec)
+    if path.is_file() or (path / ARBITER_FILE).is_file():
+        return None
+    if path.is_dir():
+        inside = sorted(p.name for p in path.iterdir() if (p / ARBITER_FILE).is_file())
+        if inside:
+            return f"{path} holds arbiters in {', '.join(name + '/' for name in inside)}: pass one of those folders"
+        return f"{path} holds no {ARBITER_FILE}"
+    names = sorted(NAMED_ARBITERS) + sorted(installed_arbiters())
+    return (f"no arbiter {os.fspath(spec)!r}: not a folder, nor one of the arbiters by name "
+            f"({', '.join(names)}; installed ones live in {user_arbiters_dir()})")
 
 
 def arbiter_dir(path: Path) -> Path:
@@ -143,3 +177,83 @@ def arbiter_identity(spec, threshold: float | None = None) -> dict:
 
 
 BUILTIN_NAMES = ("target", "fly")
+
+
+# ---------------------------------------------------------------- describing arbiters (`arbiter list/show`)
+
+EVALUATION_FILE = "evaluation.json"  # written by `arbiter train` beside the arbiter's files
+
+
+def describe_arbiter(folder: str | os.PathLike, name: str | None = None, where: str | None = None) -> dict:
+    """What an arbiter folder holds, from its files' metadata alone (no model is loaded): kind,
+    the draft it fits, what it was trained under, its threshold, files and recorded evaluation."""
+    import json
+
+    from .arbiter_bundle import BUNDLE_FILES, REFERENCE_FILE, read_meta
+
+    meta = read_meta(folder)  # the folder, or its arbiter.gguf
+    folder = Path(folder) if Path(folder).is_dir() else Path(folder).parent
+    info = json.loads(meta.get("info") or "{}")
+    evaluation = folder / EVALUATION_FILE
+    trained = {key: meta[key] for key in ("draft_max", "adaptive_draft", "draft_cost", "verify_cost") if key in meta}
+    return {
+        "name": name or folder.name, "where": where or "folder", "path": str(folder), "kind": meta["kind"],
+        "description": meta.get("description", ""), "threshold": float(meta["threshold"]),
+        "draft_file": meta.get("draft_file"), "draft_fingerprint": meta.get("draft_fingerprint"),
+        "trained_under": trained, "lora_context": meta.get("lora_context"),
+        "files": {f: (folder / f).stat().st_size for f in (*BUNDLE_FILES, REFERENCE_FILE, EVALUATION_FILE)
+                  if (folder / f).is_file()},
+        "warmup_dev": (info.get("warmup") or {}).get("dev"),
+        "evaluation": json.loads(evaluation.read_text()).get("evaluation") if evaluation.is_file() else None,
+    }
+
+
+def _headline(row: dict) -> str:
+    """One line of the recorded evaluation: target -> arbiter accuracy, per task."""
+    if not row["evaluation"]:
+        return "no recorded evaluation"
+    parts = []
+    for task, result in row["evaluation"].items():
+        runs = result["runs"]
+        mine = runs.get(row["kind"]) or next((r for label, r in runs.items()
+                                             if label not in ("target-only", "draft-only", "sps")), None)
+        if mine is None or "target-only" not in runs:
+            continue
+        parts.append(f"{Path(task).name}: target {100 * runs['target-only']['accuracy']:.1f}% -> "
+                     f"{100 * mine['accuracy']:.1f}% ({mine['speedup'] or 0:.2f}x)")
+    return "; ".join(parts) or "no recorded evaluation"
+
+
+def summary_line(row: dict) -> str:
+    return (f"{row['name']:<22} {row['where']:<9} {row['kind']:<8} for {row['draft_file']}, threshold "
+            f"{row['threshold']:.3f}; {_headline(row)}")
+
+
+def details_text(row: dict) -> str:
+    trained = row["trained_under"]
+    block = (f"blocks of up to {int(trained['draft_max'])} tokens" if "draft_max" in trained
+             else "block length not recorded (arbiters trained before it was recorded: 8)")
+    cost = (f"verify cost {float(trained['verify_cost']):.3g} target steps a token" if "verify_cost" in trained
+            else "the default cost model")
+    lines = [f"{row['name']} ({row['where']}, {row['kind']}): {row['description']}",
+             f"  folder      {row['path']}",
+             f"  draft       {row['draft_file']} (fingerprint {str(row['draft_fingerprint'])[:16]})",
+             f"  trained on  {block}; {cost}",
+             f"  threshold   keeps a mismatch at P(keep) >= {row['threshold']:.3f}",
+             "  files       " + ", ".join(f"{name} ({size / 1024:.0f} kB)" for name, size in row["files"].items())]
+    dev = row["warmup_dev"]
+    if dev:
+        lines.append(f"  dev states  {dev['decisive']} decisive: {dev['right_keeps']} right keeps, "
+                     f"{dev['wrong_keeps']} wrong")
+    if row["evaluation"]:
+        lines.append("  evaluation  (held-out problems)")
+        for task, result in row["evaluation"].items():
+            lines.append(f"    {Path(task).name}: {result['problems']} problems")
+            for label, r in result["runs"].items():
+                extra = ""
+                if r.get("recovered") is not None and label not in ("target-only", "draft-only"):
+                    extra = f", recovered {r['recovered']}, lost {r['losses']}, {r['arbiter_keeps']} keeps"
+                lines.append(f"      {label:<12} {100 * r['accuracy']:5.1f}%  {r['speedup'] or 0:.2f}x{extra}")
+    else:
+        lines.append("  evaluation  none recorded")
+    return "\n".join(lines)

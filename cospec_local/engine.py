@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from . import _cospec
-from .arbiters import AUTO, NAMED_ARBITERS, Arbiter, onnx_head, resolve_arbiter_path, resolve_auto
+from .arbiters import (AUTO, NAMED_ARBITERS, Arbiter, missing_arbiter_hint, onnx_head, resolve_arbiter_path,
+                       resolve_auto)
 from .chat_template import ChatTemplate, from_gguf_metadata
 from .template_process import IsolatedChatTemplate
-from .errors import GenerationError, InvalidArgumentError, from_native
+from .errors import ArbiterError, GenerationError, InvalidArgumentError, from_native
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 from .params import GenerationParams
 
@@ -359,6 +360,8 @@ class Engine:
             except _cospec.CospecError as exc:
                 raise from_native(exc) from None
         path = resolve_arbiter_path(spec)
+        if (hint := missing_arbiter_hint(path)) is not None:
+            raise ArbiterError(hint)
         threshold = -1.0 if params.arbiter_threshold is None else params.arbiter_threshold
         key = (os.path.abspath(path), threshold, params.arbiter_head)
         if key not in self._learned:

@@ -480,7 +480,9 @@ def test_bad_arbiter_files_are_clear_errors(demo_engine, f32_draft, tmp_path):
         (f / "adapter.gguf").read_bytes()[:-1000]))
     for path, pattern in [(truncated, "truncated|corrupt"), (garbage, "corrupt|truncated"),
                           (no_adapter, "file not found"), (cut_adapter, "truncated|corrupt"),
-                          (str(tmp_path / "missing"), "file not found"), (demo_model("draft"), "not an arbiter")]:
+                          (str(tmp_path / "missing"), "no arbiter .*missing.*demo-features, demo-lora"),
+                          (str(tmp_path), "holds arbiters in .*no-adapter/.*: pass one of those folders"),
+                          (demo_model("draft"), "not an arbiter")]:
         with pytest.raises(ArbiterError, match=pattern):
             demo_engine.arbiter(path)
 
