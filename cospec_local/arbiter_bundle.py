@@ -2,7 +2,10 @@
 
     arbiter.gguf   the head's weights (F32) and the metadata binding it to its draft:
                    cospec.arbiter.{version, kind, name, threshold, draft_fingerprint, draft_file,
-                   head_layers, n_features, verify_cost, n_embd, adapter, lora_scale, lora_context, info}
+                   head_layers, n_features, verify_cost, n_embd, adapter, lora_scale, lora_context, info,
+                   draft_max, adaptive_draft, draft_cost (what its states were drafted under),
+                   gate_threshold, gate_n_vocab} and, with a domain gate, the tensor gate.bigrams
+                   (domain_gate.py: the arbiter abstains on prompts unlike its training prompts)
     adapter.gguf   (kind `lora`) the LoRA adapter in llama.cpp's format: general.type = adapter,
                    adapter.type = lora, adapter.lora.alpha, tensors <base tensor>.lora_a / .lora_b
                    (llama.cpp's loader refuses any other tensor, so the head is not in here)
@@ -22,10 +25,15 @@ those weights (Hugging Face's rotate-half rope -> llama.cpp's NORM rope): P(W + 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .domain_gate import DomainGate
 
 FORMAT_VERSION = 1  # the engine's COSPEC_ARBITER_FORMAT_VERSION; tests/test_learned_arbiter.py compares them
 KEY = "cospec.arbiter."
@@ -39,6 +47,10 @@ REFERENCE_FILE = "reference.jsonl"
 BUNDLE_FILES = (ARBITER_FILE, ADAPTER_FILE, ONNX_FILE, INFO_FILE)  # what a trained arbiter is made of
 # Where a LoRA arbiter's adapter applies (train/arbiter_model.py explains both); arbiter.gguf's `lora_context`.
 LORA_CONTEXTS = ("draft", "adapter")
+GATE_TENSOR = "gate.bigrams"
+# How the training states' blocks were drafted (GenerationParams' names): an arbiter run with
+# another block length meets blocks it never saw, and the engine says so.
+TRAINED_UNDER = ("draft_max", "adaptive_draft", "draft_cost")
 
 
 @dataclass
@@ -51,6 +63,7 @@ class ArbiterBundle:
     head: dict[str, np.ndarray]
     lora_alpha: float | None = None
     lora: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # base tensor -> (A, B)
+    gate: "DomainGate | None" = None
 
     @property
     def kind(self) -> str:
@@ -126,8 +139,14 @@ def read_bundle(folder: str | Path, draft_gguf: str | Path | None = None) -> Arb
     folder = Path(folder)
     meta = read_meta(folder)
     reader = gguf.GGUFReader(folder / ARBITER_FILE, "r")
-    head = {t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors}
+    head = {t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors if t.name.startswith("head.")}
     bundle = ArbiterBundle(folder, meta, head)
+    gate = next((t for t in reader.tensors if t.name == GATE_TENSOR), None)
+    if gate is not None:
+        from .domain_gate import DomainGate
+
+        bundle.gate = DomainGate(np.array(gate.data, dtype=np.int32).reshape(-1, 2), int(meta["gate_n_vocab"]),
+                                 float(meta["gate_threshold"]), {})
     if bundle.kind == "lora":
         if draft_gguf is None:
             raise ValueError(f"{folder}: a lora arbiter is read back with the draft it was made for")
@@ -203,13 +222,14 @@ def write_onnx(path: Path, head) -> Path:
 def write_arbiter(out_dir: str | Path, *, kind: str, head, draft_gguf: str | Path, threshold: float, name: str,
                   description: str = "", lora: dict | None = None, lora_alpha: float | None = None,
                   n_embd: int | None = None, lora_context: str = "draft", verify_cost: float | None = None,
-                  info: dict | None = None, onnx: bool = True) -> Path:
+                  trained_under: dict | None = None, gate=None, info: dict | None = None, onnx: bool = True) -> Path:
     """Write the arbiter folder from a torch `Head` (and, for `lora`, the adapter's weights);
     `info` (training settings, measurements) goes into arbiter.gguf as one JSON string and into
     info.json beside it, for people. verify_cost is the timing-free length model's verify cost the
     training states were drafted under: the engine drafts under it too wherever a call leaves that
-    setting at its default. onnx=False leaves out head.onnx (the engine's native head does not need
-    it; a training run's intermediate policies skip it)."""
+    setting at its default. `trained_under` holds the other drafting settings of those states
+    (TRAINED_UNDER's keys); `gate` a domain_gate.DomainGate. onnx=False leaves out head.onnx (the
+    engine's native head does not need it; a training run's intermediate policies skip it)."""
     import gguf
 
     from . import _cospec
@@ -235,6 +255,18 @@ def write_arbiter(out_dir: str | Path, *, kind: str, head, draft_gguf: str | Pat
     writer.add_string(KEY + "features", ",".join(_cospec.FEATURE_NAMES))
     if verify_cost is not None:
         writer.add_float32(KEY + "verify_cost", float(verify_cost))
+    for key, value in (trained_under or {}).items():
+        if key not in TRAINED_UNDER:
+            raise ValueError(f"trained_under: unknown setting {key!r} (expected {', '.join(TRAINED_UNDER)})")
+        if isinstance(value, bool):
+            writer.add_bool(KEY + key, value)
+        elif key == "draft_max":
+            writer.add_uint32(KEY + key, int(value))
+        else:
+            writer.add_float32(KEY + key, float(value))
+    if gate is not None:
+        writer.add_float32(KEY + "gate_threshold", float(gate.threshold))
+        writer.add_uint32(KEY + "gate_n_vocab", int(gate.n_vocab))
     if kind == "lora":
         if lora is None or lora_alpha is None or n_embd is None:
             raise ValueError("a lora arbiter needs its LoRA weights, alpha and n_embd")
@@ -248,6 +280,8 @@ def write_arbiter(out_dir: str | Path, *, kind: str, head, draft_gguf: str | Pat
     writer.add_string(KEY + "info", json.dumps(info or {}, sort_keys=True))
     for tensor_name, data in tensors:
         writer.add_tensor(tensor_name, np.ascontiguousarray(data))
+    if gate is not None:
+        writer.add_tensor(GATE_TENSOR, np.ascontiguousarray(gate.bigrams, dtype=np.int32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -258,3 +292,24 @@ def write_arbiter(out_dir: str | Path, *, kind: str, head, draft_gguf: str | Pat
                                               "threshold": threshold, "draft_file": draft_gguf.name,
                                               **(info or {})}, indent=1, sort_keys=True) + "\n")
     return out
+
+
+def add_gate(folder: str | Path, gate) -> Path:
+    """Write a domain gate into an existing arbiter.gguf (replacing any it had); everything else is
+    kept as it is, so the arbiter decides exactly as before on the prompts the gate admits."""
+    import gguf
+
+    from .gguf_edit import rewrite_gguf
+
+    file = Path(folder) / ARBITER_FILE
+    reader = gguf.GGUFReader(file, "r")
+    tmp = file.with_name(file.name + ".gated")
+    gate_keys = {KEY + "gate_threshold", KEY + "gate_n_vocab"}
+    rewrite_gguf(reader, tmp, kv_edit=lambda key, value: None if key in gate_keys else value,
+                 keep_tensor=lambda name: name != GATE_TENSOR,
+                 add_kv={KEY + "gate_threshold": (float(gate.threshold), gguf.GGUFValueType.FLOAT32),
+                         KEY + "gate_n_vocab": (int(gate.n_vocab), gguf.GGUFValueType.UINT32)},
+                 add_tensors=[(GATE_TENSOR, np.ascontiguousarray(gate.bigrams, dtype=np.int32), None)])
+    del reader  # the source is memory-mapped until the reader goes
+    os.replace(tmp, file)
+    return file
