@@ -101,8 +101,8 @@ class GenerationParams:
             bad("mode", f"{self.mode!r} is not one of {', '.join(MODES)}")
         if not 0 < self.max_tokens < 2**31:
             bad("max_tokens", "must be a positive 32-bit number")
-        if not 1 <= self.draft_max < 64:
-            bad("draft_max", "must be in [1, 63]")
+        if not 1 <= self.draft_max <= _cospec.N_DRAFT_MAX:
+            bad("draft_max", f"must be in [1, {_cospec.N_DRAFT_MAX}]")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             bad("temperature", "must be a finite number >= 0")
         if not 0 <= self.top_k < 2**31:

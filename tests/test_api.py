@@ -2,7 +2,7 @@
 OpenAI-style chat completions, on the real engine."""
 import pytest
 
-from cospec_local import Engine, arbiter_from_function
+from cospec_local import Arbiter, Engine, _cospec, arbiter_from_function
 
 SPEC_PROVENANCE = {"match", "kept", "fallback", "bonus"}
 
@@ -207,6 +207,18 @@ def test_cost_model_settings_steer_timing_free_block_lengths():
         assert again.tokens == cheap.tokens
         with pytest.raises(InvalidArgumentError, match="draft_cost"):
             engine.generate(prompt, arbiter="fly", draft_cost=float("nan"))
+
+
+def test_each_arbiter_reports_its_kind():
+    """Built-in and callback arbiters are the kind they are made as; a learned one is the kind its
+    arbiter.gguf names, which the file spells as the kind's name."""
+    assert [Arbiter.target().kind, Arbiter.fly().kind, arbiter_from_function(lambda block: []).kind] == \
+        [_cospec.ARBITER_TARGET, _cospec.ARBITER_FLY, _cospec.ARBITER_CALLBACK]
+    with Engine.open_default(n_ctx=512, n_threads=1) as demo:
+        for name, kind in (("demo-lora", _cospec.ARBITER_LORA), ("demo-features", _cospec.ARBITER_FEATURES)):
+            arbiter = demo.arbiter(name)
+            assert arbiter.kind == kind
+            assert _cospec.arbiter_kind_name(arbiter.kind) == arbiter.meta("kind")
 
 
 def test_auto_arbiter_is_the_bundled_one_for_its_draft_else_the_target(engine):

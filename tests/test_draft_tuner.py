@@ -1,5 +1,6 @@
 """The adaptive draft length's model (native/src/draft_tuner.cpp) replayed on chosen timings, so
-that what it decides from a history of costs does not depend on this machine's clock."""
+that what it decides from a history of costs does not depend on this machine's clock; and its rate
+model alone, on costs whose best length is worked out by hand."""
 from collections import Counter
 
 from cospec_local import _cospec
@@ -21,8 +22,12 @@ def replay(tuner, steps, verify_ms, first_ms=0.5, step_ms=0.1, k_max=8, state=No
     return chosen
 
 
-def linear(n):  # ms to verify n tokens: a CPU where each extra token costs 0.15 of a step
-    return 1.0 + 0.15 * (n - 1)
+def linear_by(per_token):
+    """Cost of verifying n tokens where each token after the first costs per_token of a step."""
+    return lambda n: 1.0 + per_token * (n - 1)
+
+
+linear = linear_by(0.15)  # ms to verify n tokens on a CPU where each extra token costs 0.15 of a step
 
 
 def test_a_pair_that_always_agrees_drafts_the_longest_blocks():
@@ -46,3 +51,24 @@ def test_a_length_measured_dear_once_is_measured_again():
     after = replay(tuner, 1500, linear, state=state)
     assert Counter(after[:300])[8] >= 150, Counter(after[:300])  # the first probe of the longest length
     assert Counter(after[-1000:])[8] >= 950
+
+
+def test_the_rate_model_takes_the_length_of_the_most_tokens_per_unit_time():
+    """a = 0.8, draft calls of 0.1, verifying n tokens 1 + 0.1 (n - 1): a block of K costs 1 + 0.2 K
+    and yields 1 + a + ... + a^K = 5 (1 - 0.8^(K+1)) tokens: 1.50, 1.74, 1.85, 1.87, 1.84 tokens a unit
+    of time for K = 1..5, against 1 for a plain step."""
+    assert _cospec.fastest_length(8, 0.8, 0.1, 0.1, linear_by(0.1)) == (4, 4)
+
+
+def test_a_length_in_use_is_kept_unless_another_pays_for_the_switch():
+    """As above with K = 3 in use and a switch costing 0.1: K = 4 would make 3.36 / 1.9 = 1.77 tokens
+    a unit of time, K = 3 makes 2.95 / 1.6 = 1.85."""
+    assert _cospec.fastest_length(8, 0.8, 0.1, 0.1, linear_by(0.1), switch_cost=0.1, k_in_use=3) == (3, 3)
+
+
+def test_plain_steps_unless_drafting_beats_them_by_the_margin():
+    # Verifying costs a step a token: K = 1 makes 1.5 / (0.3 + 2) = 0.65 tokens a unit of time.
+    assert _cospec.fastest_length(8, 0.5, 0.3, 0.3, float) == (0, 1)
+    # K = 1 makes 1.5 / (0.1 + 1.3) = 1.07, K = 2 1.75 / 1.8 = 0.97: ahead of a plain step by 7%.
+    assert _cospec.fastest_length(8, 0.5, 0.1, 0.1, linear_by(0.3), plain_margin=1.05) == (1, 1)
+    assert _cospec.fastest_length(8, 0.5, 0.1, 0.1, linear_by(0.3), plain_margin=1.1) == (0, 1)

@@ -63,13 +63,27 @@ def test_context_filling_up_stops_cleanly(target_path, draft_paths):
             assert len(r.tokens) > 40
 
 
-@pytest.mark.parametrize("bad", [dict(draft_max=0), dict(draft_max=-3), dict(draft_max=64), dict(max_tokens=0),
+@pytest.mark.parametrize("bad", [dict(draft_max=0), dict(draft_max=-3), dict(draft_max=_cospec.N_DRAFT_MAX + 1),
+                                 dict(max_tokens=0),
                                  dict(temperature=-1.0), dict(top_p=0.0), dict(top_k=-1), dict(mode="nonsense"),
                                  dict(mode="sps"), dict(arbiter_threshold=1.5), dict(fly_window=0, arbiter="fly")])
 def test_invalid_parameters(engine, bad):
     with pytest.raises(InvalidArgumentError):
         engine.generate("Hello", **bad)
     assert engine.generate("Hello", max_tokens=2, ignore_eos=True).tokens
+
+
+def test_the_longest_block_is_the_native_limit(engine):
+    """A block of COSPEC_N_DRAFT_MAX draft tokens runs; the native check refuses one more (the Python
+    check refuses it before, test_invalid_parameters)."""
+    keep_all = arbiter_from_function(lambda block: [True] * block["n_draft"], "keep-all")  # the whole budget is one block
+    longest = engine.generate("Hello", arbiter=keep_all, max_tokens=_cospec.N_DRAFT_MAX + 1, ignore_eos=True,
+                              draft_max=_cospec.N_DRAFT_MAX, adaptive_draft=False)
+    assert (longest.stats.n_blocks, longest.stats.n_drafted) == (1, _cospec.N_DRAFT_MAX)
+    params = _cospec.GenerateParams()
+    params.n_draft = _cospec.N_DRAFT_MAX + 1
+    with pytest.raises(_cospec.CospecError, match=rf"n_draft\) must be in \[1, {_cospec.N_DRAFT_MAX}\]"):
+        engine._native.generate(engine.tokenize("Hello"), params)
 
 
 def test_invalid_flash_attention_setting(target_path):

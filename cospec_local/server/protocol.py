@@ -12,6 +12,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .. import _cospec
 from ..params import MODES, GenerationParams
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
@@ -76,7 +77,7 @@ class _Common(BaseModel):
     top_k: int | None = Field(None, ge=0, lt=2**31)
     min_p: float | None = Field(None, ge=0, le=1)
     repeat_penalty: float | None = Field(None, gt=0, le=100)
-    draft_max: int | None = Field(None, ge=1, le=63)
+    draft_max: int | None = Field(None, ge=1, le=_cospec.N_DRAFT_MAX)
     ignore_eos: bool | None = None
     provenance: bool = False
 

@@ -238,6 +238,16 @@ struct cospec_arbiter_callbacks {
 
 typedef struct cospec_arbiter cospec_arbiter;
 
+// What an arbiter is. A learned arbiter's arbiter.gguf names its kind by
+// cospec_arbiter_kind_name ("features" or "lora").
+enum cospec_arbiter_kind {
+    COSPEC_ARBITER_TARGET   = 0, // never keeps a mismatch: lossless speculative decoding
+    COSPEC_ARBITER_FLY      = 1, // FLy's training-free rule
+    COSPEC_ARBITER_CALLBACK = 2, // a user function (cospec_arbiter_init_callback[s])
+    COSPEC_ARBITER_FEATURES = 3, // learned: a head over cospec_block_features
+    COSPEC_ARBITER_LORA     = 4, // learned: a head over the LoRA-adapted draft's hidden states and the features
+};
+
 struct cospec_fly_params {
     int32_t window;            // W: a kept mismatch needs the next W-1 draft tokens to match (default 3)
     float   entropy_threshold; // minimum target entropy (nats, temperature 1) at the mismatch (default 0.3)
@@ -258,6 +268,10 @@ cospec_arbiter * cospec_arbiter_init_callbacks(const char * name, const struct c
                                                void * user_data);
 void             cospec_arbiter_free(cospec_arbiter * arbiter);
 const char *     cospec_arbiter_name(const cospec_arbiter * arbiter);
+// enum cospec_arbiter_kind (-1 for NULL)
+int32_t          cospec_arbiter_get_kind(const cospec_arbiter * arbiter);
+// "target", "fly", "callback", "features", "lora"; NULL for a value that is no kind.
+const char *     cospec_arbiter_kind_name(int32_t kind);
 // Keep a mismatch when P(keep) >= this (unless decisions are sampled). 0.5 for fixed rules.
 float            cospec_arbiter_threshold(const cospec_arbiter * arbiter);
 // Forget the arbiter's cached state (a LoRA arbiter's prefix cache; a callback arbiter's reset).
@@ -359,11 +373,15 @@ typedef bool (*cospec_token_fn)(cospec_token token, int32_t provenance, const ch
 // where neither the call nor its arbiter sets one.
 #define COSPEC_DEFAULT_VERIFY_COST 0.25f
 
+// The longest block n_draft allows; its verify decodes at most 64 tokens (the
+// K draft tokens and the token before them).
+#define COSPEC_N_DRAFT_MAX 63
+
 struct cospec_generate_params {
     int32_t mode;              // enum cospec_mode (default speculative)
     cospec_arbiter * arbiter;  // NULL = the target arbiter (lossless)
     int32_t n_predict;         // most tokens to generate (must be > 0; default 128)
-    int32_t n_draft;           // K: most draft tokens per block (>= 1; default 8)
+    int32_t n_draft;           // K: most draft tokens per block (1..COSPEC_N_DRAFT_MAX; default 8)
     float   draft_p_min;       // stop a block early when the draft's top probability falls below this (greedy; 0 = off)
     // Choose each block's length in [0, n_draft] (default on). With the lossless
     // target arbiter it maximises measured tokens per second (wall-clock costs

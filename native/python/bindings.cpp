@@ -720,6 +720,23 @@ PYBIND11_MODULE(_cospec, m) {
         .def("observe_draft", &cospec::draft_tuner::observe_draft, py::arg("first_ms"), py::arg("step_ms"), py::arg("n_steps"))
         .def("observe_verify", &cospec::draft_tuner::observe_verify, py::arg("n_tokens"), py::arg("ms"), py::arg("fair"))
         .def_property_readonly("acceptance", &cospec::draft_tuner::acceptance);
+    // Its rate model alone: the lengths it picks for given costs (verify_cost(n): verifying n tokens).
+    m.def("fastest_length", [](int32_t k_max, double acceptance, double first_draft, double draft_step,
+                               const py::function & verify_cost, double switch_cost, int32_t k_in_use, bool plain_in_use,
+                               double plain_margin) {
+        if (k_max < 0 || k_max > COSPEC_N_DRAFT_MAX) {
+            throw py::value_error("k_max must be in [0, " + std::to_string(COSPEC_N_DRAFT_MAX) + "]");
+        }
+        double verify[cospec::MAX_BLOCK_BATCH + 1] = {};
+        for (int32_t n = 1; n <= k_max + 1; ++n) {
+            verify[n] = verify_cost(n).cast<double>();
+        }
+        const cospec::rate_inputs in {acceptance, first_draft, draft_step, verify, switch_cost, k_in_use, plain_in_use, plain_margin};
+        const cospec::length_choice choice = cospec::fastest_length(in, k_max);
+        return py::make_tuple(choice.best, choice.best_drafting);
+    }, py::arg("k_max"), py::arg("acceptance"), py::arg("first_draft"), py::arg("draft_step"), py::arg("verify_cost"),
+       py::arg("switch_cost") = 0.0, py::arg("k_in_use") = 0, py::arg("plain_in_use") = false, py::arg("plain_margin") = 1.0,
+       "(best, best_drafting): the length of the most tokens per unit time in [0, k_max], and the best above 0.");
 
     m.def("version", &cospec_version);
     m.def("set_llama_log", &cospec_set_llama_log, py::arg("enabled"));
@@ -761,6 +778,14 @@ PYBIND11_MODULE(_cospec, m) {
     m.attr("STOP_ABORTED") = (int) COSPEC_STOP_ABORTED;
     m.attr("STOP_ERROR") = (int) COSPEC_STOP_ERROR;
     m.attr("N_FEATURES") = (int) COSPEC_N_FEATURES;
+    m.attr("N_DRAFT_MAX") = (int) COSPEC_N_DRAFT_MAX;
+    m.attr("ARBITER_TARGET") = (int) COSPEC_ARBITER_TARGET;
+    m.attr("ARBITER_FLY") = (int) COSPEC_ARBITER_FLY;
+    m.attr("ARBITER_CALLBACK") = (int) COSPEC_ARBITER_CALLBACK;
+    m.attr("ARBITER_FEATURES") = (int) COSPEC_ARBITER_FEATURES;
+    m.attr("ARBITER_LORA") = (int) COSPEC_ARBITER_LORA;
+    m.def("arbiter_kind_name", [](int32_t kind) { return opt_str(cospec_arbiter_kind_name(kind)); }, py::arg("kind"),
+          "The kind's name (arbiter.gguf's spelling of a learned one); None for a value that is no kind.");
     py::list feature_names;
     for (int32_t i = 0; i < COSPEC_N_FEATURES; ++i) {
         feature_names.append(cospec_feature_name(i));
@@ -831,6 +856,7 @@ PYBIND11_MODULE(_cospec, m) {
            py::arg("n_threads") = 0, py::arg("fold_adapter") = py::none(),
            "fold_adapter: None leaves the C default (cospec_learned_arbiter_default_params)")
         .def_property_readonly("name", &Arbiter::name)
+        .def_property_readonly("kind", [](const Arbiter & a) { return cospec_arbiter_get_kind(a.get()); })
         .def_property_readonly("threshold", [](const Arbiter & a) { return cospec_arbiter_threshold(a.get()); })
         .def_property_readonly("can_keep", [](const Arbiter & a) { return cospec_arbiter_can_keep(a.get()); })
         .def_property_readonly("closed", [](const Arbiter & a) { return a.handle == nullptr; })

@@ -14,6 +14,7 @@ namespace {
 // Plain speculative decoding: a mismatch always falls back to the target.
 struct target_arbiter final : cospec_arbiter {
     const char * name() const override { return "target"; }
+    int32_t kind() const override { return COSPEC_ARBITER_TARGET; }
     bool can_keep() const override { return false; }
     int32_t score(const cospec_block & block, float * p_keep) override {
         std::fill(p_keep, p_keep + block.n_draft, 0.0f);
@@ -31,6 +32,7 @@ struct fly_arbiter final : cospec_arbiter {
     cospec_fly_params params;
     explicit fly_arbiter(cospec_fly_params p) : params(p) {}
     const char * name() const override { return "fly"; }
+    int32_t kind() const override { return COSPEC_ARBITER_FLY; }
     int32_t score(const cospec_block & block, float * p_keep) override {
         const int32_t n = block.n_draft;
         const int32_t w = params.window;
@@ -61,6 +63,7 @@ struct callback_arbiter final : cospec_arbiter {
     callback_arbiter(const char * l, const cospec_arbiter_callbacks & c, void * u)
         : label(l ? l : "callback"), cb(c), user_data(u) {}
     const char * name() const override { return label.c_str(); }
+    int32_t kind() const override { return COSPEC_ARBITER_CALLBACK; }
     bool needs_draft_logits() const override { return cb.needs_draft_logits; }
     void begin(const cospec_token * prompt, int32_t n) override {
         if (cb.begin) cb.begin(user_data, prompt, n);
@@ -134,6 +137,21 @@ void cospec_arbiter_free(cospec_arbiter * arbiter) {
 
 const char * cospec_arbiter_name(const cospec_arbiter * arbiter) {
     return arbiter ? arbiter->name() : "";
+}
+
+int32_t cospec_arbiter_get_kind(const cospec_arbiter * arbiter) {
+    return arbiter != nullptr ? arbiter->kind() : -1;
+}
+
+const char * cospec_arbiter_kind_name(int32_t kind) {
+    switch (kind) {
+        case COSPEC_ARBITER_TARGET:   return "target";
+        case COSPEC_ARBITER_FLY:      return "fly";
+        case COSPEC_ARBITER_CALLBACK: return "callback";
+        case COSPEC_ARBITER_FEATURES: return "features";
+        case COSPEC_ARBITER_LORA:     return "lora";
+        default:                      return nullptr;
+    }
 }
 
 float cospec_arbiter_threshold(const cospec_arbiter * arbiter) {

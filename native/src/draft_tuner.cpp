@@ -9,29 +9,70 @@ namespace {
 constexpr double DECAY = 0.9;    // per block: the estimates follow the last ~10 blocks
 constexpr double SMOOTH = 0.2;   // weight of a new timing sample
 constexpr double MIN_GAIN = 1.05; // drafting must promise this speed-up over plain steps
-
 // A time sample far above the estimate is mostly the machine (a preempted
-// thread), not the step: it moves the estimate at most to 3x.
+// thread), not the step: it moves the estimate at most to this multiple.
+constexpr double MAX_SAMPLE_OVER_ESTIMATE = 3.0;
+// A run without rejections drives the decayed acceptance estimate to 1; the
+// model weighs at most this, so the longest blocks still pay for the odd miss.
+constexpr double MAX_ACCEPTANCE = 0.99;
+// A block of another length than the last step's costs llama.cpp a graph
+// rebuild for the target's verify (and for the plain step after it), in
+// target steps; measured with the demo pair on a 2-core CPU: 0.2-0.4 (a
+// GPU build's graph capture costs more). Without it a tuner that changed K
+// every few blocks paid ~0.2 ms a block more than fixed K (bench/RESULTS.md).
+constexpr double SWITCH_COST = 0.3;
+// Steps after which a measured cost is stale. The probes refresh a plain
+// step's and the longest length's at least every 2 * EXPLORE_MAX steps.
+constexpr int64_t STALE_AFTER = 4 * probe_schedule::EXPLORE_MAX;
+// Steps within which a new sample of a size is averaged with its estimate.
+constexpr int64_t AVERAGE_WITHIN = probe_schedule::EXPLORE_MIN;
+// Extrapolating a verify cost from one side only: this many extra tokens cost
+// one step, within the slopes measured on 2-core CPUs (0.15-0.39 of a step a token).
+constexpr double EXTRA_TOKENS_PER_STEP = 3.0;
+// Floors of caller-given values: a draft cost of 0 would read as "not timed
+// yet", and zero counts leave the acceptance undefined.
+constexpr double MIN_FIXED_DRAFT_COST = 1e-3;
+constexpr double MIN_PRIOR_COUNT = 1e-3;
+
 double ema(double old, double x) {
-    return old <= 0.0 ? x : (1.0 - SMOOTH) * old + SMOOTH * std::min(x, 3.0 * old);
+    return old <= 0.0 ? x : (1.0 - SMOOTH) * old + SMOOTH * std::min(x, MAX_SAMPLE_OVER_ESTIMATE * old);
 }
 } // namespace
 
-void draft_tuner::observe_block(int32_t kd, int32_t accepted, bool ended_early) {
-    since_explore += 1;
-    clock += 1;
-    // A block the draft declined whole verified one token, as a plain step does:
-    // going over to plain steps then rebuilds no graph.
-    declined_whole = kd <= 0 && ended_early;
-    if (kd <= 0 && !ended_early) {
-        exploring = false; // an exploring block cut to nothing (budget, context) taught nothing
-        return;
+// ---------------------------------------------------------------- rate model
+
+length_choice fastest_length(const rate_inputs & in, int32_t k_max) {
+    const double one_step = in.verify[1];
+    const auto switching = [&](int32_t k) {
+        return k == in.k_in_use || (k == 0 && in.plain_in_use) ? 0.0 : in.switch_cost;
+    };
+    // A block verifies at least one token: an estimate below a plain step's is
+    // an old sample (costs grow with the context) or noise, and it made a
+    // draft that declined every token (--draft-p-min) look worth asking.
+    const auto block_verify_cost = [&](int32_t n) { return std::max(in.verify[n], one_step); };
+    length_choice choice {0, 1};
+    double best_rate = in.plain_margin / (one_step + switching(0));
+    double best_drafting_rate = 0.0;
+    double tokens = 1.0, a_pow = 1.0;
+    for (int32_t k = 1; k <= k_max; ++k) {
+        a_pow *= in.acceptance;
+        tokens += a_pow; // 1 + a + ... + a^k
+        const double rate = tokens / (in.first_draft + (k - 1) * in.draft_step + block_verify_cost(k + 1) + switching(k));
+        if (rate > best_rate) {
+            best_rate = rate;
+            choice.best = k;
+        }
+        if (rate > best_drafting_rate) {
+            best_drafting_rate = rate;
+            choice.best_drafting = k;
+        }
     }
-    acc_sum = DECAY * acc_sum + accepted;
-    rej_sum = DECAY * rej_sum + (ended_early ? 1.0 : 0.0);
+    return choice;
 }
 
-void draft_tuner::observe_draft(double first_ms, double step_ms, int32_t n_steps) {
+// ---------------------------------------------------------------- cost estimates
+
+void cost_estimates::observe_draft(double first_ms, double step_ms, int32_t n_steps) {
     if (fixed_costs) {
         return;
     }
@@ -43,29 +84,18 @@ void draft_tuner::observe_draft(double first_ms, double step_ms, int32_t n_steps
     }
 }
 
-void draft_tuner::use_fixed_costs(double draft_cost, double verify_marginal) {
+void cost_estimates::use_fixed(double draft_cost, double verify_marginal) {
     fixed_costs = true;
-    t_draft = std::max(draft_cost, 1e-3);
+    t_draft = std::max(draft_cost, MIN_FIXED_DRAFT_COST);
     t_draft_first = t_draft;
-    for (int32_t n = 1; n <= MAX_BATCH; ++n) {
+    for (int32_t n = 1; n <= MAX_BLOCK_BATCH; ++n) {
         t_verify[n] = 1.0 + (n - 1) * verify_marginal;
         verify_fair[n] = true; // the model's costs are the caller's, nothing to time
     }
 }
 
-void draft_tuner::set_acceptance_prior(double accepted, double rejected) {
-    acc_sum = std::max(accepted, 1e-3);
-    rej_sum = std::max(rejected, 1e-3);
-}
-
-void draft_tuner::reset_acceptance() {
-    acc_sum = rej_sum = 1.0;
-    explore_every = EXPLORE_MIN;
-    since_explore = 0;
-}
-
-void draft_tuner::observe_verify(int32_t n_tokens, double ms, bool fair) {
-    if (fixed_costs || n_tokens < 1 || n_tokens > MAX_BATCH) {
+void cost_estimates::observe_verify(int32_t n_tokens, double ms, bool fair) {
+    if (fixed_costs || n_tokens < 1 || n_tokens > MAX_BLOCK_BATCH) {
         return;
     }
     // An unfair sample (a rebuild included) only fills a gap; the first fair
@@ -90,21 +120,31 @@ void draft_tuner::observe_verify(int32_t n_tokens, double ms, bool fair) {
     sampled_at[n_tokens] = clock;
 }
 
-bool draft_tuner::fresh(int32_t n) const {
+bool cost_estimates::some_block_timed() const {
+    return std::any_of(verify_fair + 2, verify_fair + MAX_BLOCK_BATCH + 1, [](bool f) { return f; });
+}
+
+bool cost_estimates::fresh(int32_t n) const {
     return t_verify[n] > 0.0 && (fixed_costs || clock - sampled_at[n] <= STALE_AFTER);
 }
 
-// Measured cost of verifying n tokens, interpolated between freshly measured
+// Measured costs of verifying n tokens, interpolated between freshly measured
 // batch sizes (linear in n, which is how a compute-bound CPU behaves). An
 // estimate not refreshed for STALE_AFTER steps counts as unknown: on a shared
 // machine the costs drift by 20% and more between minutes, and a length whose
 // old, dear estimate was never measured again held the tuner at K = 2 for
 // whole runs (8% slower than K = 8; bench/RESULTS.md).
-double draft_tuner::verify_cost(int32_t n) const {
+void cost_estimates::verify_costs(int32_t n_max, double * verify) const {
     bool any_fresh = false;
-    for (int32_t m = 1; m <= MAX_BATCH && !any_fresh; ++m) {
+    for (int32_t m = 1; m <= MAX_BLOCK_BATCH && !any_fresh; ++m) {
         any_fresh = fresh(m);
     }
+    for (int32_t n = 1; n <= n_max; ++n) {
+        verify[n] = verify_cost(n, any_fresh);
+    }
+}
+
+double cost_estimates::verify_cost(int32_t n, bool any_fresh) const {
     // (Nothing fresh, which the length in use being measured as it runs should rule out: the old ones.)
     const auto known = [&](int32_t m) { return any_fresh ? fresh(m) : t_verify[m] > 0.0; };
     if (known(n)) {
@@ -112,122 +152,152 @@ double draft_tuner::verify_cost(int32_t n) const {
     }
     int32_t lo = n - 1, hi = n + 1;
     while (lo >= 1 && !known(lo)) --lo;
-    while (hi <= MAX_BATCH && !known(hi)) ++hi;
-    const bool has_lo = lo >= 1, has_hi = hi <= MAX_BATCH;
+    while (hi <= MAX_BLOCK_BATCH && !known(hi)) ++hi;
+    const bool has_lo = lo >= 1, has_hi = hi <= MAX_BLOCK_BATCH;
     if (has_lo && has_hi) {
         return t_verify[lo] + (t_verify[hi] - t_verify[lo]) * (n - lo) / (hi - lo);
     }
     if (!has_lo && !has_hi) {
-        return 0.0; // nothing measured yet: choose() measures before it asks
+        return 0.0; // nothing measured yet: the tuner measures before it asks
     }
     const int32_t side = has_lo ? lo : hi;
-    // One side only: assume each extra token costs a third of a single step.
-    const double per_token = (known(1) ? t_verify[1] : t_verify[side] / (1.0 + (side - 1) / 3.0)) / 3.0;
-    return t_verify[side] + per_token * (n - side);
+    const double one_step = known(1) ? t_verify[1] : t_verify[side] / (1.0 + (side - 1) / EXTRA_TOKENS_PER_STEP);
+    return t_verify[side] + one_step / EXTRA_TOKENS_PER_STEP * (n - side);
 }
 
-int32_t draft_tuner::choose(int32_t k_max) {
-    k_max = std::clamp(k_max, 0, MAX_BATCH - 1);
-    if (k_max == 0) {
+// ---------------------------------------------------------------- probe schedule
+
+std::optional<int32_t> probe_schedule::continue_probe(int32_t last_k, int32_t k_max) {
+    if (plain_steps_left > 0) {
+        plain_steps_left -= 1;
         return 0;
     }
-    // Measure the three quantities first, fairly: plain steps until one follows
-    // another, then full blocks until one follows another.
-    if (!verify_fair[1] || t_verify[1] <= 0.0) {
-        return last_k = settled_k = 0;
+    if (blocks_left > 0) {
+        blocks_left -= 1;
+        return std::min(last_k, k_max);
     }
-    // (Blocks cut short, by --draft-p-min say, are timed at their size; if none
-    // reaches a second block of its size, a few tries are enough.)
-    const bool block_timed_fairly = std::any_of(verify_fair + 2, verify_fair + MAX_BATCH + 1, [](bool f) { return f; });
-    if (t_draft_first <= 0.0 || (!block_timed_fairly && measuring_blocks < MEASURE_MAX_BLOCKS)) {
-        measuring_blocks += 1;
-        return last_k = settled_k = k_max;
-    }
-    const double t_step = t_draft > 0.0 ? t_draft : t_draft_first; // K = 1 blocks time no later step
-    if (plain_probe_left > 0) {
-        plain_probe_left -= 1;
-        return last_k = 0;
-    }
-    if (explore_left > 0) {
-        explore_left -= 1;
-        return last_k = std::min(last_k, k_max);
-    }
-    const double a = std::min(acceptance(), 0.99);
-    int32_t best = 0, best_drafting = 1; // the best length, and the best above 0
-    double best_drafting_rate = 0.0;
-    // Measured costs leave out what a block costs beyond its decodes (the
-    // draft's catch-up, judging, bookkeeping), so drafting must promise a
-    // margin over plain steps; near break-even, noise in the timings would
-    // otherwise flip between the two at a loss. A fixed cost model is the
-    // caller's and is taken as it is.
-    // A change of length pays a graph rebuild: the lengths stick unless another
-    // promises more than that (in the units of the costs: a target step).
-    const double one_step = verify_cost(1);
-    // (Against the length the model last chose: a probe's or an exploration's
-    // forced length is no reason to stay.)
-    const auto switching = [&](int32_t k) {
-        return k == settled_k || (k == 0 && declined_whole) ? 0.0 : SWITCH_COST * one_step;
-    };
-    // A block verifies at least one token: an estimate below a plain step's is
-    // an old sample (costs grow with the context) or noise, and it made a
-    // draft that declined every token (--draft-p-min) look worth asking.
-    const auto block_verify_cost = [&](int32_t n) { return std::max(verify_cost(n), one_step); };
-    double best_rate = (fixed_costs ? 1.0 : MIN_GAIN) / (one_step + switching(0));
-    double tokens = 1.0, a_pow = 1.0;
-    for (int32_t k = 1; k <= k_max; ++k) {
-        a_pow *= a;
-        tokens += a_pow; // 1 + a + ... + a^k
-        const double rate = tokens / (t_draft_first + (k - 1) * t_step + block_verify_cost(k + 1) + switching(k));
-        if (rate > best_rate) {
-            best_rate = rate;
-            best = k;
-        }
-        if (rate > best_drafting_rate) {
-            best_drafting_rate = rate;
-            best_drafting = k;
-        }
-    }
-    if (exploring) { // what the exploring block taught decides when to explore next
+    return std::nullopt;
+}
+
+void probe_schedule::learn(int32_t best, int32_t k_in_use) {
+    if (exploring) {
         exploring = false;
         explore_every = best == 0 ? std::min(2 * explore_every, EXPLORE_MAX) : EXPLORE_MIN;
     } else if (best > 0) {
         explore_every = EXPLORE_MIN;
     }
-    if (probing) { // likewise the probe of plain steps, while drafting
+    if (probing) {
         probing = false;
         probe_every = best > 0 ? std::min(2 * probe_every, EXPLORE_MAX) : EXPLORE_MIN;
     }
-    if ((best == 0) != (settled_k == 0)) {
-        since_explore = 0; // a switch between drafting and plain steps restarts the count
+    if ((best == 0) != (k_in_use == 0)) {
+        since_probe = 0;
     }
-    settled_k = best;
-    // Keep the estimates alive: the acceptance rate is only seen while
-    // drafting, the cost of a plain step only while not drafting.
-    // (With fixed costs only the acceptance needs keeping alive.)
-    if (since_explore >= (best == 0 ? explore_every : probe_every) && (best == 0 || !fixed_costs)) {
-        since_explore = 0;
-        exploring = best == 0;
-        probing = best > 0;
-        // Two of each: the first after a switch pays a graph rebuild (and, for a
-        // block, a long catch-up), so only the second times the steps fairly.
-        plain_probe_left = best == 0 ? 0 : 1;
-        explore_left = best == 0 ? 1 : 0;
-        if (best == 0) {
-            best = settled_k = best_drafting; // its blocks are the last decodes the next choice follows
-        } else {
-            // Below the longest length, every other probe times two blocks of
-            // it instead: nothing else measures the lengths not in use.
-            probe_long = best < k_max && !probe_long;
-            if (probe_long) {
-                plain_probe_left = 0;
-                explore_left = 1;
-                best = k_max;
-            } else {
-                best = 0;
-            }
-        }
+}
+
+int32_t probe_schedule::next(const length_choice & fastest, int32_t k_max, bool fixed_costs) {
+    const bool drafting = fastest.best > 0;
+    if (since_probe < (drafting ? probe_every : explore_every) || (drafting && fixed_costs)) {
+        return fastest.best;
     }
-    return last_k = best;
+    since_probe = 0;
+    // Two steps of each: the first after a switch pays a graph rebuild (and,
+    // for a block, a long catch-up), so only the second times the steps fairly.
+    if (!drafting) {
+        exploring = true;
+        blocks_left = 1;
+        return fastest.best_drafting;
+    }
+    probing = true;
+    probe_long = fastest.best < k_max && !probe_long;
+    if (probe_long) {
+        blocks_left = 1;
+        return k_max;
+    }
+    plain_steps_left = 1;
+    return 0;
+}
+
+// ---------------------------------------------------------------- the tuner
+
+void draft_tuner::observe_block(int32_t kd, int32_t accepted, bool ended_early) {
+    const bool plain_step = kd <= 0 && !ended_early;
+    schedule.count_step(plain_step);
+    costs.tick();
+    // A block the draft declined whole verified one token, as a plain step does:
+    // going over to plain steps then rebuilds no graph.
+    declined_whole = kd <= 0 && ended_early;
+    if (plain_step) {
+        return;
+    }
+    acc_sum = DECAY * acc_sum + accepted;
+    rej_sum = DECAY * rej_sum + (ended_early ? 1.0 : 0.0);
+}
+
+void draft_tuner::set_acceptance_prior(double accepted, double rejected) {
+    acc_sum = std::max(accepted, MIN_PRIOR_COUNT);
+    rej_sum = std::max(rejected, MIN_PRIOR_COUNT);
+}
+
+void draft_tuner::reset_acceptance() {
+    acc_sum = rej_sum = 1.0;
+    schedule.restart();
+}
+
+int32_t draft_tuner::choose(int32_t k_max) {
+    k_max = std::clamp(k_max, 0, COSPEC_N_DRAFT_MAX);
+    if (k_max == 0) {
+        return 0;
+    }
+    if (const std::optional<int32_t> k = length_to_measure(k_max)) {
+        return last_k = settled_k = *k;
+    }
+    if (const std::optional<int32_t> k = schedule.continue_probe(last_k, k_max)) {
+        return last_k = *k;
+    }
+    const length_choice fastest = fastest_length_now(k_max);
+    schedule.learn(fastest.best, settled_k);
+    settled_k = fastest.best;
+    last_k = schedule.next(fastest, k_max, costs.fixed());
+    if (fastest.best == 0 && last_k > 0) {
+        settled_k = last_k; // an exploration
+    }
+    return last_k;
+}
+
+// Measure the three costs first, fairly: plain steps until one follows
+// another, then full blocks until one follows another.
+std::optional<int32_t> draft_tuner::length_to_measure(int32_t k_max) {
+    if (!costs.plain_step_timed()) {
+        return 0;
+    }
+    if (!costs.first_draft_timed() || (!costs.some_block_timed() && measuring_blocks < MEASURE_MAX_BLOCKS)) {
+        measuring_blocks += 1;
+        return k_max;
+    }
+    return std::nullopt;
+}
+
+length_choice draft_tuner::fastest_length_now(int32_t k_max) const {
+    double verify[MAX_BLOCK_BATCH + 1];
+    costs.verify_costs(k_max + 1, verify);
+    rate_inputs in;
+    in.acceptance = std::min(acceptance(), MAX_ACCEPTANCE);
+    in.first_draft = costs.first_draft();
+    in.draft_step = costs.draft_step();
+    in.verify = verify;
+    // A change of length pays a graph rebuild: the lengths stick unless another
+    // promises more than that (in the units of the costs: a target step).
+    in.switch_cost = SWITCH_COST * verify[1];
+    in.k_in_use = settled_k;
+    in.plain_in_use = declined_whole;
+    // Measured costs leave out what a block costs beyond its decodes (the
+    // draft's catch-up, judging, bookkeeping), so drafting must promise a
+    // margin over plain steps; near break-even, noise in the timings would
+    // otherwise flip between the two at a loss. A fixed cost model is the
+    // caller's and is taken as it is.
+    in.plain_margin = costs.fixed() ? 1.0 : MIN_GAIN;
+    return fastest_length(in, k_max);
 }
 
 } // namespace cospec

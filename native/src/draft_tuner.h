@@ -10,17 +10,138 @@
 // the tuner at short blocks and plain steps while fixed K = 5-8 ran 5% faster).
 // On a CPU verifying K+1 tokens costs almost K+1 steps, so with a weak draft the
 // best K is often 0 (plain target decoding); a strong draft gets long blocks.
+//
+// Three parts: the rate model (fastest_length, a pure function of the
+// estimates), the estimates of the costs (cost_estimates), and the schedule of
+// probes that keeps those estimates alive (probe_schedule); draft_tuner joins
+// them with the acceptance estimate.
 #pragma once
 
 #include "cospec.h"
 
 #include <cstdint>
+#include <optional>
 
 namespace cospec {
 
+// The most tokens a block's verify decodes: its draft tokens and the token before them.
+constexpr int32_t MAX_BLOCK_BATCH = COSPEC_N_DRAFT_MAX + 1;
+
+// ---------------------------------------------------------------- rate model
+
+// What the rate model weighs, the costs in one unit: milliseconds measured, or
+// target steps of a fixed cost model.
+struct rate_inputs {
+    double acceptance;     // a: the chance that the draft's next token is accepted (below 1)
+    double first_draft;    // a block's first draft call, which catches the draft up on the last block's tokens
+    double draft_step;     // each later draft step
+    const double * verify; // verify[n]: the target decoding n tokens, for n in [1, k_max + 1]
+    double switch_cost;    // taking a length other than the one in use: llama.cpp rebuilds the target's graph
+    int32_t k_in_use;      // the length in use (0: plain steps), which pays no switch
+    bool plain_in_use;     // plain steps pay no switch either: the last block verified one token, as they do
+    double plain_margin;   // drafting must promise this factor over plain steps
+};
+
+struct length_choice {
+    int32_t best;          // the length of the most tokens per unit time; 0: a plain target step
+    int32_t best_drafting; // the best length above 0 (what an exploration of drafting takes)
+};
+
+// The block length in [0, k_max] that maximises expected tokens per unit time.
+length_choice fastest_length(const rate_inputs & in, int32_t k_max);
+
+// ---------------------------------------------------------------- cost estimates
+
+// What a block's draft calls and verify decodes cost: timed samples averaged
+// per batch size, or a fixed cost model. Ages count in steps (tick).
+class cost_estimates {
+  public:
+    // See draft_tuner::observe_draft / observe_verify / use_fixed_costs.
+    void observe_draft(double first_ms, double step_ms, int32_t n_steps);
+    void observe_verify(int32_t n_tokens, double ms, bool fair);
+    void use_fixed(double draft_cost, double verify_marginal);
+    void tick() { clock += 1; }
+
+    bool fixed() const { return fixed_costs; }
+    bool plain_step_timed() const { return verify_fair[1] && t_verify[1] > 0.0; }
+    bool some_block_timed() const; // a verify of 2 tokens or more came from fair samples
+    bool first_draft_timed() const { return t_draft_first > 0.0; }
+    double first_draft() const { return t_draft_first; }
+    double draft_step() const { return t_draft > 0.0 ? t_draft : t_draft_first; } // K = 1 blocks time no later step
+    // verify[n] for n in [1, n_max]: measured where fresh, else interpolated.
+    void verify_costs(int32_t n_max, double * verify) const;
+
+  private:
+    bool fresh(int32_t n) const; // t_verify[n] was measured within STALE_AFTER steps
+    double verify_cost(int32_t n, bool any_fresh) const;
+
+    double t_draft = -1.0;       // a draft step after the block's first
+    double t_draft_first = -1.0; // the block's first draft call, catch-up included
+    double t_verify[MAX_BLOCK_BATCH + 1] = {};
+    bool verify_fair[MAX_BLOCK_BATCH + 1] = {};   // t_verify[n] comes from fair samples
+    int64_t sampled_at[MAX_BLOCK_BATCH + 1] = {}; // `clock` at t_verify[n]'s last sample
+    int64_t clock = 0;                            // blocks and plain steps observed
+    bool fixed_costs = false;
+};
+
+// ---------------------------------------------------------------- probe schedule
+
+// When to take a length the rate model did not choose, to keep its estimates
+// alive: the acceptance rate is only seen while drafting, a plain step's cost
+// only while not drafting, a length's verify cost only while it is in use.
+//
+// While drafting does not pay, two blocks in explore_every still draft (of the
+// best length above 0), to see whether the draft has started agreeing and what
+// blocks cost now. Each such block costs a draft catch-up and a longer verify,
+// so the interval doubles after every exploration that confirms plain steps (up
+// to EXPLORE_MAX), and goes back to EXPLORE_MIN once drafting pays. While
+// drafting, the probe of a plain step's cost is two plain steps (the first after
+// a block is not a fair sample, see generate.cpp); its interval doubles the same
+// way while each probe confirms drafting: at 2 plain steps and 2 graph rebuilds
+// per 16 blocks (the starting interval) the probes cost the demo pair ~2% against
+// fixed K. Below the longest length, every other probe times two blocks of the
+// longest length instead: nothing else measures the lengths not in use.
+class probe_schedule {
+  public:
+    static constexpr int64_t EXPLORE_MIN = 16;
+    static constexpr int64_t EXPLORE_MAX = 128;
+
+    // A step was taken. A plain one ends an exploration untaught: its block was
+    // cut to nothing (the token budget, the context).
+    void count_step(bool plain_step) {
+        since_probe += 1;
+        exploring = exploring && !plain_step;
+    }
+    // The acceptance estimate starts afresh: explore again soon.
+    void restart() {
+        explore_every = EXPLORE_MIN;
+        since_probe = 0;
+    }
+    // The second step of a probe under way, if one is (last_k: the length taken last).
+    std::optional<int32_t> continue_probe(int32_t last_k, int32_t k_max);
+    // The model now chooses `best` where `k_in_use` was in use: what the last
+    // probe taught sets the next interval, and a switch between drafting and
+    // plain steps restarts the count.
+    void learn(int32_t best, int32_t k_in_use);
+    // The length to take: the model's, or the first step of a probe that is due.
+    // With fixed costs only the acceptance needs keeping alive.
+    int32_t next(const length_choice & fastest, int32_t k_max, bool fixed_costs);
+
+  private:
+    int64_t since_probe = 0;             // steps since the last probe or exploration, or switch
+    int64_t explore_every = EXPLORE_MIN; // steps between explorations while plain steps win
+    int64_t probe_every = EXPLORE_MIN;   // blocks between probes while drafting
+    bool exploring = false;              // the last blocks taken were an exploration
+    bool probing = false;                // the last forced lengths were a probe while drafting
+    bool probe_long = false;             // the last probe while drafting timed the longest length
+    int32_t plain_steps_left = 0;        // plain steps still to take in a probe of their cost
+    int32_t blocks_left = 0;             // blocks of the last length still to take in a probe or exploration
+};
+
+// ---------------------------------------------------------------- the tuner
+
 class draft_tuner {
   public:
-    static constexpr int32_t MAX_BATCH = 64;
     // Cost of each verified token beyond the first, relative to one target
     // step, for the fixed cost model: measured v(K) on 2-core CPUs lies
     // between 1 + 0.15 K (Gemma 3 270M) and 1 + 0.39 K (SmolLM2-135M).
@@ -43,15 +164,15 @@ class draft_tuner {
     // A block's draft calls: the first one (with the catch-up; negative: a long
     // catch-up, not timed) and the mean of the later single-token steps
     // (n_steps of them; 0: none were taken).
-    void observe_draft(double first_ms, double step_ms, int32_t n_steps);
+    void observe_draft(double first_ms, double step_ms, int32_t n_steps) { costs.observe_draft(first_ms, step_ms, n_steps); }
     // A decode of n tokens took ms. `fair`: the target's decode before it had
     // the same size; the others pay llama.cpp's graph rebuild and stand in only
     // until a fair one.
-    void observe_verify(int32_t n_tokens, double ms, bool fair);
+    void observe_verify(int32_t n_tokens, double ms, bool fair) { costs.observe_verify(n_tokens, ms, fair); }
     // Use a fixed cost model instead of measured times, so that the chosen
     // lengths depend on acceptance counts alone: a draft step costs
     // draft_cost target steps, verifying n tokens 1 + (n - 1) * verify_marginal.
-    void use_fixed_costs(double draft_cost, double verify_marginal);
+    void use_fixed_costs(double draft_cost, double verify_marginal) { costs.use_fixed(draft_cost, verify_marginal); }
     // Start the acceptance estimate from these decayed counts (before any block).
     void set_acceptance_prior(double accepted, double rejected);
     // Forget the acceptance estimate (its meaning changed, e.g. another
@@ -61,56 +182,25 @@ class draft_tuner {
     double acceptance() const { return acc_sum / (acc_sum + rej_sum); }
 
   private:
-    double verify_cost(int32_t n) const;
-    bool fresh(int32_t n) const; // t_verify[n] was measured within STALE_AFTER steps
+    // Blocks taken to time a block fairly: blocks cut short (by --draft-p-min,
+    // say) are timed at their size, and if none reaches a second block of its
+    // size a few tries are enough.
+    static constexpr int32_t MEASURE_MAX_BLOCKS = 8;
 
+    // The length to take while the costs the model needs are not measured yet.
+    std::optional<int32_t> length_to_measure(int32_t k_max);
+    length_choice fastest_length_now(int32_t k_max) const;
+
+    cost_estimates costs;
+    probe_schedule schedule;
     double acc_sum = 1.0; // decayed counts of accepted draft tokens and of rejections
     double rej_sum = 1.0; // (prior: a = 0.5)
-    double t_draft = -1.0;       // a draft step after the block's first
-    double t_draft_first = -1.0; // the block's first draft call, catch-up included
-    double t_verify[MAX_BATCH + 1] = {};
-    bool verify_fair[MAX_BATCH + 1] = {}; // t_verify[n] comes from fair samples
-    int64_t sampled_at[MAX_BATCH + 1] = {}; // `clock` at t_verify[n]'s last sample
-    int64_t clock = 0;                      // blocks and plain steps observed
-    bool probe_long = false;                // the last probe while drafting timed the longest length
-    int32_t measuring_blocks = 0;         // blocks taken to time a block fairly
-    static constexpr int32_t MEASURE_MAX_BLOCKS = 8;
-    int64_t since_explore = 0;          // steps since the last exploration or probe, or switch
-    int64_t explore_every = EXPLORE_MIN; // steps between explorations while plain steps win
-    bool exploring = false;             // the last blocks chosen were an exploration
-    int32_t plain_probe_left = 0;       // plain steps still to take in a probe of their cost
-    int32_t explore_left = 0;           // blocks still to take in an exploration
-    int32_t last_k = 0;
-    int32_t settled_k = 0;              // the last length the model chose (not a probe's)
-    int64_t probe_every = EXPLORE_MIN;  // blocks between probes of plain steps while drafting
-    bool probing = false;               // the last chosen plain steps were such a probe
-    bool fixed_costs = false;
-    bool declined_whole = false;        // the last block drafted nothing: the draft declined (p-min)
-
-    // While drafting does not pay, two blocks in explore_every still draft (of
-    // the best length above 0), to see whether the draft has started agreeing
-    // and what blocks cost now. Each such block costs a draft catch-up and a
-    // longer verify, so the interval doubles after every
-    // exploration that confirms plain steps (up to EXPLORE_MAX), and goes back
-    // to EXPLORE_MIN once drafting pays. While drafting, the probe of a plain
-    // step's cost is two plain steps (the first after a block is not a fair
-    // sample, see generate.cpp); its interval doubles the same way while each
-    // probe confirms drafting: at 2 plain steps and 2 graph rebuilds per 16
-    // blocks (the starting interval) the probes cost the demo pair ~2% against
-    // fixed K.
-    static constexpr int64_t EXPLORE_MIN = 16;
-    // A block of another length than the last step's costs llama.cpp a graph
-    // rebuild for the target's verify (and for the plain step after it), in
-    // target steps; measured with the demo pair on a 2-core CPU: 0.2-0.4 (a
-    // GPU build's graph capture costs more). Without it a tuner that changed K
-    // every few blocks paid ~0.2 ms a block more than fixed K (bench/RESULTS.md).
-    static constexpr double SWITCH_COST = 0.3;
-    static constexpr int64_t EXPLORE_MAX = 128;
-    // Steps after which a measured cost is stale. The probes refresh a plain
-    // step's and the longest length's at least every 2 * EXPLORE_MAX steps.
-    static constexpr int64_t STALE_AFTER = 4 * EXPLORE_MAX;
-    // Steps within which a new sample of a size is averaged with its estimate.
-    static constexpr int64_t AVERAGE_WITHIN = EXPLORE_MIN;
+    int32_t measuring_blocks = 0;
+    int32_t last_k = 0;           // the length taken last
+    // The length in use for the switching cost: the model's last choice, or an
+    // exploration's (its blocks are the last decodes the next choice follows).
+    int32_t settled_k = 0;
+    bool declined_whole = false;  // the last block drafted nothing: the draft declined (p-min)
 };
 
 } // namespace cospec

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -29,10 +30,54 @@ using clock_type = std::chrono::steady_clock;
 using cospec::fill_batch;
 
 constexpr uint64_t ARBITER_SEED_SALT = 0xa5b17e4c0ffee5edULL;
+// Tokens a block's first draft call catches up on after a block: the last
+// drafted token and the target's bonus or fallback. A longer catch-up (after
+// plain steps) is no draft step, so the tuner is not told its time.
+constexpr size_t BLOCK_CATCH_UP = 2;
 
 double ms_since(clock_type::time_point t0) {
     return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
 }
+
+// The time a running total of decode time (a stats field) gained since the
+// last reading: the tuner's samples come off the clock the stats report.
+class lap_timer {
+  public:
+    explicit lap_timer(const double & total) : total(total), from(total) {}
+    double lap() {
+        const double ms = total - from;
+        from = total;
+        return ms;
+    }
+
+  private:
+    const double & total;
+    double from;
+};
+
+// What one speculative step tells the tuner (the arguments of its observe_*
+// calls), collected as the step runs and handed over when it ends. A part is
+// absent where the step ended (an error, an abort) before taking it.
+struct tuner_samples {
+    struct draft_calls {
+        double first_ms; // < 0: a long catch-up, not timed
+        double step_ms;  // the mean of the later steps
+        int32_t n_steps;
+    };
+    struct verify_decode {
+        int32_t n_tokens;
+        double ms;
+        bool fair; // the target's decode before it had the same size
+    };
+    struct block_outcome {
+        int32_t n_drafted;
+        int32_t n_accepted;
+        bool ended_early;
+    };
+    std::optional<draft_calls> draft;
+    std::optional<verify_decode> verify;
+    std::optional<block_outcome> block;
+};
 
 // Bytes at the end of s[0..end) that start a UTF-8 character not yet complete.
 size_t utf8_complete_end(const std::string & s, size_t end) {
@@ -407,7 +452,7 @@ class generation {
 
     // Propose up to k tokens with the draft after seq. The draft's logits are
     // copied per token only when the arbiter reads them.
-    int32_t draft_block(int32_t k) {
+    int32_t draft_block(int32_t k, std::optional<tuner_samples::draft_calls> & timing) {
         drafted.clear();
         draft_declined = false;
         const size_t n_past = seq.size() - 1;
@@ -416,17 +461,15 @@ class generation {
         }
         // The first decode also catches the draft up on the tokens it has not
         // seen: after a block that is the bonus or fallback token (and the last
-        // drafted one), after plain steps every token since. A long catch-up
-        // is not a draft step, so the tuner is not told its time.
-        const double t_first_from = st.t_draft_ms;
+        // drafted one), after plain steps every token since. It is timed apart
+        // from the later steps.
+        lap_timer draft_time(st.t_draft_ms);
         size_t n_reused = 0;
         if (const int32_t status = sync(e.draft, n_past + 1, true, st.t_draft_ms, &n_reused); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
-        // A block's first call (its catch-up: the bonus or fallback token, and
-        // the last drafted one) is timed apart from the later steps.
-        const double t_first = n_past + 1 - n_reused > 2 ? -1.0 : st.t_draft_ms - t_first_from;
-        const double t_steps_from = st.t_draft_ms;
+        const double catch_up_ms = draft_time.lap();
+        const double first_ms = n_past + 1 - n_reused > BLOCK_CATCH_UP ? -1.0 : catch_up_ms;
         int32_t n_steps = 0; // single-token draft steps after the first call
         const int32_t nv = e.draft.n_vocab;
         if (keep_draft_logits) {
@@ -472,7 +515,7 @@ class generation {
             e.draft.cached.push_back(d);
             n_steps += 1;
         }
-        tuner->observe_draft(t_first, n_steps > 0 ? (st.t_draft_ms - t_steps_from) / n_steps : 0.0, n_steps);
+        timing = {first_ms, n_steps > 0 ? draft_time.lap() / n_steps : 0.0, n_steps};
         return COSPEC_OK;
     }
 
@@ -531,7 +574,7 @@ class generation {
 
     // Decode [last, d_1..d_kd] with the target in one batch, logits everywhere,
     // and judge every position the walk may reach. Returns the verify rows.
-    int32_t verify_block(size_t n_past, const float ** rows) {
+    int32_t verify_block(size_t n_past, const float ** rows, std::optional<tuner_samples::verify_decode> & timing) {
         const int32_t kd = (int32_t) drafted.size();
         if (const int32_t status = sync(e.target, n_past, false, st.t_verify_ms, nullptr); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
@@ -546,13 +589,13 @@ class generation {
             t.batch.logits[i + 1] = true;
         }
         t.batch.n_tokens = kd + 1;
-        const double t_verify_before = st.t_verify_ms;
+        lap_timer verify_time(st.t_verify_ms);
         if (const int32_t status = decode(t, st.t_verify_ms, (llama_pos) n_past); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
         // A block after a decode of another size (plain steps, the prompt, a
         // block of another length) pays for a graph rebuild: not a fair sample.
-        tuner->observe_verify(kd + 1, st.t_verify_ms - t_verify_before, last_target_n == kd + 1);
+        timing = {kd + 1, verify_time.lap(), last_target_n == kd + 1};
         last_target_n = kd + 1;
         t.cached.push_back(seq.back());
         t.cached.insert(t.cached.end(), drafted.begin(), drafted.end());
@@ -648,7 +691,7 @@ class generation {
     // of generation, a stop string, the token budget) no verdict is needed, and
     // on short answers that is a large share of the blocks with a mismatch.
     // Its scores depend on the block alone, so asking late changes no decision.
-    int32_t walk_block(size_t n_past, const float * rows) {
+    int32_t walk_block(size_t n_past, const float * rows, std::optional<tuner_samples::block_outcome> & outcome) {
         const int32_t kd = (int32_t) drafted.size();
         const size_t first_decision = r.decisions.size();
         bool scored = false;
@@ -682,7 +725,7 @@ class generation {
         // A block the draft cut short ended before K as a rejection ends it:
         // counted as one, a draft that declines every token (a high p-min)
         // brings the tuner to plain steps instead of asking for blocks forever.
-        tuner->observe_block(kd, j, rejected || draft_declined);
+        outcome = {kd, j, rejected || draft_declined};
         if (!rejected && stop == COSPEC_STOP_NONE) {
             emit(target_tokens[kd], COSPEC_PROV_BONUS);
         }
@@ -700,32 +743,53 @@ class generation {
             return COSPEC_OK;
         }
         const int32_t k = draft_can_read ? block_length(n_past) : 0;
-        if (k == 0) {
-            // Nothing to draft: a plain target step, not a block.
-            const double before = st.t_verify_ms;
-            size_t n_decoded = 0;
-            const int32_t status = plain_step(e.target, COSPEC_PROV_TARGET, st.t_verify_ms, &n_decoded);
-            // What a plain step costs in a run of plain steps: not a prompt, and
-            // not the first step after a block, which pays for llama.cpp
-            // rebuilding its graph for one token after K + 1 (a cost of the
-            // switch, which would otherwise make plain steps look dearer right
-            // after every block and pull the tuner back into drafting).
-            if (n_decoded == 1) {
-                tuner->observe_verify(1, st.t_verify_ms - before, last_target_n == 1);
-            }
-            last_target_n = (int32_t) n_decoded;
-            tuner->observe_block(0, 0, false);
-            return status;
+        tuner_samples samples;
+        const int32_t status = k == 0 ? plain_target_step(samples) : block_step(n_past, k, samples);
+        tell_tuner(samples);
+        return status;
+    }
+
+    // Nothing to draft: a plain target step, not a block.
+    int32_t plain_target_step(tuner_samples & samples) {
+        lap_timer verify_time(st.t_verify_ms);
+        size_t n_decoded = 0;
+        const int32_t status = plain_step(e.target, COSPEC_PROV_TARGET, st.t_verify_ms, &n_decoded);
+        // What a plain step costs in a run of plain steps: not a prompt, and
+        // not the first step after a block, which pays for llama.cpp
+        // rebuilding its graph for one token after K + 1 (a cost of the
+        // switch, which would otherwise make plain steps look dearer right
+        // after every block and pull the tuner back into drafting).
+        if (n_decoded == 1) {
+            samples.verify = {1, verify_time.lap(), last_target_n == 1};
         }
-        if (const int32_t status = draft_block(k); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+        last_target_n = (int32_t) n_decoded;
+        samples.block = {0, 0, false};
+        return status;
+    }
+
+    int32_t block_step(size_t n_past, int32_t k, tuner_samples & samples) {
+        if (const int32_t status = draft_block(k, samples.draft); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
         const float * rows = nullptr;
-        const int32_t verified = verify_block(n_past, &rows);
+        const int32_t verified = verify_block(n_past, &rows, samples.verify);
         if (verified != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return verified;
         }
-        return walk_block(n_past, rows);
+        return walk_block(n_past, rows, samples.block);
+    }
+
+    // In the order the step took them: its draft calls, its verify, its outcome.
+    void tell_tuner(const tuner_samples & samples) {
+        if (samples.draft) {
+            tuner->observe_draft(samples.draft->first_ms, samples.draft->step_ms, samples.draft->n_steps);
+        }
+        if (samples.verify) {
+            tuner->observe_verify(samples.verify->n_tokens, samples.verify->ms, samples.verify->fair);
+        }
+        if (samples.block) {
+            tuner->observe_block(samples.block->n_drafted, samples.block->n_accepted, samples.block->ended_early);
+        }
     }
 };
 
@@ -746,9 +810,9 @@ int32_t check_params(const cospec_engine * e, const cospec_token * prompt, int32
     if (p->n_predict <= 0) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "n_predict must be positive, got " + std::to_string(p->n_predict));
     }
-    if (p->n_draft <= 0 || p->n_draft >= cospec::draft_tuner::MAX_BATCH) {
+    if (p->n_draft <= 0 || p->n_draft > COSPEC_N_DRAFT_MAX) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "the draft length (n_draft) must be in [1, " +
-                                                     std::to_string(cospec::draft_tuner::MAX_BATCH - 1) + "], got " +
+                                                     std::to_string(COSPEC_N_DRAFT_MAX) + "], got " +
                                                      std::to_string(p->n_draft));
     }
     if (p->arbiter != nullptr && p->arbiter->engine() != nullptr && p->arbiter->engine() != e) {

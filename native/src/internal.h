@@ -47,6 +47,7 @@ bool loaded_model_fingerprint(const gguf_context * g, const ggml_context * data,
 struct cospec_arbiter {
     virtual ~cospec_arbiter() = default;
     virtual const char * name() const = 0;
+    virtual int32_t kind() const = 0; // enum cospec_arbiter_kind
     // False for the target arbiter: the engine may then skip calling it and
     // stop judging a block at its first mismatch.
     virtual bool can_keep() const { return true; }

@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <new>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -43,7 +44,7 @@ namespace {
 constexpr const char * KEY_PREFIX = "cospec.arbiter.";
 constexpr uint32_t FORMAT_VERSION = 1;
 // The region holds a draft and a target token per block position.
-constexpr int32_t MAX_REGION = 2 * cospec::draft_tuner::MAX_BATCH;
+constexpr int32_t MAX_REGION = 2 * cospec::MAX_BLOCK_BATCH;
 // Bounds on a head read from an untrusted file.
 constexpr int64_t MAX_HEAD_WIDTH = 1 << 16;
 constexpr uint32_t MAX_HEAD_LAYERS = 8;
@@ -120,12 +121,22 @@ struct head_mlp {
     }
 };
 
+// The kind arbiter.gguf names (as cospec_arbiter_kind_name spells it), if it is a learned one.
+std::optional<int32_t> learned_kind(const std::string & name) {
+    for (const int32_t kind : {COSPEC_ARBITER_FEATURES, COSPEC_ARBITER_LORA}) {
+        if (name == cospec_arbiter_kind_name(kind)) {
+            return kind;
+        }
+    }
+    return std::nullopt;
+}
+
 // What arbiter.gguf holds.
 struct bundle {
     std::string path;  // arbiter.gguf
     std::string dir;
     std::map<std::string, std::string> meta; // every scalar value under cospec.arbiter., as text
-    std::string kind;
+    int32_t kind = COSPEC_ARBITER_FEATURES;  // enum cospec_arbiter_kind: a learned one
     float threshold = 0.5f;
     int32_t n_embd = 0;
     float lora_scale = 1.0f;
@@ -243,9 +254,10 @@ int32_t read_bundle(const char * path, bundle & b) {
         return fail(COSPEC_ERR_ARBITER, who + ": format version " + *version + ", this engine reads version " +
                                             std::to_string(FORMAT_VERSION));
     }
-    b.kind = *kind;
-    if (b.kind != "features" && b.kind != "lora") {
-        return fail(COSPEC_ERR_ARBITER, who + ": unknown kind '" + b.kind + "' (expected features or lora)");
+    if (const std::optional<int32_t> learned = learned_kind(*kind)) {
+        b.kind = *learned;
+    } else {
+        return fail(COSPEC_ERR_ARBITER, who + ": unknown kind '" + *kind + "' (expected features or lora)");
     }
     char * end = nullptr;
     b.threshold = std::strtof(b.meta["threshold"].c_str(), &end);
@@ -262,7 +274,7 @@ int32_t read_bundle(const char * path, bundle & b) {
     if (n_layers < 1 || n_layers > MAX_HEAD_LAYERS) {
         return fail(COSPEC_ERR_ARBITER, who + ": head_layers must be 1.." + std::to_string(MAX_HEAD_LAYERS));
     }
-    if (b.kind == "lora") {
+    if (b.kind == COSPEC_ARBITER_LORA) {
         const std::string * n_embd = need("n_embd");
         if (n_embd == nullptr || need("adapter") == nullptr) {
             return COSPEC_ERR_ARBITER;
@@ -553,12 +565,13 @@ struct learned_arbiter final : cospec_arbiter {
     }
 
     const char * name() const override { return label.c_str(); }
+    int32_t kind() const override { return b.kind; }
     bool needs_draft_logits() const override { return true; }
     float threshold() const override { return keep_threshold; }
     const cospec_engine * engine() const override { return eng; }
     bool uses_engine_draft() const override { return b.context_from_draft; }
     const char * meta(const char * key) const override {
-        if (b.kind == "lora" && std::strcmp(key, "adapter_use") == 0) {
+        if (b.kind == COSPEC_ARBITER_LORA && std::strcmp(key, "adapter_use") == 0) {
             return folded != nullptr ? "folded" : "decode";
         }
         auto it = b.meta.find(key);
@@ -777,7 +790,7 @@ struct learned_arbiter final : cospec_arbiter {
         }
         const int32_t c = cols();
         inputs.resize((size_t) k * c);
-        if (b.kind == "features") {
+        if (b.kind == COSPEC_ARBITER_FEATURES) {
             std::copy(features.begin(), features.end(), inputs.begin());
             return COSPEC_OK;
         }
@@ -892,22 +905,23 @@ int32_t cospec_arbiter_load(cospec_engine * engine, const cospec_learned_arbiter
                                                 "fingerprint " + want + "); this engine's draft '" + engine->draft_path +
                                                 "' has fingerprint " + engine->draft_fingerprint);
         }
-        const int32_t expected = a->b.kind == "lora" ? 2 * a->b.n_embd + COSPEC_N_FEATURES : COSPEC_N_FEATURES;
-        if (a->b.kind == "lora" && a->b.n_embd != llama_model_n_embd(engine->draft.model)) {
+        const char * kind_name = cospec_arbiter_kind_name(a->b.kind);
+        const int32_t expected = a->b.kind == COSPEC_ARBITER_LORA ? 2 * a->b.n_embd + COSPEC_N_FEATURES : COSPEC_N_FEATURES;
+        if (a->b.kind == COSPEC_ARBITER_LORA && a->b.n_embd != llama_model_n_embd(engine->draft.model)) {
             return fail(COSPEC_ERR_ARBITER, "arbiter '" + a->b.path + "' expects hidden states of width " +
                                                 std::to_string(a->b.n_embd) + ", the draft has " +
                                                 std::to_string(llama_model_n_embd(engine->draft.model)));
         }
         if (a->b.head.n_in() != expected) {
             return fail(COSPEC_ERR_ARBITER, "arbiter '" + a->b.path + "': the head reads " + std::to_string(a->b.head.n_in()) +
-                                                " inputs, a " + a->b.kind + " arbiter gives " + std::to_string(expected));
+                                                " inputs, a " + kind_name + " arbiter gives " + std::to_string(expected));
         }
         a->keep_threshold = params->threshold >= 0.0f ? params->threshold : a->b.threshold;
         a->head_fn = params->head;
         a->head_user_data = params->head_user_data;
         const auto name = a->b.meta.find("name");
-        a->label = name != a->b.meta.end() ? name->second : "cospec-" + a->b.kind;
-        if (a->b.kind == "lora") {
+        a->label = name != a->b.meta.end() ? name->second : std::string("cospec-") + kind_name;
+        if (a->b.kind == COSPEC_ARBITER_LORA) {
             if (const int32_t st = a->open_lora(*params); st != COSPEC_OK) {
                 return st;
             }
