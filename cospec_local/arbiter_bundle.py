@@ -16,7 +16,8 @@
 This module owns the format: its version, keys and file names, the writer and the reader. The
 engine's reader (native/src/learned_arbiter.cpp) checks the same version; a test compares the two.
 The reader returns numpy arrays: torch models are built from them in train/arbiter_model.py.
-Only numpy is imported at module level (the CLI imports this module to name the files); gguf where
+Only numpy and the extension are imported at module level (the CLI imports this module to name the
+files); gguf where
 a file is read or written, torch only where a head is exported to ONNX.
 
 The LoRA B matrices of attn_q / attn_k get the row permutation convert.llama_to_gguf applies to
@@ -32,12 +33,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import _cospec
+
 if TYPE_CHECKING:
     from .domain_gate import DomainGate
 
 FORMAT_VERSION = 1  # the engine's COSPEC_ARBITER_FORMAT_VERSION; tests/test_learned_arbiter.py compares them
 KEY = "cospec.arbiter."
-KINDS = ("features", "lora")
+# The learned kinds, named as the engine names them (enum cospec_arbiter_kind).
+KINDS = tuple(_cospec.arbiter_kind_name(k) for k in (_cospec.ARBITER_FEATURES, _cospec.ARBITER_LORA))
 
 ARBITER_FILE = "arbiter.gguf"
 ADAPTER_FILE = "adapter.gguf"
@@ -231,8 +235,6 @@ def write_arbiter(out_dir: str | Path, *, kind: str, head, draft_gguf: str | Pat
     (TRAINED_UNDER's keys); `gate` a domain_gate.DomainGate. onnx=False leaves out head.onnx (the
     engine's native head does not need it; a training run's intermediate policies skip it)."""
     import gguf
-
-    from . import _cospec
 
     if kind not in KINDS:
         raise ValueError(f"arbiter kind must be one of {KINDS}, not {kind!r}")

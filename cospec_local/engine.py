@@ -24,7 +24,7 @@ from .chat_template import ChatTemplate, from_gguf_metadata
 from .template_process import IsolatedChatTemplate
 from .errors import ArbiterError, GenerationError, InvalidArgumentError, from_native
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
-from .params import GenerationParams
+from .params import DEFAULTS, GenerationParams
 
 PROVENANCE = {
     _cospec.PROV_MATCH: "match",
@@ -83,6 +83,7 @@ class Stats:
     t_draft_ms: float = 0.0
     t_verify_ms: float = 0.0
     t_sample_ms: float = 0.0
+    arbiter_abstained: bool = False  # the learned arbiter's domain gate refused the prompt
 
     @property
     def tokens_per_second(self) -> float:
@@ -132,6 +133,7 @@ class Stats:
             "sample_ms": round(self.t_sample_ms, 3),
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_per_block": self.mean_accepted_per_block,
+            "arbiter_abstained": self.arbiter_abstained,
         }
 
 
@@ -333,11 +335,14 @@ class Engine:
 
     # ------------------------------------------------------------ generation
 
-    def arbiter(self, spec="target", *, threshold: float | None = None, head: str = "native") -> Arbiter:
+    def arbiter(self, spec="target", *, threshold: float | None = None, head: str = "native",
+                gate: bool = DEFAULTS.arbiter_gate) -> Arbiter:
         """The native arbiter for `spec`: "target", "fly" (FLy's defaults), an Arbiter object, or a
         learned arbiter's name or folder, loaded for this engine's draft (once; later calls reuse it).
-        head="onnx" runs a learned arbiter's head under ONNX Runtime instead of natively."""
-        return self._arbiter(GenerationParams(arbiter=spec, arbiter_threshold=threshold, arbiter_head=head))[0]
+        head="onnx" runs a learned arbiter's head under ONNX Runtime instead of natively; gate=False
+        lets it decide on every prompt, its domain gate off."""
+        return self._arbiter(GenerationParams(arbiter=spec, arbiter_threshold=threshold, arbiter_head=head,
+                                              arbiter_gate=gate))[0]
 
     def unload_arbiter(self, spec) -> None:
         """Free the learned arbiters loaded here from `spec` (a name or folder), e.g. one that a
@@ -363,11 +368,12 @@ class Engine:
         if (hint := missing_arbiter_hint(path)) is not None:
             raise ArbiterError(hint)
         threshold = -1.0 if params.arbiter_threshold is None else params.arbiter_threshold
-        key = (os.path.abspath(path), threshold, params.arbiter_head)
+        key = (os.path.abspath(path), threshold, params.arbiter_head, params.arbiter_gate)
         if key not in self._learned:
             head = onnx_head(path) if params.arbiter_head == "onnx" else None
             try:
-                self._learned[key] = Arbiter.load(self._native, os.fspath(path), threshold, head)
+                self._learned[key] = Arbiter.load(self._native, os.fspath(path), threshold, head,
+                                                  use_gate=params.arbiter_gate)
             except _cospec.CospecError as exc:
                 raise from_native(exc) from None
         arbiter = self._learned[key]

@@ -15,6 +15,7 @@ from . import _cospec
 
 _NATIVE = _cospec.GenerateParams()
 _FLY = _cospec.FLY_DEFAULTS
+_LEARNED = _cospec.LEARNED_ARBITER_DEFAULTS
 
 # How a generation decodes; who settles mismatches is the separate `arbiter`.
 MODES = ("speculative", "target-only", "draft-only")
@@ -68,6 +69,10 @@ class GenerationParams:
                                                "(default: the arbiter's own).", ("--arbiter-threshold",))
     arbiter_head: str = _f("native", "Learned arbiters: run the head natively or with ONNX Runtime (onnx).",
                            ("--arbiter-head",), choices=("native", "onnx"))
+    arbiter_gate: bool = _f(_LEARNED["use_gate"], "Learned arbiters: abstain on a prompt unlike the prompts they "
+                                                  "were trained on (their domain gate: decoding is then lossless); "
+                                                  "off: decide every prompt's mismatches.",
+                            ("--arbiter-gate/--no-arbiter-gate",))
     fly_window: int = _f(_FLY["window"], "FLy: deferred window W (a kept mismatch needs the next W-1 draft tokens "
                                          "to match).", ("--fly-window",))
     fly_entropy: float = _f(round(_FLY["entropy_threshold"], 6), "FLy: minimum target entropy (nats) at a kept "

@@ -65,3 +65,11 @@ def test_no_import_cycles_between_modules():
         if node not in state:
             visit(node, [node])
     assert cycles == []
+
+
+def test_the_arbiter_format_version_is_the_engines():
+    """arbiter_bundle writes the version the engine reads: change one without the other and this fails."""
+    from cospec_local import _cospec
+    from cospec_local.arbiter_bundle import FORMAT_VERSION
+
+    assert FORMAT_VERSION == _cospec.ARBITER_FORMAT_VERSION

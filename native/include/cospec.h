@@ -302,6 +302,9 @@ int32_t cospec_model_fingerprint(const char * path, char * buf, size_t buf_size)
 // n_rows input rows of n_cols floats (one per mismatch position) to P(keep).
 typedef int32_t (*cospec_head_fn)(void * user_data, const float * inputs, int32_t n_rows, int32_t n_cols, float * p_keep);
 
+// The arbiter.gguf format version this engine reads (cospec_local/arbiter_bundle.py writes it).
+#define COSPEC_ARBITER_FORMAT_VERSION 1
+
 struct cospec_learned_arbiter_params {
     const char * path;        // the arbiter: its folder, or the arbiter.gguf inside it
     float threshold;          // keep when P(keep) >= threshold; < 0: the arbiter's own (default -1)
@@ -311,6 +314,9 @@ struct cospec_learned_arbiter_params {
     bool fold_adapter;        // LoRA arbiter: run a copy of the draft with the adapter folded into its
                               // weights (W + s BA, F32) where those weights take at most 64 MiB as F32,
                               // instead of applying the adapter at every decode (default true)
+    bool use_gate;            // abstain on a prompt the arbiter's domain gate refuses (one it learned
+                              // nothing about): the generation is then lossless speculative decoding
+                              // (default true; arbiters without a gate admit every prompt)
 };
 struct cospec_learned_arbiter_params cospec_learned_arbiter_default_params(void);
 
@@ -326,11 +332,18 @@ int32_t cospec_arbiter_load(cospec_engine * engine, const struct cospec_learned_
 // A learned arbiter's metadata (string values of its arbiter.gguf: "kind",
 // "draft_fingerprint", ...); NULL if absent or not a learned arbiter. A LoRA
 // arbiter also answers "adapter_use": "folded" or "decode" (fold_adapter).
+// The domain gate (arbiters that have one: "gate_threshold"): the share of a prompt's
+// adjacent token pairs seen in the arbiter's training prompts; below the threshold
+// the arbiter abstains for that generation.
 const char * cospec_arbiter_meta(const cospec_arbiter * arbiter, const char * key);
 // The head's input rows of a block (what `head` would receive), one per
 // position of the block, for parity checks: n_draft * cols floats; returns
 // cols, or a negative status.
 int32_t cospec_arbiter_head_inputs(cospec_arbiter * arbiter, const cospec_block * block, float * out, size_t out_size);
+// The domain gate's coverage of a prompt, in [0, 1]; a negative status for an arbiter without a gate.
+float   cospec_arbiter_gate_coverage(const cospec_arbiter * arbiter, const cospec_token * prompt, int32_t n_prompt);
+// Whether the arbiter decides this prompt's mismatches (false: its gate refuses the prompt).
+bool    cospec_arbiter_admits(const cospec_arbiter * arbiter, const cospec_token * prompt, int32_t n_prompt);
 
 // ---------------------------------------------------------------- generation
 
@@ -446,6 +459,7 @@ struct cospec_stats {
     double  t_draft_ms;        // inside draft-model llama_decode calls
     double  t_verify_ms;       // inside target-model llama_decode calls (verification or plain steps)
     double  t_sample_ms;       // choosing tokens from logits (argmax, sampling, acceptance tests)
+    bool    arbiter_abstained; // the learned arbiter's domain gate refused the prompt: lossless speculative decoding
 };
 
 typedef struct cospec_result cospec_result;

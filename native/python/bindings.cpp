@@ -131,6 +131,7 @@ py::dict stats_to_dict(const cospec_stats & s) {
     d["t_draft_ms"] = s.t_draft_ms;
     d["t_verify_ms"] = s.t_verify_ms;
     d["t_sample_ms"] = s.t_sample_ms;
+    d["arbiter_abstained"] = s.arbiter_abstained;
     return d;
 }
 
@@ -355,7 +356,7 @@ class Arbiter {
         return out;
     }
     static std::shared_ptr<Arbiter> load(Engine & engine, py::object engine_ref, const std::string & path, float threshold,
-                                         py::object head, int32_t n_threads, py::object fold_adapter);
+                                         py::object head, int32_t n_threads, py::object fold_adapter, py::object use_gate);
 
     ~Arbiter() { close(); }
 
@@ -660,13 +661,16 @@ class Engine {
 };
 
 std::shared_ptr<Arbiter> Arbiter::load(Engine & engine, py::object engine_ref, const std::string & path, float threshold,
-                                       py::object head, int32_t n_threads, py::object fold_adapter) {
+                                       py::object head, int32_t n_threads, py::object fold_adapter, py::object use_gate) {
     cospec_learned_arbiter_params p = cospec_learned_arbiter_default_params();
     p.path = path.c_str();
     p.threshold = threshold;
     p.n_threads = n_threads;
     if (!fold_adapter.is_none()) {
         p.fold_adapter = fold_adapter.cast<bool>();
+    }
+    if (!use_gate.is_none()) {
+        p.use_gate = use_gate.cast<bool>();
     }
     auto head_state = std::make_unique<callback_state>();
     if (!head.is_none()) {
@@ -778,6 +782,14 @@ PYBIND11_MODULE(_cospec, m) {
     m.attr("STOP_ABORTED") = (int) COSPEC_STOP_ABORTED;
     m.attr("STOP_ERROR") = (int) COSPEC_STOP_ERROR;
     m.attr("N_FEATURES") = (int) COSPEC_N_FEATURES;
+    {
+        const cospec_learned_arbiter_params lp = cospec_learned_arbiter_default_params();
+        py::dict d;
+        d["fold_adapter"] = lp.fold_adapter;
+        d["use_gate"] = lp.use_gate;
+        m.attr("LEARNED_ARBITER_DEFAULTS") = d;
+    }
+    m.attr("ARBITER_FORMAT_VERSION") = (int) COSPEC_ARBITER_FORMAT_VERSION;
     m.attr("N_DRAFT_MAX") = (int) COSPEC_N_DRAFT_MAX;
     m.attr("ARBITER_TARGET") = (int) COSPEC_ARBITER_TARGET;
     m.attr("ARBITER_FLY") = (int) COSPEC_ARBITER_FLY;
@@ -850,11 +862,21 @@ PYBIND11_MODULE(_cospec, m) {
         .def_static("callback", &Arbiter::callback, py::arg("name"), py::arg("fn"), py::arg("begin") = py::none(),
                     py::arg("taken") = py::none(), py::arg("reset") = py::none(), py::arg("needs_draft_logits") = true)
         .def_static("load", [](py::object engine, const std::string & path, float threshold, py::object head, int32_t n_threads,
-                               py::object fold_adapter) {
-            return Arbiter::load(engine.cast<Engine &>(), engine, path, threshold, head, n_threads, fold_adapter);
+                               py::object fold_adapter, py::object use_gate) {
+            return Arbiter::load(engine.cast<Engine &>(), engine, path, threshold, head, n_threads, fold_adapter, use_gate);
         }, py::arg("engine"), py::arg("path"), py::arg("threshold") = -1.0f, py::arg("head") = py::none(),
-           py::arg("n_threads") = 0, py::arg("fold_adapter") = py::none(),
-           "fold_adapter: None leaves the C default (cospec_learned_arbiter_default_params)")
+           py::arg("n_threads") = 0, py::arg("fold_adapter") = py::none(), py::arg("use_gate") = py::none(),
+           "fold_adapter, use_gate: None leaves the C default (cospec_learned_arbiter_default_params)")
+        .def("admits", [](const Arbiter & a, const std::vector<cospec_token> & prompt) {
+            return cospec_arbiter_admits(a.get(), prompt.data(), (int32_t) prompt.size());
+        }, py::arg("prompt"), "Whether the arbiter decides this prompt's mismatches (False: its domain gate refuses it).")
+        .def("gate_coverage", [](const Arbiter & a, const std::vector<cospec_token> & prompt) {
+            const float c = cospec_arbiter_gate_coverage(a.get(), prompt.data(), (int32_t) prompt.size());
+            if (c < 0.0f) {
+                raise_status((int32_t) c);
+            }
+            return c;
+        }, py::arg("prompt"), "The domain gate's coverage of a prompt (its bigrams seen in training prompts).")
         .def_property_readonly("name", &Arbiter::name)
         .def_property_readonly("kind", [](const Arbiter & a) { return cospec_arbiter_get_kind(a.get()); })
         .def_property_readonly("threshold", [](const Arbiter & a) { return cospec_arbiter_threshold(a.get()); })

@@ -94,13 +94,20 @@ size_t utf8_complete_end(const std::string & s, size_t end) {
 
 class generation {
   public:
-    generation(cospec_engine & engine, const cospec_generate_params & params, cospec_result & result)
+    generation(cospec_engine & engine, const cospec_generate_params & params, cospec_result & result,
+               const cospec_token * prompt, int32_t n_prompt)
         : e(engine), p(params), r(result), st(result.stats), rng(params.seed),
           arbiter_rng(params.seed ^ ARBITER_SEED_SALT) {
         // Below this, softmax(logits / T) is the argmax anyway, and 1 / T overflows
         // float (0 * inf turned the top logit into NaN and sampling into token 0).
         greedy = !(p.temperature >= cospec::MIN_SAMPLING_TEMPERATURE);
         arbiter_can_keep = p.mode == COSPEC_MODE_SPECULATIVE && p.arbiter != nullptr && p.arbiter->can_keep();
+        // An arbiter abstains on a prompt unlike those it learned from (its domain gate): the
+        // whole generation is then lossless speculative decoding, tuned and timed as one.
+        if (arbiter_can_keep && !p.arbiter->admits(prompt, n_prompt)) {
+            arbiter_can_keep = false;
+            st.arbiter_abstained = true;
+        }
         keep_draft_logits = arbiter_can_keep && p.arbiter->needs_draft_logits();
         keep_threshold = p.arbiter != nullptr ? p.arbiter->threshold() : 0.5f;
         // When block lengths can change the output (a kept mismatch; sampling,
@@ -911,7 +918,7 @@ int32_t cospec_generate(cospec_engine * engine, const cospec_token * prompt, int
     }
     int32_t status;
     try {
-        generation gen(*engine, *params, *result);
+        generation gen(*engine, *params, *result, prompt, n_prompt);
         status = gen.run(prompt, n_prompt);
     } catch (const std::exception & ex) {
         status = cospec::fail(COSPEC_ERR_INTERNAL, std::string("generation failed: ") + ex.what());

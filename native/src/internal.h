@@ -60,6 +60,9 @@ struct cospec_arbiter {
     // arbiter reading the draft's cache): a call from outside a generation
     // must then hold the engine, as a generation does.
     virtual bool uses_engine_draft() const { return false; }
+    // False where the arbiter abstains on this prompt (a learned arbiter's domain gate): the
+    // generation then decodes as with the target arbiter.
+    virtual bool admits(const cospec_token * /*prompt*/, int32_t /*n_prompt*/) const { return true; }
     virtual void begin(const cospec_token * /*prompt*/, int32_t /*n_prompt*/) {}
     virtual void taken(const cospec_block & /*block*/, const cospec_decision * /*decisions*/, int32_t /*n*/) {}
     virtual void reset() {}

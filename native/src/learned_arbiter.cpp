@@ -42,7 +42,10 @@ using cospec::fail;
 namespace {
 
 constexpr const char * KEY_PREFIX = "cospec.arbiter.";
-constexpr uint32_t FORMAT_VERSION = 1;
+constexpr uint32_t FORMAT_VERSION = COSPEC_ARBITER_FORMAT_VERSION;
+// The domain gate's bigrams (cospec_local/domain_gate.py): a tensor (n, 2) of token ids.
+constexpr const char * GATE_TENSOR = "gate.bigrams";
+constexpr int64_t MAX_GATE_BIGRAMS = 1 << 24; // 128 MiB of keys: far past any training set's prompts
 // The region holds a draft and a target token per block position.
 constexpr int32_t MAX_REGION = 2 * cospec::MAX_BLOCK_BATCH;
 // Bounds on a head read from an untrusted file.
@@ -142,7 +145,71 @@ struct bundle {
     float lora_scale = 1.0f;
     bool context_from_draft = false; // lora_context == "draft"
     head_mlp head;
+    // The domain gate: sorted keys first * gate_n_vocab + second of the training prompts' bigrams.
+    std::vector<uint64_t> gate_keys;
+    int64_t gate_n_vocab = 0;
+    float gate_threshold = 0.0f;
 };
+
+// The share of the prompt's adjacent token pairs among the gate's (1 for a prompt of one token).
+double gate_coverage(const bundle & b, const cospec_token * prompt, int32_t n_prompt) {
+    if (n_prompt < 2) {
+        return 1.0;
+    }
+    int32_t found = 0;
+    for (int32_t i = 0; i + 1 < n_prompt; ++i) {
+        const int64_t first = prompt[i], second = prompt[i + 1];
+        if (first >= 0 && second >= 0 && first < b.gate_n_vocab && second < b.gate_n_vocab) {
+            const uint64_t key = (uint64_t) first * (uint64_t) b.gate_n_vocab + (uint64_t) second;
+            found += std::binary_search(b.gate_keys.begin(), b.gate_keys.end(), key);
+        }
+    }
+    return (double) found / (double) (n_prompt - 1);
+}
+
+// gate.bigrams and its two keys, checked before use: ids inside the vocabulary, keys strictly
+// increasing (what binary search needs), a threshold in [0, 1].
+int32_t read_gate(ggml_context * ctx, const std::string & who, bundle & b) {
+    const ggml_tensor * t = ggml_get_tensor(ctx, GATE_TENSOR);
+    const auto threshold = b.meta.find("gate_threshold");
+    const auto n_vocab = b.meta.find("gate_n_vocab");
+    if (t == nullptr) {
+        if (threshold != b.meta.end() || n_vocab != b.meta.end()) {
+            return fail(COSPEC_ERR_ARBITER, who + ": gate keys without the tensor '" + GATE_TENSOR + "'");
+        }
+        return COSPEC_OK;
+    }
+    if (threshold == b.meta.end() || n_vocab == b.meta.end()) {
+        return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + GATE_TENSOR + "' without gate_threshold and gate_n_vocab");
+    }
+    if (t->type != GGML_TYPE_I32 || t->ne[0] != 2 || t->ne[1] < 1 || t->ne[1] > MAX_GATE_BIGRAMS || t->ne[2] != 1 ||
+        t->ne[3] != 1) {
+        return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + GATE_TENSOR + "' must be I32 pairs (n, 2), n in [1, " +
+                                            std::to_string(MAX_GATE_BIGRAMS) + "]");
+    }
+    char * end = nullptr;
+    b.gate_threshold = std::strtof(threshold->second.c_str(), &end);
+    if (!(b.gate_threshold >= 0.0f && b.gate_threshold <= 1.0f)) {
+        return fail(COSPEC_ERR_ARBITER, who + ": gate_threshold must lie in [0, 1]");
+    }
+    b.gate_n_vocab = std::strtoll(n_vocab->second.c_str(), &end, 10);
+    if (b.gate_n_vocab < 1 || b.gate_n_vocab > INT32_MAX) {
+        return fail(COSPEC_ERR_ARBITER, who + ": gate_n_vocab out of range");
+    }
+    const int32_t * ids = (const int32_t *) t->data;
+    b.gate_keys.resize((size_t) t->ne[1]);
+    for (int64_t i = 0; i < t->ne[1]; ++i) {
+        const int64_t first = ids[2 * i], second = ids[2 * i + 1];
+        if (first < 0 || second < 0 || first >= b.gate_n_vocab || second >= b.gate_n_vocab) {
+            return fail(COSPEC_ERR_ARBITER, who + ": gate bigram " + std::to_string(i) + " is outside the vocabulary");
+        }
+        b.gate_keys[(size_t) i] = (uint64_t) first * (uint64_t) b.gate_n_vocab + (uint64_t) second;
+        if (i > 0 && b.gate_keys[(size_t) i] <= b.gate_keys[(size_t) i - 1]) {
+            return fail(COSPEC_ERR_ARBITER, who + ": gate bigrams are not sorted and unique");
+        }
+    }
+    return COSPEC_OK;
+}
 
 struct gguf_deleter {
     void operator()(gguf_context * g) const { gguf_free(g); }
@@ -326,7 +393,7 @@ int32_t read_bundle(const char * path, bundle & b) {
         b.head.layers.push_back(std::move(L));
         width = n_out;
     }
-    return COSPEC_OK;
+    return read_gate(ctx.get(), who, b);
 }
 
 // ------------------------------------------------------------ adapter folding
@@ -538,6 +605,7 @@ struct learned_arbiter final : cospec_arbiter {
     float keep_threshold = 0.5f;
     cospec_head_fn head_fn = nullptr;
     void * head_user_data = nullptr;
+    bool gate_on = false; // has a domain gate, and the load asked to use it
 
     // The LoRA arbiter's own context, on the draft model with the adapter
     // attached, or on `folded`, the draft with the adapter in its weights.
@@ -570,6 +638,9 @@ struct learned_arbiter final : cospec_arbiter {
     float threshold() const override { return keep_threshold; }
     const cospec_engine * engine() const override { return eng; }
     bool uses_engine_draft() const override { return b.context_from_draft; }
+    bool admits(const cospec_token * prompt, int32_t n_prompt) const override {
+        return !gate_on || gate_coverage(b, prompt, n_prompt) >= (double) b.gate_threshold;
+    }
     const char * meta(const char * key) const override {
         if (b.kind == COSPEC_ARBITER_LORA && std::strcmp(key, "adapter_use") == 0) {
             return folded != nullptr ? "folded" : "decode";
@@ -869,6 +940,7 @@ cospec_learned_arbiter_params cospec_learned_arbiter_default_params(void) {
     p.head_user_data = nullptr;
     p.n_threads = 0;
     p.fold_adapter = true;
+    p.use_gate = true;
     return p;
 }
 
@@ -916,6 +988,12 @@ int32_t cospec_arbiter_load(cospec_engine * engine, const cospec_learned_arbiter
             return fail(COSPEC_ERR_ARBITER, "arbiter '" + a->b.path + "': the head reads " + std::to_string(a->b.head.n_in()) +
                                                 " inputs, a " + kind_name + " arbiter gives " + std::to_string(expected));
         }
+        if (!a->b.gate_keys.empty() && a->b.gate_n_vocab != engine->target.n_vocab) {
+            return fail(COSPEC_ERR_ARBITER, "arbiter '" + a->b.path + "': its domain gate was built for a vocabulary of " +
+                                                std::to_string(a->b.gate_n_vocab) + " tokens, the target has " +
+                                                std::to_string(engine->target.n_vocab));
+        }
+        a->gate_on = params->use_gate && !a->b.gate_keys.empty();
         a->keep_threshold = params->threshold >= 0.0f ? params->threshold : a->b.threshold;
         a->head_fn = params->head;
         a->head_user_data = params->head_user_data;
@@ -931,6 +1009,20 @@ int32_t cospec_arbiter_load(cospec_engine * engine, const cospec_learned_arbiter
     } catch (const std::exception & ex) {
         return fail(COSPEC_ERR_INTERNAL, std::string("arbiter load failed: ") + ex.what());
     }
+}
+
+float cospec_arbiter_gate_coverage(const cospec_arbiter * arbiter, const cospec_token * prompt, int32_t n_prompt) {
+    cospec::clear_error();
+    const auto * a = dynamic_cast<const learned_arbiter *>(arbiter);
+    if (a == nullptr || a->b.gate_keys.empty() || (prompt == nullptr && n_prompt > 0) || n_prompt < 0) {
+        return (float) fail(COSPEC_ERR_INVALID_ARGUMENT, "gate coverage: a learned arbiter with a domain gate and a "
+                                                          "prompt are needed");
+    }
+    return (float) gate_coverage(a->b, prompt, n_prompt);
+}
+
+bool cospec_arbiter_admits(const cospec_arbiter * arbiter, const cospec_token * prompt, int32_t n_prompt) {
+    return arbiter != nullptr && (prompt != nullptr || n_prompt == 0) && n_prompt >= 0 && arbiter->admits(prompt, n_prompt);
 }
 
 } // extern "C"
