@@ -296,22 +296,43 @@ def write_arbiter(out_dir: str | Path, *, kind: str, head, draft_gguf: str | Pat
     return out
 
 
-def add_gate(folder: str | Path, gate) -> Path:
-    """Write a domain gate into an existing arbiter.gguf (replacing any it had); everything else is
-    kept as it is, so the arbiter decides exactly as before on the prompts the gate admits."""
+def _rewrite_arbiter_file(folder: str | Path, add_kv: dict, add_tensors: list, drop_tensors: set[str]) -> Path:
+    """arbiter.gguf again with these keys set (each replacing the key of its name) and these
+    tensors added or replaced; everything else as it was."""
     import gguf
 
     from .gguf_edit import rewrite_gguf
 
     file = Path(folder) / ARBITER_FILE
     reader = gguf.GGUFReader(file, "r")
-    tmp = file.with_name(file.name + ".gated")
-    gate_keys = {KEY + "gate_threshold", KEY + "gate_n_vocab"}
-    rewrite_gguf(reader, tmp, kv_edit=lambda key, value: None if key in gate_keys else value,
-                 keep_tensor=lambda name: name != GATE_TENSOR,
-                 add_kv={KEY + "gate_threshold": (float(gate.threshold), gguf.GGUFValueType.FLOAT32),
-                         KEY + "gate_n_vocab": (int(gate.n_vocab), gguf.GGUFValueType.UINT32)},
-                 add_tensors=[(GATE_TENSOR, np.ascontiguousarray(gate.bigrams, dtype=np.int32), None)])
+    tmp = file.with_name(file.name + ".rewrite")
+    rewrite_gguf(reader, tmp, kv_edit=lambda key, value: None if key in add_kv else value,
+                 keep_tensor=lambda name: name not in drop_tensors, add_kv=add_kv, add_tensors=add_tensors)
     del reader  # the source is memory-mapped until the reader goes
     os.replace(tmp, file)
     return file
+
+
+def add_gate(folder: str | Path, gate: "DomainGate") -> Path:
+    """Write a domain gate into an existing arbiter.gguf (replacing any it had); everything else is
+    kept as it is, so the arbiter decides exactly as before on the prompts the gate admits."""
+    import gguf
+
+    return _rewrite_arbiter_file(folder, {KEY + "gate_threshold": (float(gate.threshold), gguf.GGUFValueType.FLOAT32),
+                                          KEY + "gate_n_vocab": (int(gate.n_vocab), gguf.GGUFValueType.UINT32)},
+                                 [(GATE_TENSOR, np.ascontiguousarray(gate.bigrams, dtype=np.int32), None)],
+                                 {GATE_TENSOR})
+
+
+def set_trained_under(folder: str | Path, trained: dict) -> Path:
+    """Record in an existing arbiter.gguf how its training states were drafted (TRAINED_UNDER's keys)."""
+    import gguf
+
+    kv = {}
+    for key, value in trained.items():
+        if key not in TRAINED_UNDER:
+            raise ValueError(f"unknown setting {key!r} (expected {', '.join(TRAINED_UNDER)})")
+        vtype = (gguf.GGUFValueType.BOOL if isinstance(value, bool) else
+                 gguf.GGUFValueType.UINT32 if key == "draft_max" else gguf.GGUFValueType.FLOAT32)
+        kv[KEY + key] = (value, vtype)
+    return _rewrite_arbiter_file(folder, kv, [], set())

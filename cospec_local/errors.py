@@ -72,3 +72,8 @@ def from_native(exc: BaseException) -> CospecError:
     status, name, message = exc.args
     cls = _BY_STATUS.get(status, CospecError)
     return cls(message, status, name)
+
+
+class ArbiterSettingsWarning(UserWarning):
+    """A learned arbiter runs under drafting settings other than those it was trained under
+    (another block length): its decisions meet blocks it never saw. Given once per arbiter and setting."""

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from .arbiter_bundle import TRAINED_UNDER
 from .arbiters import arbiter_identity
 from .engine import Engine
 from .params import GenerationParams
@@ -211,6 +212,10 @@ def run_config(engine: Engine, runs: Sequence[Run], params: GenerationParams) ->
             loaded = engine.arbiter(run.arbiter, threshold=params.arbiter_threshold, head=params.arbiter_head)
             if (use := loaded.meta("adapter_use")) is not None:
                 identity["adapter_use"] = use
+            # What it was trained under: a run under other settings (--draft-max) shows beside them.
+            trained = {key: loaded.meta(key) for key in TRAINED_UNDER + ("verify_cost",) if loaded.meta(key) is not None}
+            if trained:
+                identity["trained_under"] = trained
         return identity
 
     return {r.label: {"mode": r.mode, "arbiter": arbiter_of(r)} for r in runs} | {"settings": settings}

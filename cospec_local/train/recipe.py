@@ -1,0 +1,450 @@
+"""An arbiter for the pair a user already has: `cospec-local arbiter train` runs this recipe.
+
+    cospec-local arbiter train my-arbiter -m TARGET.gguf -md DRAFT.gguf --task mine.jsonl --minutes 60
+
+Stages, each writing into the run's work folder (WORK/stages/NAME.json marks one done, with the
+settings it ran under; a rerun of the same command skips finished stages and resumes the one that
+was interrupted, which collection and evaluation do problem by problem):
+
+1. headroom   target-only and draft-only on dev problems: their accuracies and union. Where the
+              draft solves (almost) none of the problems the target misses, no arbiter can beat
+              the target: the run says so and stops (--ignore-headroom goes on).
+2. collect    branch-oracle decision states on train and dev problems (collect.py, its own process).
+3. warmup     the LoRA and/or features arbiters on those states, their keep threshold on dev
+              (warmup.py, its own process: torch).
+4. grpo       (--grpo) GRPO from the warm-up LoRA arbiter (grpo.py); reported beside the warm-up,
+              never replacing it.
+5. evaluate   target-only, draft-only, sps and every trained arbiter on held-out test problems.
+6. install    the arbiter the dev split prefers, into the user's arbiter folder under NAME, with
+              its evaluation; `--arbiter NAME` then finds it in every command.
+
+The engine stages run here (this module never imports torch); torch runs only in the warm-up's
+and GRPO's processes, since llama.cpp decodes far slower in a process where torch has run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Callable
+
+# Headroom: below these, the draft solves too few of the target's misses for an arbiter to matter.
+MIN_HEADROOM_SHARE = 0.02
+MIN_HEADROOM_PROBLEMS = 2
+# Fewer decisive states than this (exactly one branch right) cannot train a keep decision.
+MIN_DECISIVE_STATES = 20
+KINDS = ("lora", "features")
+# The warm-up's time scale: 6.5 ms per decisive state and epoch for the demo draft (468 kB, Q8_0) on 2 cores.
+DEMO_DRAFT_BYTES = 468_224
+
+
+def _opt(default, help: str, **extra):
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class RecipeSettings:
+    """What `cospec-local arbiter train` does; each field's help is its command-line help."""
+
+    name: str = _opt(None, "Name to install the arbiter under (`--arbiter NAME`).")
+    target: str = _opt("demo-target", "Target model (named or GGUF path).")
+    draft: str = _opt("demo-draft", "Draft model (named or GGUF path): the arbiter is made for this file.")
+    tasks: tuple[str, ...] = _opt(("arith",), "Tasks: built-in families (arith, pyfunc, listops), benchmark jsonl "
+                                              "files or your own jsonl ({prompt, answer} or {prompt, tests}).")
+    chat: bool = _opt(False, "Send each problem through the target's chat template (instruct models).")
+    kinds: tuple[str, ...] = _opt(KINDS, "Which arbiters to train: lora (the draft with an adapter; reads the "
+                                         "text), features (a small MLP over the block's numbers; no extra pass).")
+    train: int = _opt(1000, "Train problems per task (fewer where a file has fewer; --minutes may lower it).")
+    dev: int = _opt(100, "Dev problems per task: the headroom check and the keep threshold.")
+    test: int = _opt(200, "Held-out test problems per task for the final evaluation.")
+    minutes: float | None = _opt(None, "Time budget: the train problems are cut to what fits (an estimate, "
+                                       "from the headroom stage's timings).")
+    max_tokens: int = _opt(256, "Most tokens per answer.")
+    threads: int = _opt(2, "CPU threads.")
+    device: str = _opt("auto", "Device of the torch stages: auto (CUDA where torch sees one), cpu or cuda.")
+    grpo: bool = _opt(False, "After the warm-up, GRPO from the LoRA arbiter; reported beside it, never "
+                             "installed in its place.")
+    grpo_steps: int = _opt(40, "GRPO steps (with --grpo).")
+    ignore_headroom: bool = _opt(False, "Go on where the headroom check finds too little for an arbiter to win.")
+    seed: int = _opt(0, "Seed of the warm-up (and GRPO).")
+
+    def recorded(self) -> dict:
+        """The settings a finished stage ran under: a rerun with others does not reuse it."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+def setting_help(name: str) -> str:
+    return next(f.metadata["help"] for f in fields(RecipeSettings) if f.name == name)
+
+
+DEFAULTS = RecipeSettings()
+
+
+class RecipeStop(Exception):
+    """The recipe cannot go on (no headroom, nothing to learn): the message says why, for the user."""
+
+
+def default_work_dir(name: str) -> Path:
+    from ..models import cache_dir
+
+    return cache_dir() / "arbiter-runs" / name
+
+
+# ---------------------------------------------------------------- stages and their records
+
+class Stages:
+    """WORK/stages/NAME.json: a finished stage's result and the settings it ran under."""
+
+    def __init__(self, work: Path, settings: dict):
+        self.dir = work / "stages"
+        self.settings = settings
+
+    def done(self, name: str, depends: dict | None = None) -> dict | None:
+        path = self.dir / f"{name}.json"
+        if not path.is_file():
+            return None
+        saved = json.loads(path.read_text())
+        if saved.get("settings") != self.settings or saved.get("depends") != (depends or {}):
+            return None
+        return saved["result"]
+
+    def finish(self, name: str, result: dict, depends: dict | None = None) -> dict:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / f"{name}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"settings": self.settings, "depends": depends or {}, "result": result}, indent=1))
+        os.replace(tmp, path)
+        return result
+
+
+def _say(text: str = "") -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+# ---------------------------------------------------------------- problems
+
+def problems_of(settings: RecipeSettings, split: str, per_task: int) -> list:
+    """Each task's first `per_task` problems of `split`; an empty task is refused."""
+    from ..tasks import load_task
+
+    out = []
+    for task in settings.tasks:
+        problems = load_task(task, split, per_task)
+        if not problems:
+            raise RecipeStop(f"{task}: no {split} problems (a file's rows are split 70/10/20 by a hash of the "
+                             f"prompt; an empty or tiny file has none)")
+        out += problems
+    return out
+
+
+def score_problem(problem, completion: str) -> bool:
+    from ..tasks import score
+
+    return score(problem, completion)
+
+
+# ---------------------------------------------------------------- headroom
+
+def headroom(summary: dict) -> dict:
+    """Target, draft and union accuracy of an eval summary over target-only and draft-only."""
+    runs = summary["runs"]
+    n = summary["problems"]
+    target, draft = runs["target-only"], runs["draft-only"]
+    return {"problems": n, "target": target["accuracy"], "draft": draft["accuracy"],
+            "union": summary["oracle_union"], "draft_only_solves": summary["non_nested"],
+            "target_ms_per_problem": target["tokens"] / max(target["predicted_per_second"], 1e-9) * 1000 / max(n, 1),
+            "draft_ms_per_problem": draft["tokens"] / max(draft["predicted_per_second"], 1e-9) * 1000 / max(n, 1)}
+
+
+def headroom_verdict(room: dict) -> str | None:
+    """Why an arbiter cannot win here, or None when the draft solves enough of the target's misses."""
+    wins, n = room["draft_only_solves"], room["problems"]
+    if wins >= MIN_HEADROOM_PROBLEMS and wins >= MIN_HEADROOM_SHARE * n:
+        return None
+    return (f"the draft solves {wins} of the {n} dev problems the target misses ({100 * wins / max(n, 1):.1f}%): "
+            f"an arbiter that keeps the draft's tokens can add at most that much, and needs at least "
+            f"{MIN_HEADROOM_PROBLEMS} problems and {100 * MIN_HEADROOM_SHARE:.0f}% to learn from. A draft that is "
+            f"better than the target at something (a domain-tuned model) is what CoSpec needs; "
+            f"--ignore-headroom goes on anyway")
+
+
+def headroom_report(room: dict) -> str:
+    return (f"headroom on {room['problems']} dev problems: target {100 * room['target']:.1f}%, "
+            f"draft {100 * room['draft']:.1f}%, either {100 * room['union']:.1f}% "
+            f"(the draft alone solves {room['draft_only_solves']}); "
+            f"{room['target_ms_per_problem'] / 1000:.2f} s a problem for the target, "
+            f"{room['draft_ms_per_problem'] / 1000:.2f} s for the draft")
+
+
+# ---------------------------------------------------------------- estimates
+
+def estimate_seconds(room: dict, settings: RecipeSettings, n_train: int) -> dict:
+    """Rough stage times from the headroom stage's timings. Collection runs speculative decoding
+    and, at each decision state, the rest of the answer once more (half an answer on average,
+    about one state per block that meets a mismatch: here taken as one per 8 tokens); the warm-up
+    is timed per decisive state and epoch on the demo pair and scaled by the draft's size."""
+    per_task = len(settings.tasks)
+    t_target = room["target_ms_per_problem"] / 1000
+    t_draft = room["draft_ms_per_problem"] / 1000
+    t_spec = max(t_draft, 0.8 * t_target)  # speculative decoding runs near the target's speed on a CPU
+    states_per_problem = 2.0
+    collect = (n_train + settings.dev) * per_task * t_spec * (1 + 0.5 * states_per_problem)
+    evaluate = settings.test * per_task * (t_target + t_draft + t_spec * (1 + len(settings.kinds)))
+    decisive = 0.4 * states_per_problem * n_train * per_task
+    warmup = 0.0
+    if "lora" in settings.kinds:
+        warmup += decisive * 12 * 0.0065 * max(1.0, room["draft_bytes"] / DEMO_DRAFT_BYTES) ** 0.8
+    if "features" in settings.kinds:
+        warmup += 30.0
+    grpo = settings.grpo_steps * 14.0 * max(1.0, t_spec / 0.1) if settings.grpo else 0.0
+    return {"collect": collect, "warmup": warmup, "grpo": grpo, "evaluate": evaluate}
+
+
+def train_problems_for_budget(room: dict, settings: RecipeSettings, spent: float) -> int:
+    """The most train problems per task (up to --train) whose estimated stages fit --minutes."""
+    if settings.minutes is None:
+        return settings.train
+    left = settings.minutes * 60 - spent
+    best = 0
+    lo, hi = 0, settings.train
+    while lo <= hi:  # estimates grow with n_train
+        mid = (lo + hi) // 2
+        if sum(estimate_seconds(room, settings, mid).values()) <= left:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+# ---------------------------------------------------------------- the run
+
+@dataclass
+class RecipeRun:
+    settings: RecipeSettings
+    work: Path
+    install_dir: Path
+    say: Callable[[str], None] = _say
+    python: str = sys.executable
+
+    def __post_init__(self):
+        self.stages = Stages(self.work, self.settings.recorded())
+        self.t0 = time.time()
+
+    # Each stage's result is a small dict; a finished stage is not run again.
+
+    def open_engine(self):
+        from ..engine import Engine
+
+        return Engine(self.settings.target, self.settings.draft, n_ctx=2048, n_threads=self.settings.threads)
+
+    def evaluate_runs(self, engine, problems, runs_text: str, out: Path, title: str) -> dict:
+        import click
+
+        from ..evaluate import evaluate
+        from ..params import GenerationParams
+        from ..runs import parse_runs
+
+        runs = parse_runs(runs_text, engine.draft_path)
+
+        def progress(items):
+            with click.progressbar(items, label=title, file=sys.stderr, show_eta=True) as bar:
+                yield from bar
+
+        return evaluate(engine, problems, runs, score_problem, out, GenerationParams(max_tokens=self.settings.max_tokens),
+                        self.settings.chat, title, progress=progress)
+
+    def headroom_stage(self, engine) -> dict:
+        if (done := self.stages.done("headroom")) is not None:
+            return done
+        dev = problems_of(self.settings, "dev", self.settings.dev)
+        summary = self.evaluate_runs(engine, dev, "target-only,draft-only", self.work / "headroom", "headroom (dev)")
+        room = headroom(summary)
+        room["draft_bytes"] = os.path.getsize(engine.draft_path)
+        return self.stages.finish("headroom", room)
+
+    def run_module(self, module: str, *args: str) -> None:
+        """A training step in its own process (llama.cpp and torch never share one)."""
+        command = [self.python, "-m", module, *args]
+        done = subprocess.run(command)
+        if done.returncode == 130 or done.returncode == -2:
+            raise KeyboardInterrupt
+        if done.returncode != 0:
+            raise RecipeStop(f"{module} failed (exit {done.returncode}); rerun the same command to resume: "
+                             f"{' '.join(command)}")
+
+    def collect_stage(self, n_train: int) -> dict:
+        depends = {"train": n_train}
+        if (done := self.stages.done("collect", depends)) is not None:
+            return done
+        out = self.work / "states"
+        args = ["--out", str(out), "-m", self.settings.target, "-md", self.settings.draft,
+                "--families", ",".join(self.settings.tasks), "--train", str(n_train), "--dev", str(self.settings.dev),
+                "--threads", str(self.settings.threads), "--max-tokens", str(self.settings.max_tokens)]
+        if self.settings.chat:
+            args.append("--chat")
+        self.run_module("cospec_local.train.collect", *args)
+        states = [json.loads(line) for line in (out / "states.jsonl").read_text().splitlines() if line.strip()]
+        result = {"states": len(states), "decisive": sum(s["label"] >= 0 for s in states),
+                  "keep_better": sum(s["label"] == 1 for s in states),
+                  "train_decisive": sum(s["label"] >= 0 and s["split"] == "train" for s in states),
+                  "dev_decisive": sum(s["label"] >= 0 and s["split"] == "dev" for s in states)}
+        return self.stages.finish("collect", result, depends)
+
+    def warmup_stage(self, collected: dict) -> dict:
+        if (done := self.stages.done("warmup", collected)) is not None:
+            return done
+        if collected["train_decisive"] < MIN_DECISIVE_STATES or collected["keep_better"] == 0:
+            raise RecipeStop(f"only {collected['train_decisive']} decisive train states ({collected['keep_better']} "
+                             f"where keeping the draft's token was better): too few to learn a keep decision from; "
+                             f"more train problems (--train, --minutes) or a task where the draft wins more")
+        out = self.work / "arbiters"
+        shutil.rmtree(out, ignore_errors=True)  # a warm-up interrupted half-way starts again: same seed, same result
+        self.run_module("cospec_local.train.warmup", "--data", str(self.work / "states"), "--out", str(out),
+                        "--draft", self.settings.draft, "--arbiters", ",".join(self.settings.kinds),
+                        "--threads", str(self.settings.threads), "--seed", str(self.settings.seed),
+                        "--device", self.settings.device)
+        log = json.loads((out / "warmup_log.json").read_text())
+        return self.stages.finish("warmup", {kind: log["arbiters"][kind]["dev"] for kind in self.settings.kinds},
+                                  collected)
+
+    def grpo_stage(self, warmed: dict) -> dict | None:
+        if not self.settings.grpo or "lora" not in self.settings.kinds:
+            return None
+        if (done := self.stages.done("grpo", warmed)) is not None:
+            return done
+        out = self.work / "grpo"
+        self.run_module("cospec_local.train.grpo", "--init", str(self.work / "arbiters" / "lora"), "--out", str(out),
+                        "--target", self.settings.target, "--draft", self.settings.draft,
+                        "--families", ",".join(self.settings.tasks), "--steps", str(self.settings.grpo_steps),
+                        "--dev", str(self.settings.dev), "--threads", str(self.settings.threads),
+                        "--max-tokens", str(self.settings.max_tokens), "--seed", str(self.settings.seed),
+                        "--device", self.settings.device)
+        summary = json.loads((out / "summary.json").read_text())
+        return self.stages.finish("grpo", {"best": summary["best"], "sweep": summary.get("sweep")}, warmed)
+
+    def candidates(self, grpo: dict | None) -> dict[str, Path]:
+        out = {kind: self.work / "arbiters" / kind for kind in self.settings.kinds}
+        if grpo is not None:
+            out["grpo"] = self.work / "grpo" / "best"
+        return out
+
+    def evaluate_stage(self, engine, candidates: dict[str, Path], depends: dict) -> dict:
+        if (done := self.stages.done("evaluate", depends)) is not None:
+            return done
+        runs = "target-only,draft-only,sps," + ",".join(f"cospec:{path}" for path in candidates.values())
+        results = {}
+        for task in self.settings.tasks:
+            single = RecipeSettings(**{**asdict(self.settings), "tasks": (task,)})
+            test = problems_of(single, "test", self.settings.test)
+            summary = self.evaluate_runs(engine, test, runs, self.work / "evaluate" / _slug(task),
+                                         f"held-out test ({Path(task).name})")
+            rows = summary["runs"]
+            results[task] = {"problems": summary["problems"], "union": summary.get("oracle_union"),
+                             "draft_only_solves": summary.get("non_nested"),
+                             "runs": {label: _row(rows[label]) for label in ("target-only", "draft-only", "sps")}
+                             | {kind: _row(rows[f"cospec:{path}"]) for kind, path in candidates.items()}}
+        return self.stages.finish("evaluate", results, depends)
+
+    def choose(self, warmed: dict) -> str:
+        """The kind the dev split prefers: most right keeps net of wrong ones (ties: lora, which reads the text)."""
+        return max(self.settings.kinds, key=lambda k: (warmed[k]["right_keeps"] - warmed[k]["wrong_keeps"], k == "lora"))
+
+    def install(self, kind: str, source: Path, evaluation: dict, collected: dict, room: dict) -> Path:
+        from ..arbiter_bundle import BUNDLE_FILES
+        from ..arbiters import EVALUATION_FILE
+
+        dest = self.install_dir / self.settings.name
+        tmp = dest.with_name(dest.name + ".installing")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name in BUNDLE_FILES:
+            if (source / name).is_file():
+                shutil.copyfile(source / name, tmp / name)
+        record = {"name": self.settings.name, "kind": kind, "recipe": self.settings.recorded(),
+                  "headroom": room, "states": collected,
+                  "evaluation": {task: {"problems": r["problems"], "union": r["union"],
+                                        "draft_only_solves": r["draft_only_solves"],
+                                        "runs": {label: row for label, row in r["runs"].items()
+                                                 if label in ("target-only", "draft-only", "sps", kind)}}
+                                 for task, r in evaluation.items()},
+                  "installed": time.strftime("%Y-%m-%d %H:%M:%S")}
+        (tmp / EVALUATION_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+        return dest
+
+    def run(self) -> Path:
+        s = self.settings
+        self.work.mkdir(parents=True, exist_ok=True)
+        with self.open_engine() as engine:  # refuses a pair with other vocabularies before anything is written
+            for split, n in (("train", 1), ("dev", 1), ("test", 1)):
+                problems_of(s, split, n)
+            room = self.headroom_stage(engine)
+        self.say(headroom_report(room))
+        if (why := headroom_verdict(room)) is not None:
+            if not s.ignore_headroom:
+                raise RecipeStop("no headroom: " + why)
+            self.say("note: going on without headroom (--ignore-headroom): " + why)
+        n_train = train_problems_for_budget(room, s, time.time() - self.t0)
+        if n_train == 0:
+            raise RecipeStop(f"--minutes {s.minutes:g} leaves no time for training after the headroom check "
+                             f"(estimates: {_estimates_text(estimate_seconds(room, s, 1))} for one problem a task)")
+        estimate = estimate_seconds(room, s, n_train)
+        self.say(f"plan: {n_train} train, {s.dev} dev and {s.test} test problems per task; estimated "
+                 f"{_minutes(sum(estimate.values()))} ({_estimates_text(estimate)})")
+        collected = self.collect_stage(n_train)
+        self.say(f"decision states: {collected['states']}, {collected['decisive']} decisive "
+                 f"({collected['keep_better']} where keeping the draft's token was better)")
+        warmed = self.warmup_stage(collected)
+        for kind, dev in warmed.items():
+            quiet = " (it never keeps: nothing it learned beats the target on dev)" if dev["threshold"] >= 1.0 else ""
+            self.say(f"{kind} arbiter on dev states: threshold {dev['threshold']:.3f}, {dev['right_keeps']} right "
+                     f"keeps, {dev['wrong_keeps']} wrong{quiet}")
+        grpo = self.grpo_stage(warmed)
+        with self.open_engine() as engine:
+            evaluation = self.evaluate_stage(engine, self.candidates(grpo), {"warmup": warmed, "grpo": grpo})
+        kind = self.choose(warmed)
+        dest = self.install(kind, self.work / "arbiters" / kind, evaluation, collected, room)
+        self.say(evaluation_report(evaluation, kind))
+        self.say(f"installed {s.name} ({kind}) in {dest}: use it as --arbiter {s.name} "
+                 f"(work files in {self.work}; {_minutes(time.time() - self.t0)} in this run)")
+        return dest
+
+
+def _slug(task: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(task).name)
+
+
+def _row(run: dict) -> dict:
+    keys = ("n", "accuracy", "accuracy_ci95", "speedup", "predicted_per_second", "arbiter_keeps", "arbiter_share",
+            "recovered", "recovered_share", "losses", "tokens")
+    return {k: run.get(k) for k in keys}
+
+
+def _estimates_text(estimate: dict) -> str:
+    return ", ".join(f"{name} {_minutes(sec)}" for name, sec in estimate.items() if sec > 0)
+
+
+def evaluation_report(evaluation: dict, chosen: str) -> str:
+    lines = []
+    for task, r in evaluation.items():
+        lines.append(f"held-out {Path(task).name}: {r['problems']} problems, either model right on "
+                     f"{100 * (r['union'] or 0):.1f}%")
+        for label, row in r["runs"].items():
+            lo, hi = row["accuracy_ci95"]
+            extra = ""
+            if label not in ("target-only", "draft-only", "sps"):
+                extra = (f", recovered {row['recovered']}, lost {row['losses']}, {row['arbiter_keeps']} keeps"
+                         + (" (installed)" if label == chosen else ""))
+            lines.append(f"  {label:<12} {100 * row['accuracy']:5.1f}% [{100 * lo:.1f}-{100 * hi:.1f}]  "
+                         f"{row['speedup'] or 0:.2f}x target-only{extra}")
+    return "\n".join(lines)
