@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from cospec_local.models import resolve_model
-from cospec_local.train.arbiter_model import LoraArbiter, load_draft_backbone, make_batch
+from cospec_local.train.arbiter_model import LoraArbiter, load_draft_backbone
+from cospec_local.train.states import LabelledState
 from cospec_local.train.warmup import WarmupConfig, load_states, predict, ranking_auc, train
 
 
@@ -45,16 +46,17 @@ def main() -> None:
 
     families = set(args.family.split(","))
 
-    def states(folders: str, split: str) -> list[dict]:
+    def states(folders: str, split: str) -> list[LabelledState]:
         return [s for f in folders.split(",") for s in load_states(Path(f))
-                if s["family"] in families and s["split"] == split]
+                if s.family in families and s.split == split]
 
     train_states = states(args.train, "train")
-    dev = [s for s in states(args.dev, "dev") if s["label"] >= 0]
+    dev = [s for s in states(args.dev, "dev") if s.label >= 0]
     scored = {"dev": dev}
     for path in filter(None, args.eval.split(",")):
-        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-        scored[Path(path).stem] = [s for s in rows if s["family"] in families and s["label"] >= 0]
+        lines = Path(path).read_text().splitlines()
+        rows = [LabelledState.from_json(json.loads(line)) for line in lines if line.strip()]
+        scored[Path(path).stem] = [s for s in rows if s.family in families and s.label >= 0]
     if args.eval:
         del scored["dev"]  # the dev states chose the epoch: they are not a measurement then
     for name in args.backbones:
@@ -67,8 +69,8 @@ def main() -> None:
             train(model, train_states, dev, cfg, args.epochs, cfg.lora_lr, cfg.batch_size, True, [])
             result = {"backbone": name, "seed": seed, "train_states": len(train_states)}
             for label, group in scored.items():
-                labels = [s["label"] for s in group]
-                probs = predict(model, group, make_batch, True)
+                labels = [s.label for s in group]
+                probs = predict(model, group, with_tokens=True)
                 net = max(sum(1 if y == 1 else -1 for p, y in zip(probs, labels) if p >= t) for t in set(probs))
                 result[label] = {"states": len(group), "keep_better": sum(labels), "auc": round(ranking_auc(probs, labels), 4),
                                  "best_net_keeps": net}

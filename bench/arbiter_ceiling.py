@@ -80,13 +80,13 @@ def main() -> None:
             all_states += states
             seq = []
             for s in states:
-                by_arbiter = scored[(tuple(s["context"]), tuple(s["draft"]))]
-                seq.append({"keep_correct": s["keep_correct"],
-                            "p_keep": {name: float(v[s["position"]]) for name, v in by_arbiter.items()}})
+                by_arbiter = scored[(tuple(s.state.context), tuple(s.state.draft))]
+                seq.append({"keep_correct": s.keep_correct,
+                            "p_keep": {name: float(v[s.position]) for name, v in by_arbiter.items()}})
             rows.append({"problem_id": p.id, "target_correct": summary["correct"], "states": seq})
         thresholds = {name: a.threshold for name, a in arbiters.items()}
     if args.states:
-        args.states.write_text("".join(json.dumps(s) + "\n" for s in all_states))
+        args.states.write_text("".join(json.dumps(s.to_json()) + "\n" for s in all_states))
     if args.out:
         args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
 

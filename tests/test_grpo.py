@@ -19,10 +19,11 @@ from cospec_local import Engine  # noqa: E402
 from cospec_local.arbiters import NAMED_ARBITERS  # noqa: E402
 from cospec_local.models import resolve_model  # noqa: E402
 from cospec_local.tasks import load_task  # noqa: E402
-from cospec_local.train.grpo import (GRPOConfig, decision_items, grpo_loss, grpo_update,  # noqa: E402
+from cospec_local.train.grpo import (GRPOConfig, UpdateItem, decision_items, grpo_loss, grpo_update,  # noqa: E402
                                      policy_probs, score_groups, state_items)
 from cospec_local.train.rewards import RewardConfig, group_advantages, rollout_reward, span_after_keeps  # noqa: E402
-from cospec_local.train.rollout import RolloutWorker, WorkerConfig  # noqa: E402
+from cospec_local.train.rollout import BranchedState, DecidedBlock, RolloutWorker, WorkerConfig  # noqa: E402
+from cospec_local.train.states import DecisionState  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,10 +101,12 @@ def test_grpo_loss_values():
 
 def test_score_groups_groups_by_problem():
     def rollout(pid, correct, keeps):
+        k = len(keeps)
+        state = DecisionState(context=[1, 2], draft=[3] * k, target=[4] * (k + 1), mismatch=[1] * k,
+                              features=[[0.0] * 16] * k)
         return {"problem_id": pid, "correct": correct, "provenance": ["match"] * 4,
-                "blocks": [{"positions": list(range(len(keeps))), "keep": keeps, "p_target": [0.5] * len(keeps),
-                            "p_keep": [0.6] * len(keeps), "context": [1, 2], "draft": [3] * len(keeps),
-                            "target": [4] * (len(keeps) + 1), "features": [[0.0] * 16] * len(keeps)}]}
+                "blocks": [DecidedBlock(state, positions=list(range(k)), keep=keeps, p_keep=[0.6] * k,
+                                        p_target=[0.5] * k)]}
 
     rollouts = [rollout("a", True, [True]), rollout("a", False, [False]), rollout("b", True, [True]),
                 rollout("b", True, [True])]
@@ -112,7 +115,7 @@ def test_score_groups_groups_by_problem():
     assert adv[2:] == [0.0, 0.0] and adv[0] > 0 > adv[1]
     assert stats["mixed_groups"] == 1 and stats["informative_groups"] == 1 and stats["keep_rate"] == 0.75
     items = decision_items(rollouts, adv)
-    assert len(items) == 2 and [it["advantage"] for it in items] == adv[:2]
+    assert len(items) == 2 and [it.advantage for it in items] == adv[:2]
 
 
 def test_state_items_values():
@@ -120,15 +123,16 @@ def test_state_items_values():
     +-(q_keep - q_reject) / 2, weighted by the policy's P(choice) (p_behaviour 1 for the choice
     taken); a state whose choices ended alike gives nothing."""
     def state(q_keep, q_reject, position=1):
-        return {"context": [1, 2], "draft": [3, 5], "target": [3, 6, 7], "features": [[0.0] * 16] * 2,
-                "position": position, "p_keep": 0.7, "kept": True, "q_keep": q_keep, "q_reject": q_reject}
+        block = DecisionState(context=[1, 2], draft=[3, 5], target=[3, 6, 7], mismatch=[0, 1],
+                              features=[[0.0] * 16] * 2)
+        return BranchedState(block, position, p_keep=0.7, kept=True, q_keep=q_keep, q_reject=q_reject)
 
     results = [{"problem_id": "a", "correct": True, "decisions": 3, "kept": 2, "states": [state(1.0, 0.5), state(0.5, 0.5)]},
                {"problem_id": "b", "correct": False, "decisions": 1, "kept": 0, "states": [state(0.0, 1.0)]}]
     items, stats = state_items(results)
-    assert [(it["keep"], it["p_behaviour"], it["advantage"]) for it in items] == [
+    assert [(it.keep, it.p_behaviour, it.advantage) for it in items] == [
         ([1.0], [1.0], 0.25), ([0.0], [0.0], -0.25), ([1.0], [1.0], -0.5), ([0.0], [0.0], 0.5)]
-    assert all(it["positions"] == [1] for it in items)
+    assert all(it.positions == [1] for it in items)
     assert stats["states"] == 3 and stats["informative_states"] == 2 and stats["keep_better"] == 1
     assert stats["keep_rate"] == 0.5 and stats["correct"] == 0.5
     assert stats["q_keep"] == pytest.approx(0.5) and stats["q_reject"] == pytest.approx(2 / 3)
@@ -137,16 +141,16 @@ def test_state_items_values():
 def test_a_state_pair_gives_the_policy_gradient_at_its_state():
     """The two items of a state, weighted as grpo_update weighs them (P(choice) before the update
     over p_behaviour), give d(-loss)/dP(keep) = q_keep - q_reject at ratio 1."""
+    block = DecisionState(context=[1], draft=[3], target=[4, 5], mismatch=[1], features=[[0.0] * 16])
     items, _ = state_items([{"problem_id": "a", "correct": True, "decisions": 1, "kept": 1, "states": [
-        {"context": [1], "draft": [3], "target": [4, 5], "features": [[0.0] * 16], "position": 0, "p_keep": 0.3,
-         "kept": True, "q_keep": 1.0, "q_reject": 0.25}]}])
+        BranchedState(block, 0, p_keep=0.3, kept=True, q_keep=1.0, q_reject=0.25)]}])
     p = torch.tensor(0.3, requires_grad=True)
     p_new = torch.stack([p, p])
-    actions = torch.tensor([it["keep"][0] for it in items])
-    behaviour = torch.tensor([it["p_behaviour"][0] for it in items]).clamp(1e-6, 1 - 1e-6)
+    actions = torch.tensor([it.keep[0] for it in items])
+    behaviour = torch.tensor([it.p_behaviour[0] for it in items]).clamp(1e-6, 1 - 1e-6)
     old = p_new.detach()
     weights = torch.where(actions > 0.5, old, 1 - old) / torch.where(actions > 0.5, behaviour, 1 - behaviour)
-    advantages = torch.tensor([it["advantage"] for it in items])
+    advantages = torch.tensor([it.advantage for it in items])
     loss, _ = grpo_loss(p_new, actions, advantages, old, old, weights, clip_eps=0.2, beta=0.0, normalizer=1.0)
     loss.backward()
     assert -float(p.grad) == pytest.approx(1.0 - 0.25, rel=1e-4)
@@ -202,11 +206,12 @@ def test_rollouts_are_seeded_and_recorded_as_decided(worker, mismatch_problems, 
             # the rollout's text is what the engine generates with these decisions
             assert r["problem_id"] == problem.id and len(r["provenance"]) > 0
             for b in r["blocks"]:
-                n_ctx = len(b["context"])
-                assert b["context"][:len(prompt)] == prompt
-                assert len(b["features"]) == len(b["draft"]) and len(b["target"]) == len(b["draft"]) + 1
-                for j, keep, p, pt in zip(b["positions"], b["keep"], b["p_keep"], b["p_target"]):
-                    assert b["draft"][j] != b["target"][j] and 0 < p < 1
+                s = b.state
+                n_ctx = len(s.context)
+                assert s.context[:len(prompt)] == prompt
+                assert len(s.features) == len(s.draft) and len(s.target) == len(s.draft) + 1
+                for j, keep, p, pt in zip(b.positions, b.keep, b.p_keep, b.p_target):
+                    assert s.draft[j] != s.target[j] and 0 < p < 1
                     assert n_ctx + j >= len(prompt)
                     n_keep += keep
                     n_reject += not keep
@@ -224,10 +229,10 @@ def test_branches_try_both_choices_at_decision_states(worker, mismatch_problems,
         assert worker.branches(problem, str(folder), 5, 2, 2) == first
         assert len(first["states"]) == min(2, first["decisions"])
         for st in first["states"]:
-            j = st["position"]
-            assert st["draft"][j] != st["target"][j]  # a decision is made at a mismatch
-            assert st["q_keep"] in (0.0, 0.5, 1.0) and st["q_reject"] in (0.0, 0.5, 1.0)
-            assert 0.0 < st["p_keep"] < 1.0
+            j = st.position
+            assert st.state.draft[j] != st.state.target[j]  # a decision is made at a mismatch
+            assert st.q_keep in (0.0, 0.5, 1.0) and st.q_reject in (0.0, 0.5, 1.0)
+            assert 0.0 < st.p_keep < 1.0
         n_states += len(first["states"])
     assert n_states >= 3
 
@@ -250,16 +255,16 @@ def test_policy_states_are_the_policys_own_decisions_with_both_branches_scored(w
         assert len(got["states"]) == native["decisions"]
         n_prompt = len(worker.engine.tokenize(problem.prompt))
         for st in got["states"]:
-            j = st["position"]
-            assert st["draft"][j] != st["target"][j] and st["mismatch"][j] == 1
-            assert st["kept"] == (st["p_keep"] >= threshold)
-            assert st["token_index"] == len(st["context"]) - n_prompt + j  # the branch prefix: block context + d_<j
-            taken = st["keep_correct"] if st["kept"] else st["reject_correct"]
+            j = st.position
+            assert st.state.draft[j] != st.state.target[j] and st.state.mismatch[j] == 1
+            assert st.kept == (st.p_keep >= threshold)
+            assert st.token_index == len(st.state.context) - n_prompt + j  # the branch prefix: block context + d_<j
+            taken = st.keep_correct if st.kept else st.reject_correct
             same_as_run.append(taken == got["summary"]["correct"])
         states += got["states"]
     assert len(states) >= 3
     if arbiter == "lenient-features":  # P(keep) well inside (0, 1): both choices are taken
-        assert any(s["kept"] for s in states) and not all(s["kept"] for s in states)
+        assert any(s.kept for s in states) and not all(s.kept for s in states)
     assert sum(same_as_run) >= 0.8 * len(same_as_run)
 
 
@@ -270,25 +275,20 @@ def test_recorded_blocks_give_the_engines_probabilities(worker, recorded):
 
     folder, runs = recorded
     model = load_arbiter(folder, resolve_model("demo-draft"))
-    items = [dict(b, p_behaviour=b["p_keep"]) for rs in runs.values() for r in rs for b in r["blocks"]]
-    assert items
+    blocks = [b for rs in runs.values() for r in rs for b in r["blocks"]]
+    assert blocks
     with torch.no_grad():
-        p = policy_probs(model, items, with_tokens=False).numpy()
-    engine_p = np.array([x for it in items for x in it["p_keep"]])
+        p = policy_probs(model, blocks, with_tokens=False).numpy()
+    engine_p = np.array([x for b in blocks for x in b.p_keep])
     assert np.abs(p - engine_p).max() < 1e-4
 
 
 # ---------------------------------------------------------------- the update's direction
 
-def constructed_items(runs: dict, keep: float, advantage: float) -> list[dict]:
+def constructed_items(runs: dict, keep: float, advantage: float) -> list[UpdateItem]:
     """Every recorded decision state, with one action and one advantage for all of them."""
-    items = []
-    for rs in runs.values():
-        for b in rs[0]["blocks"]:
-            items.append({"context": b["context"], "draft": b["draft"], "target": b["target"],
-                          "features": b["features"], "positions": b["positions"],
-                          "keep": [keep] * len(b["positions"]), "p_behaviour": b["p_keep"], "advantage": advantage})
-    return items
+    return [UpdateItem(b.state, b.positions, keep=[keep] * len(b.positions), p_behaviour=b.p_keep,
+                       advantage=advantage) for rs in runs.values() for b in rs[0]["blocks"]]
 
 
 @pytest.mark.parametrize("kind", ["features", "lora"])

@@ -29,7 +29,9 @@ from cospec_local.params import DEFAULTS
 from cospec_local.tasks import FAMILY_STOPS, load_task
 from cospec_local.train.arbiter_model import (FeaturesArbiter, LoraArbiter, load_arbiter, load_draft_backbone,
                                               make_batch)
+from cospec_local.train.branch_oracle import BranchOracle
 from cospec_local.train.collect import Collector
+from cospec_local.train.states import DecisionState, branch_label
 
 torch.set_num_threads(1)  # before torch's first op: llama.cpp in this process stays fast
 
@@ -41,14 +43,19 @@ def demo_engine():
 
 
 @pytest.fixture(scope="module")
-def states(demo_engine):
-    """Decision states recorded by the branch-oracle collector on a few dev problems."""
+def labelled(demo_engine):
+    """Labelled states recorded by the branch-oracle collector on a few dev problems."""
     collector = Collector(demo_engine, GenerationParams(max_tokens=200))
     out = []
     for problem in load_task("arith", "dev", 16) + load_task("pyfunc", "dev", 8):
         out += collector.problem(problem, "dev")[1]
     assert len(out) >= 8
     return out
+
+
+@pytest.fixture(scope="module")
+def states(labelled) -> list[DecisionState]:
+    return [s.state for s in labelled]
 
 
 @pytest.fixture(scope="module")
@@ -72,12 +79,12 @@ def export(model, folder, draft_gguf, threshold=0.5):
                          name=f"test-{model.kind}", **extra)
 
 
-def block_of(engine, state, logits=True) -> dict:
+def block_of(engine, state: DecisionState, logits=True) -> dict:
     """The block a state was decided on, its logits rebuilt by teacher forcing."""
-    ctx, draft, target = state["context"], state["draft"], state["target"]
+    ctx, draft, target = state.context, state.draft, state.target
     n, k = len(ctx), len(draft)
     b = {"draft": np.array(draft, np.int32), "target": np.array(target, np.int32),
-         "mismatch": np.array(state["mismatch"], np.uint8), "context": np.array(ctx, np.int32)}
+         "mismatch": np.array(state.mismatch, np.uint8), "context": np.array(ctx, np.int32)}
     if logits:
         b["target_logits"] = engine.score(ctx + draft, "target")[n - 1:n + k]
         b["draft_logits"] = engine.score(ctx + draft, "draft")[n - 1:n - 1 + k]
@@ -94,23 +101,66 @@ def test_generation_params_defaults_are_the_native_ones():
     assert DEFAULTS.fly_window == _cospec.FLY_DEFAULTS["window"]
 
 
-def test_collector_reject_branch_is_the_recorded_run(demo_engine, states):
+def test_collector_reject_branch_is_the_recorded_run(demo_engine, labelled):
     """The collector scores the reject branch with the recorded run's own answer: greedy
     speculative decoding is lossless, so continuing after the target's token gives that run."""
-    collector = Collector(demo_engine, GenerationParams(max_tokens=200))
     problems = {p.id: p for p in load_task("arith", "dev", 16) + load_task("pyfunc", "dev", 8)}
-    for s in states[:6]:
+    for s in labelled[:6]:
         from cospec_local.tasks import FAMILY_STOPS
 
-        problem = problems[s["problem_id"]]
+        problem = problems[s.problem_id]
         stops = tuple(FAMILY_STOPS[problem.family])
         full = demo_engine.generate(problem.prompt, max_tokens=200, stop=stops).text
-        i = s["position"]
-        prefix = s["context"] + s["draft"][:i] + [s["target"][i]]
-        generated = prefix[s["prompt_len"]:]
+        i = s.position
+        prefix = s.state.context + s.state.draft[:i] + [s.state.target[i]]
+        generated = prefix[s.prompt_len:]
         cont = demo_engine.generate(prefix, max_tokens=200 - len(generated), stop=stops).text
-        assert collector.text_of(generated) + cont == full
-        assert s["label"] in (-1, 0, 1) and (s["label"] == -1) == (s["keep_correct"] == s["reject_correct"])
+        assert BranchOracle(demo_engine, problem, 200).text_of(generated) + cont == full
+        assert s.label in (-1, 0, 1) and (s.label == -1) == (s.keep_correct == s.reject_correct)
+
+
+def test_branch_oracle_labels_a_decision_by_both_completed_branches(demo_engine, labelled):
+    """The one labeller of both collection paths: a branch is the tokens generated before the
+    decision, the block's accepted draft tokens, then the choice, continued by whatever the caller
+    passes. Continued by the target, the reject branch is the recorded run's answer (which
+    collect.py takes for it without generating it again) and the keep branch is the stored keep
+    completion, so both outcomes, and the label, are the collected ones. A choice that ends the
+    answer (end of generation, no tokens left) is never continued."""
+    problems = {p.id: p for p in load_task("arith", "dev", 16) + load_task("pyfunc", "dev", 8)}
+    eog = next(t for t in range(demo_engine.n_vocab) if demo_engine.is_eog(t))
+
+    def never(tokens, left):
+        raise AssertionError("a branch the choice ended was continued")
+
+    labels = set()
+    for s in labelled[:8]:
+        problem = problems[s.problem_id]
+        oracle = BranchOracle(demo_engine, problem, 200)
+        state, i = s.state, s.position
+        full = demo_engine.generate(problem.prompt, max_tokens=200, stop=oracle.stops)
+
+        def target_continues(tokens, left):
+            return demo_engine.generate(tokens, max_tokens=left, stop=oracle.stops).text
+
+        reject = oracle.branch(state, i, keep=False)
+        assert reject.answer == list(full.tokens[:len(reject.answer)]) and reject.answer[-1] == state.target[i]
+        assert reject.text == full.text[:len(reject.text)] and reject.left == 200 - len(reject.answer)
+        assert oracle.complete(state, i, False, target_continues) == full.text
+        keep = oracle.complete(state, i, True, target_continues)
+        assert keep == s.keep_completion
+        assert (oracle.is_right(keep), oracle.is_right(full.text)) == (s.keep_correct, s.reject_correct)
+        assert s.label == branch_label(s.keep_correct, s.reject_correct)
+        labels.add(s.label)
+
+        ending = DecisionState(state.context, state.draft, state.target[:i] + [eog] + state.target[i + 1:],
+                               state.mismatch, state.features)
+        assert oracle.branch(ending, i, keep=False).ended
+        assert oracle.complete(ending, i, False, never) == oracle.text_of(reject.answer[:-1])
+        no_room = BranchOracle(demo_engine, problem, len(reject.answer))
+        assert no_room.complete(state, i, False, never) == reject.text
+    assert branch_label(True, False) == 1 and branch_label(False, True) == 0
+    assert branch_label(True, True) == branch_label(False, False) == -1
+    assert len(labels) >= 2
 
 
 def test_collector_shows_observers_every_decided_block(demo_engine):
@@ -126,8 +176,8 @@ def test_collector_shows_observers_every_decided_block(demo_engine):
     assert states and len(seen) >= len(states)
     scored = {(tuple(c), tuple(d)): p for c, d, p in seen}
     for s in states:
-        p = scored[(tuple(s["context"]), tuple(s["draft"]))]
-        assert 0.0 < p[s["position"]] < 1.0  # a mismatch the arbiter scored
+        p = scored[(tuple(s.state.context), tuple(s.state.draft))]
+        assert 0.0 < p[s.position] < 1.0  # a mismatch the arbiter scored
 
 
 @pytest.mark.parametrize("lora_context", ["draft", "adapter"])
@@ -142,11 +192,11 @@ def test_lora_hidden_states_match_torch(f32_draft, states, tmp_path, lora_contex
         d = model.n_embd
         worst = 0.0
         for s in states[:10]:
-            k = len(s["draft"])
+            k = len(s.draft)
             native = arbiter.head_inputs(block_of(engine, s, logits=False))
             with torch.no_grad():
                 h = model.hidden(make_batch([s], [list(range(k))]))[0].numpy()
-            n = len(s["context"])
+            n = len(s.context)
             worst = max(worst, np.abs(native[:, :d] - h[n:n + 2 * k:2]).max(),
                         np.abs(native[:, d:2 * d] - h[n + 1:n + 2 * k:2]).max())
         # "draft" reads the draft's cache, F16 as the engine's contexts keep it: 3.4e-3 here, and
@@ -157,7 +207,7 @@ def test_lora_hidden_states_match_torch(f32_draft, states, tmp_path, lora_contex
         b = block_of(engine, s, logits=False)
         before = arbiter.head_inputs(b)[0, :d].copy()
         b["target"] = b["target"].copy()
-        b["target"][len(s["draft"]) - 1] = (b["target"][len(s["draft"]) - 1] + 7) % 500
+        b["target"][len(s.draft) - 1] = (b["target"][len(s.draft) - 1] + 7) % 500
         assert np.abs(arbiter.head_inputs(b)[0, :d] - before).max() > 1e-3
         # ... and the region leaves no trace: the original block scores as before.
         assert np.allclose(arbiter.head_inputs(block_of(engine, s, logits=False))[0, :d], before, atol=1e-6)
@@ -323,7 +373,7 @@ def test_shipped_arbiter_matches_its_torch_model(demo_engine, states, name):
         b = block_of(demo_engine, s)
         native_p = arbiter.score(b)
         inputs = arbiter.head_inputs(b)
-        k = len(s["draft"])
+        k = len(s.draft)
         with torch.no_grad():
             if model.kind == "lora":
                 batch = make_batch([s], [list(range(k))])

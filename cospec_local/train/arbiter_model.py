@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ..arbiter_bundle import LORA_CONTEXTS
+from .states import DecisionState
 
 N_FEATURES = 16  # cospec_block_features (COSPEC_N_FEATURES); checked against the extension at run time
 # The draft's projections that get a LoRA adapter (Hugging Face names), and llama.cpp's names for them.
@@ -107,20 +108,18 @@ def hybrid_mask(n_prefix: int, n_region: int, length: int) -> torch.Tensor:
     return allowed
 
 
-def make_batch(states: list[dict], positions: list[list[int]] | None = None, with_tokens: bool = True,
+def make_batch(states: list[DecisionState], positions: list[list[int]], with_tokens: bool = True,
                pad_id: int = 0) -> Batch:
-    """States (collect.py's records) -> a Batch scoring `positions[j]` of state j (default: its
-    labelled first mismatch)."""
-    if positions is None:
-        positions = [[s["position"]] for s in states]
-    feats = [s["features"][i] for s, ps in zip(states, positions) for i in ps]
+    """A Batch scoring the block positions `positions[j]` of state j (one row each, in order).
+    Without tokens it holds the features only (all the features arbiter reads)."""
+    feats = [s.features[i] for s, ps in zip(states, positions) for i in ps]
     batch = Batch(features=torch.tensor(np.asarray(feats, dtype=np.float32)))
     if not with_tokens:
         return batch
     seqs, pos, spans = [], [], []
     for s in states:
-        ctx, draft, target = s["context"], s["draft"], s["target"]
-        k, n = len(draft), len(s["context"])
+        ctx, draft, target = s.context, s.draft, s.target
+        k, n = len(draft), len(ctx)
         region = [tok for pair in zip(draft, target[:k]) for tok in pair]
         seqs.append(ctx + region)
         pos.append(list(range(n)) + [n + i // 2 for i in range(2 * k)])

@@ -3,7 +3,8 @@
 For each problem, plain speculative decoding (the lossless target arbiter) runs with a
 recording arbiter that sees every block and keeps nothing. Each block whose first mismatch the
 walk actually reaches is a decision state: the prompt and verified tokens, the draft block, the
-target's tokens and the block's features. Both branches then run to the end and are scored:
+target's tokens and the block's features. Both branches then run to the end and are scored
+(branch_oracle.py):
 
 - reject (emit the target's token t_i): greedy speculative decoding is lossless, so this branch
   is exactly the recorded run from that state on; its answer is the run's own answer.
@@ -24,7 +25,7 @@ engine each.
 
     python -m cospec_local.train.collect --out runs/arbiter-data-policy --policy runs/arbiters/lora --workers 2
 
-Writes OUT/states.jsonl (one decision state a line) and OUT/problems.jsonl (one line per
+Writes OUT/states.jsonl (one decision state a line: states.LabelledState) and OUT/problems.jsonl (one line per
 problem done: the resume point), and OUT/manifest.json (models and settings; a resumed run with
 other ones is refused). Runs the engine only: never import torch here.
 """
@@ -43,7 +44,9 @@ from ..arbiters import ARBITER_FILE, arbiter_dir, arbiter_from_function, arbiter
 from ..engine import Engine
 from ..evaluate import model_identity
 from ..params import GenerationParams
-from ..tasks import FAMILY_STOPS, Problem, cut_at_stops, load_task, score
+from ..tasks import Problem, load_task
+from .branch_oracle import BranchOracle
+from .states import DecisionState, LabelledState
 
 # Settings of the recorded runs and of their branches (the eval's defaults for these tasks).
 MAX_TOKENS = 256
@@ -56,35 +59,16 @@ class Collector:
         self.engine = engine
         self.params = params
         self.observe = observe
-        self._scores: dict[tuple[str, str], bool] = {}
 
-    def text_of(self, tokens) -> str:
-        """The text the engine streams for these tokens: their pieces, end-of-generation excluded."""
-        pieces = b"".join(self.engine._native.token_to_piece(int(t)) for t in tokens if not self.engine.is_eog(int(t)))
-        return pieces.decode("utf-8", errors="replace")
-
-    def score(self, problem: Problem, completion: str) -> bool:
-        key = (problem.id, completion)
-        if key not in self._scores:  # branches often end in the same answer; code runs in a sandbox
-            self._scores[key] = bool(score(problem, completion))
-        return self._scores[key]
-
-    def problem(self, problem: Problem, split: str) -> tuple[dict, list[dict]]:
+    def problem(self, problem: Problem, split: str) -> tuple[dict, list[LabelledState]]:
         engine, params = self.engine, self.params
-        stops = tuple(FAMILY_STOPS.get(problem.family, ()))
-        prompt = engine.tokenize(problem.prompt)
-        seen: dict[int, dict] = {}
+        oracle = BranchOracle(engine, problem, params.max_tokens)
+        seen: dict[int, DecisionState] = {}
 
         def decide(block):
             if self.observe is not None:
                 self.observe(block)
-            mismatch = block["mismatch"]
-            seen[block["index"]] = {
-                "context": block["context"].tolist(), "draft": block["draft"].tolist(),
-                "target": block["target"].tolist(), "mismatch": mismatch.astype(int).tolist(),
-                "position": int(np.flatnonzero(mismatch)[0]),
-                "features": _cospec.block_features(block).tolist(),
-            }
+            seen[block["index"]] = DecisionState.from_block(block)
             return np.zeros(block["n_draft"], dtype=np.float32)
 
         applied: list[int] = []
@@ -92,30 +76,21 @@ class Collector:
         def taken(block, decisions):
             applied.extend(d[0] for d in decisions)
 
+        def target_continues(tokens: list[int], left: int) -> str:
+            return engine.generate(tokens, params, arbiter="target", max_tokens=left, stop=oracle.stops).text
+
         recorder = arbiter_from_function(decide, "recorder", taken=taken)
         engine.reset()
-        run = engine.generate(prompt, params, arbiter=recorder, stop=stops)
-        reject_correct = self.score(problem, run.text)
+        run = engine.generate(oracle.prompt, params, arbiter=recorder, stop=oracle.stops)
+        reject_correct = oracle.is_right(run.text)  # the reject branch of every state is this run
         states = []
         for index in applied:
-            s = seen[index]
-            i = s["position"]
-            generated = s["context"][len(prompt):]
-            kept = s["draft"][:i + 1]
-            prefix = self.text_of(generated + kept)
-            if engine.is_eog(kept[-1]) or any(stop in prefix for stop in stops):
-                completion = prefix
-            else:
-                budget = params.max_tokens - len(generated) - len(kept)
-                cont = "" if budget <= 0 else engine.generate(s["context"] + kept, params, arbiter="target",
-                                                               max_tokens=budget, stop=stops).text
-                completion = prefix + cont
-            completion = cut_at_stops(completion, stops)
-            keep_correct = self.score(problem, completion)
-            label = -1 if keep_correct == reject_correct else int(keep_correct)
-            states.append({"problem_id": problem.id, "family": problem.family, "split": split,
-                           "prompt_len": len(prompt), **s, "keep_correct": keep_correct,
-                           "reject_correct": reject_correct, "label": label, "keep_completion": completion})
+            state = seen[index]
+            i = state.first_mismatch()
+            keep_completion = oracle.complete(state, i, keep=True, continuation=target_continues)
+            states.append(LabelledState(problem.id, problem.family, split, len(oracle.prompt), state, i,
+                                        keep_correct=oracle.is_right(keep_completion), reject_correct=reject_correct,
+                                        keep_completion=keep_completion))
         summary = {"problem_id": problem.id, "family": problem.family, "split": split, "correct": reject_correct,
                    "tokens": len(run.tokens), "states": len(states)}
         return summary, states
@@ -200,8 +175,8 @@ def main(argv: list[str] | None = None) -> None:
                 n_states = n_decisive = 0
                 for summary, states in bar:
                     for s in states:
-                        states_log.write(json.dumps(s) + "\n")
-                        n_decisive += s["label"] >= 0
+                        states_log.write(json.dumps(s.to_json()) + "\n")
+                        n_decisive += s.label >= 0
                     n_states += len(states)
                     states_log.flush()
                     problems_log.write(json.dumps(summary) + "\n")  # after its states: the resume point

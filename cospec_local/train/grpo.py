@@ -38,6 +38,8 @@ from pathlib import Path
 
 from .config import comma_list, option, parse_config
 from .rewards import RewardConfig, group_advantages, rollout_reward
+from .rollout import BranchedState, DecidedBlock
+from .states import DecisionState
 
 
 @dataclass
@@ -102,21 +104,32 @@ class GRPOConfig:
 
 # ---------------------------------------------------------------- decisions to train on
 
-def decision_items(rollouts: list[dict], advantages: list[float]) -> list[dict]:
-    """One item per recorded block of a rollout with a non-zero advantage: the block's state, the
-    decided positions, the actions, the engine's P(keep) and the rollout's advantage."""
+@dataclass(frozen=True)
+class UpdateItem:
+    """Decisions at one state for the policy update: the actions taken at its decided positions,
+    the probabilities they were taken with (the importance weight's denominator) and their advantage."""
+
+    state: DecisionState
+    positions: list[int]
+    keep: list[float]         # the actions: 1.0 keep, 0.0 reject
+    p_behaviour: list[float]  # P(keep) of the policy that acted
+    advantage: float
+
+
+def decision_items(rollouts: list[dict], advantages: list[float]) -> list[UpdateItem]:
+    """One item per recorded block of a rollout with a non-zero advantage: the block's decisions,
+    the engine's P(keep) and the rollout's advantage."""
     items = []
     for r, a in zip(rollouts, advantages):
         if a == 0.0:
             continue
         for b in r["blocks"]:
-            items.append({"context": b["context"], "draft": b["draft"], "target": b["target"],
-                          "features": b["features"], "positions": b["positions"],
-                          "keep": [float(k) for k in b["keep"]], "p_behaviour": b["p_keep"], "advantage": a})
+            items.append(UpdateItem(b.state, b.positions, keep=[float(k) for k in b.keep], p_behaviour=b.p_keep,
+                                    advantage=a))
     return items
 
 
-def state_items(results: list[dict]) -> tuple[list[dict], dict]:
+def state_items(results: list[dict]) -> tuple[list[UpdateItem], dict]:
     """credit=state: two items per decision state whose choices ended differently, one per choice,
     with advantage +-(q_keep - q_reject) / 2 (the value of each choice over their mean). The
     surrogate weighs each item by the policy's P(choice) before the update (p_behaviour is set so
@@ -124,34 +137,34 @@ def state_items(results: list[dict]) -> tuple[list[dict], dict]:
     gradient is (q_keep - q_reject) x grad P(keep): the policy gradient at that state, with the
     q's estimated by the continuations."""
     items = []
-    states = [s for r in results for s in r["states"]]
+    states: list[BranchedState] = [s for r in results for s in r["states"]]
     for st in states:
-        gap = st["q_keep"] - st["q_reject"]
+        gap = st.q_keep - st.q_reject
         if gap == 0.0:
             continue
         for keep in (1.0, 0.0):
-            items.append({"context": st["context"], "draft": st["draft"], "target": st["target"],
-                          "features": st["features"], "positions": [st["position"]], "keep": [keep],
-                          "p_behaviour": [keep], "advantage": gap / 2 if keep else -gap / 2})
+            items.append(UpdateItem(st.state, [st.position], keep=[keep], p_behaviour=[keep],
+                                    advantage=gap / 2 if keep else -gap / 2))
     n_dec = sum(r["decisions"] for r in results)
     stats = {"correct": sum(r["correct"] for r in results) / max(1, len(results)),
              "keep_rate": sum(r["kept"] for r in results) / max(1, n_dec),
              "decisions_per_rollout": n_dec / max(1, len(results)), "states": len(states),
-             "informative_states": sum(s["q_keep"] != s["q_reject"] for s in states),
-             "keep_better": sum(s["q_keep"] > s["q_reject"] for s in states),
-             "q_keep": sum(s["q_keep"] for s in states) / max(1, len(states)),
-             "q_reject": sum(s["q_reject"] for s in states) / max(1, len(states))}
+             "informative_states": sum(s.q_keep != s.q_reject for s in states),
+             "keep_better": sum(s.q_keep > s.q_reject for s in states),
+             "q_keep": sum(s.q_keep for s in states) / max(1, len(states)),
+             "q_reject": sum(s.q_reject for s in states) / max(1, len(states))}
     stats["reward"] = stats["correct"]  # the log's and progress bar's reward: the rollouts' outcome
     return items, stats
 
 
-def policy_probs(model, items: list[dict], with_tokens: bool):
+def policy_probs(model, items: list[UpdateItem] | list[DecidedBlock], with_tokens: bool):
     """P(keep) at every decided position of the items, concatenated in item order."""
     import torch
 
     from .arbiter_model import make_batch
 
-    return torch.sigmoid(model(make_batch(items, [it["positions"] for it in items], with_tokens=with_tokens)))
+    return torch.sigmoid(model(make_batch([it.state for it in items], [it.positions for it in items],
+                                          with_tokens=with_tokens)))
 
 
 def grpo_loss(p_new, actions, advantages, p_old, p_ref, weights, clip_eps: float, beta: float,
@@ -179,7 +192,7 @@ def grpo_loss(p_new, actions, advantages, p_old, p_ref, weights, clip_eps: float
     return loss, stats
 
 
-def grpo_update(model, ref, items: list[dict], cfg: GRPOConfig, optimizer, with_tokens: bool, rank: int = 0,
+def grpo_update(model, ref, items: list[UpdateItem], cfg: GRPOConfig, optimizer, with_tokens: bool, rank: int = 0,
                 world: int = 1, train_model=None, step: int = 0) -> dict:
     """Policy update on one step's items (identical on every process; each trains on its share of
     every minibatch). `train_model` is the DDP wrapper of `model` under torchrun. Each minibatch's
@@ -199,7 +212,7 @@ def grpo_update(model, ref, items: list[dict], cfg: GRPOConfig, optimizer, with_
     offsets, n_decisions = [], 0
     for it in items:
         offsets.append(n_decisions)
-        n_decisions += len(it["positions"])
+        n_decisions += len(it.positions)
     p_old, p_ref = torch.cat(p_old), torch.cat(p_ref)
     trainable = [p for p in model.parameters() if p.requires_grad]
     rng = random.Random(cfg.seed * 1_000_003 + step)
@@ -214,15 +227,15 @@ def grpo_update(model, ref, items: list[dict], cfg: GRPOConfig, optimizer, with_
         for b in range(n_batches):
             minibatch = order[b * per_step:(b + 1) * per_step]
             mine = minibatch[rank::world]
-            normalizer = sum(len(items[i]["positions"]) for i in minibatch) / world
+            normalizer = sum(len(items[i].positions) for i in minibatch) / world
             live = 1.0
             if not mine:  # every process takes part in every optimizer step (DDP all-reduces)
                 mine, live = [order[0]], 0.0
             sel = [items[i] for i in mine]
-            idx = torch.tensor([offsets[i] + j for i in mine for j in range(len(items[i]["positions"]))])
-            actions = torch.tensor([a for it in sel for a in it["keep"]])
-            adv = torch.tensor([it["advantage"] for it in sel for _ in it["positions"]])
-            behaviour = torch.tensor([p for it in sel for p in it["p_behaviour"]]).clamp(1e-6, 1 - 1e-6)
+            idx = torch.tensor([offsets[i] + j for i in mine for j in range(len(items[i].positions))])
+            actions = torch.tensor([a for it in sel for a in it.keep])
+            adv = torch.tensor([it.advantage for it in sel for _ in it.positions])
+            behaviour = torch.tensor([p for it in sel for p in it.p_behaviour]).clamp(1e-6, 1 - 1e-6)
             old = p_old[idx]
             # Truncated importance weight: torch's P(action) before the update over the engine's.
             p_act_old = torch.where(actions > 0.5, old, 1 - old)
@@ -250,7 +263,7 @@ def grpo_update(model, ref, items: list[dict], cfg: GRPOConfig, optimizer, with_
 def score_groups(rollouts: list[dict], rc: RewardConfig) -> tuple[list[float], list[float], dict]:
     """Rewards and advantages of a step's rollouts (grouped by problem, in order)."""
     rewards = [rollout_reward(r["correct"], r["provenance"],
-                              [{"keep": k, "p_target": p} for b in r["blocks"] for k, p in zip(b["keep"], b["p_target"])],
+                              [{"keep": k, "p_target": p} for b in r["blocks"] for k, p in zip(b.keep, b.p_target)],
                               rc) for r in rollouts]
     groups: dict[str, list[int]] = {}
     for i, r in enumerate(rollouts):
@@ -259,15 +272,15 @@ def score_groups(rollouts: list[dict], rc: RewardConfig) -> tuple[list[float], l
     informative = mixed = 0
     for members in groups.values():
         adv = group_advantages([rewards[i] for i in members],
-                               [sum(len(b["positions"]) for b in rollouts[i]["blocks"]) for i in members],
+                               [sum(len(b.positions) for b in rollouts[i]["blocks"]) for i in members],
                                [rollouts[i]["correct"] for i in members], rc)
         informative += any(a != 0 for a in adv)
         outcomes = {rollouts[i]["correct"] for i in members}
         mixed += len(outcomes) == 2
         for i, a in zip(members, adv):
             advantages[i] = a
-    n_dec = sum(len(b["positions"]) for r in rollouts for b in r["blocks"])
-    n_keep = sum(sum(b["keep"]) for r in rollouts for b in r["blocks"])
+    n_dec = sum(len(b.positions) for r in rollouts for b in r["blocks"])
+    n_keep = sum(sum(b.keep) for r in rollouts for b in r["blocks"])
     stats = {"reward": sum(rewards) / max(1, len(rewards)),
              "correct": sum(r["correct"] for r in rollouts) / max(1, len(rollouts)),
              "keep_rate": n_keep / max(1, n_dec), "decisions_per_rollout": n_dec / max(1, len(rollouts)),
@@ -526,7 +539,7 @@ def main(argv: list[str] | None = None) -> None:
                 t_rollout = time.time() - t0 - t_eval
                 items, stats = state_items(results)
                 for r in results:  # a prompt whose states never split teaches nothing
-                    if all(st["q_keep"] == st["q_reject"] for st in r["states"]):
+                    if all(st.q_keep == st.q_reject for st in r["states"]):
                         uniform[r["problem_id"]] = uniform.get(r["problem_id"], 0) + 1
             else:
                 tasks = [("rollouts", p, str(policy_dir),

@@ -7,9 +7,12 @@ the policy to roll out, and gets back plain records.
 
 - `rollouts`: G generations of one problem, greedy tokens, each arbiter decision drawn from
   Bernoulli(P(keep)) with a recorded seed (same seed, same arbiter: same rollout). Every block
-  where the walk applied a decision is recorded with what the policy update needs: the block's
-  context, draft and target tokens, its features, the decided positions, P(keep) as the engine
-  used it, the decision, and the target's probability of the draft token there.
+  where the walk applied a decision is recorded with what the policy update needs (DecidedBlock):
+  the decision state, the decided positions, P(keep) as the engine used it, the decision, and the
+  target's probability of the draft token there.
+- `branches`: credit for single decisions (GRPO's credit=state): both choices at some decisions of
+  a rollout, each continued by the policy (BranchedState).
+- `policy_states`: the branch-oracle states a policy meets (collect.py --policy).
 - `greedy`: one generation deciding by the arbiter's threshold (dev accuracy).
 - `screen`: one plain speculative generation counting the mismatches its walk reaches. A problem
   without any cannot give the arbiter a decision, so the trainer draws its prompts from the rest.
@@ -23,11 +26,12 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .. import _cospec
 from ..arbiters import arbiter_from_function
 from ..engine import Engine
 from ..params import GenerationParams
-from ..tasks import FAMILY_STOPS, Problem, cut_at_stops, score
+from ..tasks import FAMILY_STOPS, Problem, score
+from .branch_oracle import BranchOracle, Continuation
+from .states import DecisionState, LabelledState
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,29 @@ def _softmax_at(logits: np.ndarray, token: int) -> float:
     z = logits.astype(np.float64)
     z = np.exp(z - z.max())
     return float(z[token] / z.sum())
+
+
+@dataclass(frozen=True)
+class DecidedBlock:
+    """A block of a sampled rollout where the walk applied decisions, as the policy update needs it."""
+
+    state: DecisionState
+    positions: list[int]   # the decided positions (mismatches the walk reached)
+    keep: list[bool]       # the decision drawn at each
+    p_keep: list[float]    # the P(keep) it was drawn from, as the engine used it
+    p_target: list[float]  # the target's probability of the draft token there (the reward's risky keeps)
+
+
+@dataclass(frozen=True)
+class BranchedState:
+    """A decision of a policy rollout with both choices continued by the policy (credit=state)."""
+
+    state: DecisionState
+    position: int
+    p_keep: float    # the P(keep) the rollout's decision was drawn from
+    kept: bool       # the rollout's decision
+    q_keep: float    # the share of the keep choice's continuations that end right
+    q_reject: float  # ... of the reject choice's
 
 
 class RolloutWorker:
@@ -70,9 +97,9 @@ class RolloutWorker:
 
     def _sampled(self, prompt, policy, seed: int, temperature: float, **overrides):
         """One generation with decisions drawn from the policy (at `temperature`, see `rollouts`).
-        Returns the run, its decided blocks as the update needs them, and one (block index in that
-        list, position, generated-token index, P(keep), keep) per decision."""
-        blocks: list[dict] = []
+        Returns the run, its decided blocks, and one (block index in that list, position,
+        generated-token index, P(keep), keep) per decision."""
+        blocks: list[DecidedBlock] = []
         decisions_made: list[tuple] = []
 
         def decide(block):
@@ -85,12 +112,9 @@ class RolloutWorker:
         def taken(block, decisions):
             positions = [int(d[1]) for d in decisions]
             draft, logits = block["draft"], block["target_logits"]
-            blocks.append({
-                "context": block["context"].tolist(), "draft": draft.tolist(), "target": block["target"].tolist(),
-                "features": _cospec.block_features(block).tolist(), "positions": positions,
-                "keep": [bool(d[4]) for d in decisions], "p_keep": [float(d[3]) for d in decisions],
-                "p_target": [_softmax_at(logits[j], int(draft[j])) for j in positions],
-            })
+            blocks.append(DecidedBlock(DecisionState.from_block(block), positions,
+                                       keep=[bool(d[4]) for d in decisions], p_keep=[float(d[3]) for d in decisions],
+                                       p_target=[_softmax_at(logits[j], int(draft[j])) for j in positions]))
             decisions_made.extend((len(blocks) - 1, int(d[1]), int(d[2]), float(d[3]), bool(d[4])) for d in decisions)
 
         recorder = arbiter_from_function(decide, "rollout", taken=taken)
@@ -99,21 +123,20 @@ class RolloutWorker:
                                    **overrides)
         return run, blocks, decisions_made
 
-    def _branch(self, generated: list[int], t: int, token: int, stop: tuple[str, ...]):
-        """The answer with `token` chosen at generated index `t`: its tokens, its text (an
-        end-of-generation token adds none), the tokens left to generate, and whether it has ended
-        there (end of generation, no budget, or a stop string completed by the choice)."""
-        answer = generated[:t] + [token]
-        eog = self.engine.is_eog(token)
-        text = self.engine.detokenize(generated[:t] if eog else answer)
-        left = self.params.max_tokens - len(answer)
-        return answer, text, left, eog or left <= 0 or cut_at_stops(text, stop) != text
+    def _continued_by_threshold(self, policy, stop) -> Continuation:
+        """Branches continued by the policy deciding by its threshold, each from a clean cache."""
+        def continuation(tokens: list[int], left: int) -> str:
+            self.engine.reset()
+            return self.engine.generate(tokens, self.params, arbiter=policy, stop=stop, max_tokens=left).text
 
-    def _continue_greedily(self, prompt_tokens: list[int], answer: list[int], policy, stop, left: int) -> str:
-        """The text the policy, deciding by its threshold, generates after `answer`, from a clean cache."""
-        self.engine.reset()
-        return self.engine.generate(prompt_tokens + answer, self.params, arbiter=policy, stop=stop,
-                                    max_tokens=left).text
+        return continuation
+
+    def _continued_by_sampling(self, policy, stop, seed: int, temperature: float) -> Continuation:
+        """Branches continued by the policy with its decisions drawn from `seed` (see `rollouts`)."""
+        def continuation(tokens: list[int], left: int) -> str:
+            return self._sampled(tokens, policy, seed, temperature, stop=stop, max_tokens=left)[0].text
+
+        return continuation
 
     def rollouts(self, problem: Problem, arbiter_path: str, seeds: list[int], temperature: float = 1.0) -> list[dict]:
         """`temperature` > 1 draws decisions from sigmoid(logit(P(keep)) / temperature): the policy's
@@ -135,96 +158,68 @@ class RolloutWorker:
         decisions (drawn by `seed`) both choices are taken and each is continued `continuations`
         times by the policy. A state's q_keep / q_reject is the share of its continuations that end
         correct: their difference is what that one decision was worth, with the rest of the
-        rollout held to the policy. A continuation is a generation from the prompt's tokens, the
-        tokens generated before the decision and the chosen token (no engine support needed).
-        With `greedy_continuations` the continuations decide by the policy's threshold, as it is
-        used (and evaluated): one continuation per choice then says it all."""
+        rollout held to the policy. With `greedy_continuations` the continuations decide by the
+        policy's threshold, as it is used (and evaluated): one continuation per choice then says it all."""
         policy = self._policy(arbiter_path)
-        stop = tuple(FAMILY_STOPS.get(problem.family, ()))
-        run, blocks, decisions = self._sampled(problem.prompt, policy, seed, temperature, stop=stop)
-        prompt_tokens = self.engine.tokenize(problem.prompt)
-        generated = list(run.tokens)
+        oracle = BranchOracle(self.engine, problem, self.params.max_tokens)
+        run, blocks, decisions = self._sampled(problem.prompt, policy, seed, temperature, stop=oracle.stops)
         rng = np.random.default_rng(seed)
         chosen = sorted(rng.choice(len(decisions), size=min(n_states, len(decisions)), replace=False).tolist())
+        by_threshold = [self._continued_by_threshold(policy, oracle.stops)]
         states = []
         for c, i in enumerate(chosen):
-            b, j, t, p_keep, kept = decisions[i]
-            block = blocks[b]
+            b, j, _, p_keep, kept = decisions[i]
+            state = blocks[b].state
+            # The same seeds for both choices: the difference of their outcomes is paired.
+            sampled = [self._continued_by_sampling(policy, oracle.stops, (seed * 1_000_003 + c * 1009 + r) % (1 << 63),
+                                                   temperature) for r in range(continuations)]
             q = {}
             for keep in (True, False):
-                token = block["draft"][j] if keep else block["target"][j]
-                answer_so_far, so_far, left, ended = self._branch(generated, t, token, stop)
-                if ended:  # nothing to continue: one outcome, scored once
-                    q[keep] = float(score(problem, cut_at_stops(so_far, stop)))
-                    continue
-                outcomes = []
-                for r in range(1 if greedy_continuations else continuations):
-                    if greedy_continuations:
-                        text = so_far + self._continue_greedily(prompt_tokens, answer_so_far, policy, stop, left)
-                    else:
-                        cont, _, _ = self._sampled(prompt_tokens + answer_so_far, policy,
-                                                   (seed * 1_000_003 + c * 1009 + r) % (1 << 63),
-                                                   temperature, stop=stop, max_tokens=left)
-                        text = so_far + cont.text
-                    # The engine ends a generation at a stop string; one completed by the chosen
-                    # token, or spanning the join, ends the answer there too.
-                    outcomes.append(bool(score(problem, cut_at_stops(text, stop))))
+                ended = oracle.branch(state, j, keep).ended  # nothing to continue: one outcome
+                runs = by_threshold if greedy_continuations or ended else sampled
+                outcomes = [oracle.is_right(oracle.complete(state, j, keep, continuation)) for continuation in runs]
                 q[keep] = sum(outcomes) / len(outcomes)
-            states.append({"context": block["context"], "draft": block["draft"], "target": block["target"],
-                           "features": block["features"], "position": j, "p_keep": p_keep, "kept": kept,
-                           "q_keep": q[True], "q_reject": q[False]})
+            states.append(BranchedState(state, j, p_keep, kept, q_keep=q[True], q_reject=q[False]))
         return {"problem_id": problem.id, "family": problem.family, "seed": seed,
-                "correct": bool(score(problem, run.text)), "decisions": len(decisions),
+                "correct": oracle.is_right(run.text), "decisions": len(decisions),
                 "kept": sum(d[4] for d in decisions), "states": states}
 
     def policy_states(self, problem: Problem, arbiter_path: str, split: str) -> dict:
         """Branch-oracle states where the policy itself meets them (for collect.py --policy): one
         generation deciding by the policy's threshold; at every decision it applied, both choices are
-        taken and each is continued by the policy (by threshold, as it is used). Labels as collect.py's:
-        1 where only keeping ends right, 0 where only rejecting does, -1 for ties. Unlike collect.py's
-        states (first mismatches of plain speculative decoding, each branch continued by the target),
-        these include the mismatches after a kept token and credit a choice with the policy's own
-        later decisions, the states and the continuation the arbiter meets when it runs."""
+        taken and each is continued by the policy (by threshold, as it is used). Labels as collect.py's.
+        Unlike collect.py's states (first mismatches of plain speculative decoding, the keep branch
+        continued by the target), these include the mismatches after a kept token and credit a choice
+        with the policy's own later decisions: the states and the continuation the arbiter meets when
+        it runs."""
         policy = self._policy(arbiter_path)
         threshold = policy.threshold
-        stop = tuple(FAMILY_STOPS.get(problem.family, ()))
-        prompt = self.engine.tokenize(problem.prompt)
-        seen: dict[int, dict] = {}
+        oracle = BranchOracle(self.engine, problem, self.params.max_tokens)
+        seen: dict[int, tuple[DecisionState, np.ndarray]] = {}
         decisions: list[tuple] = []
 
         def decide(block):
             p = np.asarray(policy.score(block), dtype=np.float32)
-            seen[block["index"]] = {"context": block["context"].tolist(), "draft": block["draft"].tolist(),
-                                    "target": block["target"].tolist(),
-                                    "mismatch": block["mismatch"].astype(int).tolist(),
-                                    "features": _cospec.block_features(block).tolist(), "p_keep": p.tolist()}
+            seen[block["index"]] = (DecisionState.from_block(block), p)
             return (p >= threshold).astype(np.float32)
 
         def taken(block, applied):
             decisions.extend((block["index"], int(d[1]), int(d[2]), bool(d[4])) for d in applied)
 
         self.engine.reset()
-        run = self.engine.generate(prompt, self.params, arbiter=arbiter_from_function(decide, "policy", taken=taken),
-                                   stop=stop)
-        generated = list(run.tokens)
+        run = self.engine.generate(oracle.prompt, self.params,
+                                   arbiter=arbiter_from_function(decide, "policy", taken=taken), stop=oracle.stops)
+        policy_continues = self._continued_by_threshold(policy, oracle.stops)
         states = []
         for index, j, t, kept in decisions:
-            s = seen[index]
-            correct = {}
-            for keep in (True, False):
-                token = s["draft"][j] if keep else s["target"][j]
-                answer_so_far, text, left, ended = self._branch(generated, t, token, stop)
-                if not ended:
-                    text += self._continue_greedily(prompt, answer_so_far, policy, stop, left)
-                correct[keep] = bool(score(problem, cut_at_stops(text, stop)))
-            label = -1 if correct[True] == correct[False] else int(correct[True])
-            states.append({"problem_id": problem.id, "family": problem.family, "split": split,
-                           "prompt_len": len(prompt), "context": s["context"], "draft": s["draft"],
-                           "target": s["target"], "mismatch": s["mismatch"], "position": j,
-                           "features": s["features"], "p_keep": s["p_keep"][j], "kept": kept, "token_index": t,
-                           "keep_correct": correct[True], "reject_correct": correct[False], "label": label})
+            state, p_keep = seen[index]
+            keep_correct, reject_correct = (oracle.is_right(oracle.complete(state, j, keep, policy_continues))
+                                            for keep in (True, False))
+            states.append(LabelledState(problem.id, problem.family, split, len(oracle.prompt), state, j,
+                                        keep_correct=keep_correct, reject_correct=reject_correct,
+                                        p_keep=float(p_keep[j]), kept=kept, token_index=t))
         summary = {"problem_id": problem.id, "family": problem.family, "split": split,
-                   "correct": bool(score(problem, run.text)), "tokens": len(run.tokens), "states": len(states)}
+                   "correct": oracle.is_right(run.text), "tokens": len(run.tokens), "states": len(states)}
         return {"summary": summary, "states": states}
 
     def greedy(self, problem: Problem, arbiter: str, threshold: float | None = None) -> dict:

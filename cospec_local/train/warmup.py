@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .config import comma_list, option, parse_config
+from .states import LabelledState
 
 
 @dataclass
@@ -71,8 +72,9 @@ class WarmupConfig:
                                              "tell. Needs --arbiters features,lora.")
 
 
-def load_states(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "states.jsonl").read_text().splitlines() if line.strip()]
+def load_states(folder: Path) -> list[LabelledState]:
+    return [LabelledState.from_json(json.loads(line))
+            for line in (folder / "states.jsonl").read_text().splitlines() if line.strip()]
 
 
 def choose_threshold(probs: list[float], labels: list[int], floor: float) -> float:
@@ -94,9 +96,9 @@ def ranking_auc(probs: list[float], labels: list[int]) -> float:
     return sum((a > b) + 0.5 * (a == b) for a in pos for b in neg) / max(1, len(pos) * len(neg))
 
 
-def report(probs_all: list[float], states: list[dict], threshold: float) -> dict:
+def report(probs_all: list[float], states: list[LabelledState], threshold: float) -> dict:
     keep = [p >= threshold for p in probs_all]
-    decisive = [(k, s["label"]) for k, s in zip(keep, states) if s["label"] >= 0]
+    decisive = [(k, s.label) for k, s in zip(keep, states) if s.label >= 0]
     tp = sum(1 for k, y in decisive if k and y == 1)
     fp = sum(1 for k, y in decisive if k and y == 0)
     fn = sum(1 for k, y in decisive if not k and y == 1)
@@ -106,15 +108,22 @@ def report(probs_all: list[float], states: list[dict], threshold: float) -> dict
             "right_keeps": tp, "wrong_keeps": fp, "keep_share": sum(keep) / len(keep) if keep else 0.0}
 
 
-def predict(model, states, make_batch, with_tokens: bool, batch_size: int = 64) -> list[float]:
+def labelled_batch(states: list[LabelledState], with_tokens: bool):
+    """The batch scoring each state's labelled position."""
+    from .arbiter_model import make_batch
+
+    return make_batch([s.state for s in states], [[s.position] for s in states], with_tokens=with_tokens)
+
+
+def predict(model, states: list[LabelledState], with_tokens: bool, batch_size: int = 64) -> list[float]:
+    """P(keep) at each state's labelled position."""
     import torch
 
     out = []
     model.eval()
     with torch.no_grad():
         for i in range(0, len(states), batch_size):
-            chunk = states[i:i + batch_size]
-            out += torch.sigmoid(model(make_batch(chunk, with_tokens=with_tokens))).tolist()
+            out += torch.sigmoid(model(labelled_batch(states[i:i + batch_size], with_tokens))).tolist()
     return out
 
 
@@ -135,25 +144,23 @@ def start_from_features(head, features_head) -> None:
             layer.bias.copy_(src.bias)
 
 
-def train(model, train_states, dev_states, cfg: WarmupConfig, epochs: int, lr: float, batch_size: int,
-          with_tokens: bool, log: list, start_head=None) -> None:
+def train(model, train_states: list[LabelledState], dev_states: list[LabelledState], cfg: WarmupConfig,
+          epochs: int, lr: float, batch_size: int, with_tokens: bool, log: list, start_head=None) -> None:
     """Class-balanced BCE on decisive states; keeps the weights of the best dev epoch (with
-    start_head, the starting point is a candidate too)."""
+    start_head, the starting point is a candidate too). Appends each epoch's losses to `log`."""
     import copy
 
     import torch
     from tqdm import tqdm
 
-    from .arbiter_model import make_batch
-
-    decisive = [s for s in train_states if s["label"] >= 0]
-    dev_decisive = [s for s in dev_states if s["label"] >= 0]
-    labels = torch.tensor([float(s["label"]) for s in decisive])
+    decisive = [s for s in train_states if s.label >= 0]
+    dev_decisive = [s for s in dev_states if s.label >= 0]
+    labels = torch.tensor([float(s.label) for s in decisive])
     n_pos = float(labels.sum())
     pos_weight = (len(decisive) - n_pos) / max(n_pos, 1.0)
     with torch.no_grad():  # standardise the head's inputs from the training states
         model.eval()
-        inputs = torch.cat([model.head_inputs(make_batch(decisive[i:i + 64], with_tokens=with_tokens))
+        inputs = torch.cat([model.head_inputs(labelled_batch(decisive[i:i + 64], with_tokens))
                             for i in range(0, len(decisive), 64)])
         model.head.standardise_from(inputs)
     if start_head is not None:
@@ -162,10 +169,10 @@ def train(model, train_states, dev_states, cfg: WarmupConfig, epochs: int, lr: f
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
     rng = random.Random(cfg.seed)
     best, best_loss = None, math.inf
-    dev_labels = torch.tensor([float(s["label"]) for s in dev_decisive])
+    dev_labels = torch.tensor([float(s.label) for s in dev_decisive])
     dev_pos_weight = (len(dev_decisive) - float(dev_labels.sum())) / max(float(dev_labels.sum()), 1.0)
     def dev_loss_now() -> float:
-        dev_probs = torch.tensor(predict(model, dev_decisive, make_batch, with_tokens)).clamp(1e-6, 1 - 1e-6)
+        dev_probs = torch.tensor(predict(model, dev_decisive, with_tokens)).clamp(1e-6, 1 - 1e-6)
         return float(torch.nn.functional.binary_cross_entropy(
             dev_probs, dev_labels, weight=torch.where(dev_labels > 0, dev_pos_weight, 1.0)))
 
@@ -179,7 +186,7 @@ def train(model, train_states, dev_states, cfg: WarmupConfig, epochs: int, lr: f
         total = 0.0
         for i in range(0, len(order), batch_size):
             idx = order[i:i + batch_size]
-            logits = model(make_batch([decisive[j] for j in idx], with_tokens=with_tokens))
+            logits = model(labelled_batch([decisive[j] for j in idx], with_tokens))
             loss = torch.nn.functional.binary_cross_entropy_with_logits(
                 logits, labels[idx], pos_weight=torch.tensor(pos_weight))
             opt.zero_grad()
@@ -218,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     from cospec_local import _cospec
     from cospec_local.models import resolve_model
 
-    from .arbiter_model import N_FEATURES, FeaturesArbiter, LoraArbiter, load_draft_backbone, make_batch
+    from .arbiter_model import N_FEATURES, FeaturesArbiter, LoraArbiter, load_draft_backbone
 
     assert N_FEATURES == _cospec.N_FEATURES
     draft = resolve_model(cfg.draft)
@@ -239,17 +246,17 @@ def main(argv: list[str] | None = None) -> None:
         states += load_states(folder)
     families = set(comma_list(cfg.families))
     if families:
-        unknown = families - {s["family"] for s in states}
+        unknown = families - {s.family for s in states}
         if unknown:
             sys.exit(f"no states of {', '.join(sorted(unknown))} in {', '.join(map(str, folders))}")
-        states = [s for s in states if s["family"] in families]
-    train_states = [s for s in states if s["split"] == "train"]
-    dev_states = [s for s in states if s["split"] == "dev"]
+        states = [s for s in states if s.family in families]
+    train_states = [s for s in states if s.split == "train"]
+    dev_states = [s for s in states if s.split == "dev"]
     cfg.out.mkdir(parents=True, exist_ok=True)
     log: list = []
     results = {"config": {k: str(v) for k, v in asdict(cfg).items()}, "data": manifests,
-               "train_states": len(train_states), "train_decisive": sum(s["label"] >= 0 for s in train_states),
-               "train_keep_better": sum(s["label"] == 1 for s in train_states), "arbiters": {}}
+               "train_states": len(train_states), "train_decisive": sum(s.label >= 0 for s in train_states),
+               "train_keep_better": sum(s.label == 1 for s in train_states), "arbiters": {}}
     if cfg.lora_from_features and comma_list(cfg.arbiters) != ["features", "lora"]:
         sys.exit("--lora-from-features needs --arbiters features,lora")
     trained = {}
@@ -271,12 +278,12 @@ def main(argv: list[str] | None = None) -> None:
         wall = time.time() - t0
         trained[kind] = model
         with_tokens = kind == "lora"
-        dev_probs = predict(model, dev_states, make_batch, with_tokens)
-        dev_decisive = [(p, s["label"]) for p, s in zip(dev_probs, dev_states) if s["label"] >= 0]
+        dev_probs = predict(model, dev_states, with_tokens)
+        dev_decisive = [(p, s.label) for p, s in zip(dev_probs, dev_states) if s.label >= 0]
         threshold = choose_threshold([p for p, _ in dev_decisive], [y for _, y in dev_decisive], cfg.min_threshold)
         measured = {"dev": report(dev_probs, dev_states, threshold),
                     "dev_at_0.5": report(dev_probs, dev_states, 0.5),
-                    "train": report(predict(model, train_states, make_batch, with_tokens), train_states, threshold),
+                    "train": report(predict(model, train_states, with_tokens), train_states, threshold),
                     "train_seconds": round(wall, 1)}
         results["arbiters"][kind] = measured
         info = {"warmup": measured, "data": {"draft": manifests[0]["draft"], "target": manifests[0]["target"],
