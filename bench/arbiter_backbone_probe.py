@@ -66,7 +66,8 @@ def main() -> None:
             torch.manual_seed(cfg.seed)
             model = LoraArbiter(load_draft_backbone(resolve_model(name)), cfg.lora_rank, cfg.lora_alpha, 0.0,
                                 cfg.head_hidden, cfg.head_layers, cfg.lora_context)
-            train(model, train_states, dev, cfg, args.epochs, cfg.lora_lr, cfg.batch_size, True, [])
+            train(model, train_states, dev, cfg, epochs=args.epochs, lr=cfg.lora_lr, batch_size=cfg.batch_size,
+                  with_tokens=True, log=[])
             result = {"backbone": name, "seed": seed, "train_states": len(train_states)}
             for label, group in scored.items():
                 labels = [s.label for s in group]

@@ -20,7 +20,7 @@ from cospec_local.arbiters import resolve_arbiter_path
 from cospec_local.evaluate import model_identity
 from cospec_local.models import resolve_model
 from cospec_local.tasks import load_task
-from cospec_local.train.rollout import RolloutPool, WorkerConfig
+from cospec_local.train.rollout import GreedyTask, RolloutPool, ScreenTask, WorkerConfig
 
 
 def main() -> None:
@@ -48,7 +48,7 @@ def main() -> None:
         if cached.get("key") == key:
             screen = cached["screen"]
         else:
-            screen = {s["problem_id"]: s for s in pool.map(("screen", p) for p in every)}
+            screen = {s["problem_id"]: s for s in pool.map(ScreenTask(p) for p in every)}
             if args.cache:
                 args.cache.write_text(json.dumps({"key": key, "screen": screen}))
         for spec in args.arbiters:
@@ -57,7 +57,7 @@ def main() -> None:
             for family, ps in problems.items():
                 todo = [p for p in ps if screen[p.id]["mismatches"] > 0]
                 runs = {r["problem_id"]: r for r in
-                        pool.map(("greedy", p, folder, float(threshold) if threshold else None) for p in todo)}
+                        pool.map(GreedyTask(p, folder, float(threshold) if threshold else None) for p in todo)}
                 target = sum(screen[p.id]["target_correct"] for p in ps)
                 right = sum(runs[p.id]["correct"] if p.id in runs else screen[p.id]["target_correct"] for p in ps)
                 recovered = sum(r["correct"] and not screen[i]["target_correct"] for i, r in runs.items())

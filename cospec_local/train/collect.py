@@ -155,14 +155,14 @@ def main(argv: list[str] | None = None) -> None:
         todo = [(p, split) for split, n in (("dev", args.dev), ("train", args.train)) if n > 0
                 for f in families for p in load_task(f, split, n) if p.id not in done]
         if args.policy is not None:
-            from .rollout import RolloutPool, WorkerConfig
+            from .rollout import PolicyStatesTask, RolloutPool, WorkerConfig
 
             worker = WorkerConfig(str(engine.target_path), str(engine.draft_path), max(1, args.threads // args.workers),
                                   args.max_tokens)
             engine.close()  # the workers hold their own engines; this one only named the models
             pool = RolloutPool(worker, args.workers)
             results = ((r["summary"], r["states"]) for r in
-                       pool.map(("policy_states", p, str(arbiter_dir(policy)), split) for p, split in todo))
+                       pool.map(PolicyStatesTask(p, str(arbiter_dir(policy)), split) for p, split in todo))
         else:
             pool = None
             collector = Collector(engine, params)

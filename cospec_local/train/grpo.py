@@ -3,7 +3,7 @@
     python -m cospec_local.train.grpo --init cospec_local/data/demo/arbiters/lora --out runs/grpo-lora
     torchrun --nproc-per-node 4 -m cospec_local.train.grpo --init ... --out ...    # several processes
 
-Each step:
+Each step (GRPOTrainer.train_step):
 1. draw `prompts_per_step` training problems (from those where draft and target disagree at least
    once under plain speculative decoding: the others give the arbiter no decision to make);
 2. roll each out `group_size` times in the rollout workers (rollout.py: their own processes, one
@@ -21,7 +21,7 @@ walk reaches a mismatch are generated again: the others give no decision and kee
 answer); the best dev accuracy is kept as OUT/best (an arbiter folder the engine loads), and its
 keep threshold is finally chosen on dev from `sweep`. OUT/log.jsonl has one
 line per step, OUT/curves.png the curves, OUT/checkpoint.pt the resume point (rerun the same
-command to go on). Under torchrun every process runs its own rollout workers on its share of the
+command to go on; the run's progress is a RunState). Under torchrun every process runs its own rollout workers on its share of the
 prompts, the rollouts are gathered, and DistributedDataParallel averages the update's gradients.
 """
 from __future__ import annotations
@@ -33,12 +33,15 @@ import random
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..tasks import load_task
+from ..tasks.base import stable_int
 from .config import comma_list, option, parse_config
 from .rewards import RewardConfig, group_advantages, rollout_reward
-from .rollout import BranchedState, DecidedBlock
+from .rollout import (BranchedState, BranchesTask, DecidedBlock, GreedyTask, RolloutPool, RolloutsTask, ScreenTask,
+                      Task, WorkerConfig)
 from .states import DecisionState
 
 
@@ -377,6 +380,315 @@ def plot_curves(log: list[dict], path: Path, target_dev: float | None) -> None:
     plt.close(fig)
 
 
+@dataclass
+class RunState:
+    """Where a run stands: what the checkpoint keeps besides the weights and the optimizer."""
+
+    step: int = 0                                  # the next step to run
+    log: list[dict] = field(default_factory=list)  # OUT/log.jsonl: one record per step, then the final evaluation
+    best: dict | None = None                       # {"step", "dev_accuracy"} of the policy in OUT/best
+    pool: list[str] | None = None                  # the training problems that reach a mismatch (ids)
+    dev_screen: list[dict] | None = None           # each dev problem's plain speculative run (RolloutWorker.screen)
+    target_dev: float | None = None                # target-only dev accuracy
+    seconds: float = 0.0                           # wall time of the run so far, over resumes
+    uniform: dict[str, int] = field(default_factory=dict)  # prompt id -> its groups that came out all alike
+    sweep: dict | None = None                      # the best policy's dev accuracy at each threshold of cfg.sweep
+
+
+class GRPOTrainer:
+    """One training process (of `world` under torchrun): the policy, its reference, the rollout
+    workers, and the run's state. `train` runs it to the end, resuming from OUT/checkpoint.pt."""
+
+    def __init__(self, cfg: GRPOConfig):
+        import torch
+
+        from cospec_local import _cospec
+        from cospec_local.models import resolve_model
+
+        from .arbiter_model import load_arbiter
+
+        self.cfg = cfg
+        self.ddp = Distributed()
+        self.rank, self.world = self.ddp.rank, self.ddp.world
+        torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        self.draft = Path(resolve_model(cfg.draft))
+        target = Path(resolve_model(cfg.target))
+        init = Path(cfg.init)
+
+        # The policy trains its LoRA adapter and head (the features arbiter: its head); the
+        # reference, the initial arbiter, stays as it is for the KL term.
+        self.model = load_arbiter(init, self.draft)
+        self.kind = self.model.kind
+        if cfg.threshold is None:
+            cfg.threshold = self.model.threshold
+        self.with_tokens = self.kind == "lora"
+        for name, p in self.model.named_parameters():
+            p.requires_grad_(self.kind == "features" or "lora_" in name or name.startswith("head."))
+        self.ref = load_arbiter(init, self.draft)
+        for p in self.ref.parameters():
+            p.requires_grad_(False)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.train_model = self.model
+        if self.ddp.dist is not None:
+            self.train_model = torch.nn.parallel.DistributedDataParallel(self.model)
+        self.rewards = RewardConfig(cfg.span_bonus, cfg.risk_prob, cfg.risk_penalty, cfg.fallback_penalty,
+                                    cfg.std_floor)
+
+        self.out = Path(cfg.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.config_record = {k: str(v) for k, v in asdict(cfg).items()}
+        self.identity = {"target": target.name, "draft": self.draft.name,
+                         "draft_fingerprint": _cospec.model_fingerprint(str(self.draft)), "init": str(init),
+                         "kind": self.kind}
+        self.checkpoint_path = self.out / "checkpoint.pt"
+        self.run = self.resume()
+        self.families = comma_list(cfg.families)
+        self.worker_config = WorkerConfig(str(target), str(self.draft), max(1, cfg.threads // cfg.workers),
+                                          cfg.max_tokens)
+        self.dev_problems = [p for f in self.families for p in load_task(f, "dev", cfg.dev)]
+        self.train_problems = [p for f in self.families for p in load_task(f, "train", cfg.pool)]
+        self.policies = self.out / "policy" / f"rank{self.rank}"  # a folder per step: the workers reload a new path
+        self.t_start = time.time() - self.run.seconds
+        self.pool: RolloutPool | None = None
+
+    # ------------------------------------------------------------ the run
+
+    def train(self) -> None:
+        from tqdm import tqdm
+
+        if self.rank == 0:  # the log is what the checkpoint holds: a step redone after a crash is not logged twice
+            (self.out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in self.run.log))
+        with RolloutPool(self.worker_config, self.cfg.workers) as pool:
+            self.pool = pool
+            self.screen_problems()
+            bar = tqdm(range(self.run.step, self.cfg.steps), initial=self.run.step, total=self.cfg.steps,
+                       desc="GRPO", unit="step", disable=self.rank != 0, file=sys.stderr)
+            for step in bar:
+                record = self.train_step(step)
+                bar.set_postfix(reward=f"{record['reward']:.3f}", keep=f"{record['keep_rate']:.2f}",
+                                dev=record.get("dev_accuracy", "-"))
+            if self.run.log and not self.run.log[-1].get("final"):
+                self.evaluate_last_policy()
+            self.sweep_threshold()
+        self.write_summary()
+        self.ddp.close()
+
+    def train_step(self, step: int) -> dict:
+        """Evaluate (every eval_every steps), roll out, credit the decisions, update the policy, log."""
+        cfg = self.cfg
+        t0 = time.time()
+        policy = self.export_step_policy(step)
+        record: dict = {"step": step}
+        if step == 0 or step % cfg.eval_every == 0:
+            record.update(self.dev_accuracy(policy))
+            self.keep_if_best(step, record)
+        t_eval = time.time() - t0
+        prompts, n_live = self.draw_prompts(step)
+        credit = self.credit_states if cfg.credit == "state" else self.credit_rollouts
+        items, stats = credit(step, prompts, policy)
+        t_rollout = time.time() - t0 - t_eval
+        stats["live_prompts"] = n_live
+        update = grpo_update(self.model, self.ref, items, cfg, self.optimizer, self.with_tokens, self.rank,
+                             self.world, self.train_model, step)
+        record.update(stats)
+        record.update(update)
+        record.update({"rollout_s": round(t_rollout, 1), "eval_s": round(t_eval, 1),
+                       "update_s": round(time.time() - t0 - t_eval - t_rollout, 1)})
+        self.run.step = step + 1
+        self.log(record)
+        return record
+
+    def credit_rollouts(self, step: int, prompts: list, policy: Path) -> tuple[list[UpdateItem], dict]:
+        """credit=rollout: `group_size` rollouts per prompt; each decision is credited with its
+        rollout's advantage within the prompt's group."""
+        cfg = self.cfg
+        groups = self.spread([RolloutsTask(p, str(policy), [self.rollout_seed(step, p.id, g)
+                                                            for g in range(cfg.group_size)], cfg.explore_temperature)
+                              for p in prompts], "rollouts")
+        rollouts = [r for group in groups for r in group]
+        _, advantages, stats = score_groups(rollouts, self.rewards)
+        for group in groups:  # a prompt whose rollouts all ended alike teaches nothing
+            if len({r["correct"] for r in group}) == 1:
+                self.count_uniform(group[0]["problem_id"])
+        return decision_items(rollouts, advantages), stats
+
+    def credit_states(self, step: int, prompts: list, policy: Path) -> tuple[list[UpdateItem], dict]:
+        """credit=state: one rollout per prompt, both choices tried at some of its decisions and
+        continued by the policy; each such decision is credited with the difference of the outcomes."""
+        cfg = self.cfg
+        results = self.spread([BranchesTask(p, str(policy), self.rollout_seed(step, p.id), cfg.states_per_prompt,
+                                            cfg.continuations, cfg.explore_temperature, cfg.greedy_continuations)
+                               for p in prompts], "decision states")
+        for r in results:  # a prompt whose states never split teaches nothing
+            if all(st.q_keep == st.q_reject for st in r["states"]):
+                self.count_uniform(r["problem_id"])
+        return state_items(results)
+
+    def evaluate_last_policy(self) -> None:
+        """The dev accuracy of the policy after the last step (the evaluations ran before steps)."""
+        final = self.dev_accuracy(self.export_step_policy(self.cfg.steps))
+        self.keep_if_best(self.cfg.steps, final)
+        self.log({"step": self.cfg.steps, **final, "final": True})
+
+    def sweep_threshold(self) -> None:
+        """The threshold the best policy ships with: the best of its dev accuracies at cfg.sweep's
+        thresholds (ties: the higher). Done once per best policy and list of thresholds."""
+        from .arbiter_model import load_arbiter
+
+        thresholds = [float(t) for t in comma_list(self.cfg.sweep)]
+        done = self.run.sweep or {}
+        if not thresholds or (done.get("thresholds"), done.get("best_step")) == (thresholds, self.run.best["step"]):
+            return
+        self.ddp.barrier()  # rank 0 wrote best/
+        best = load_arbiter(self.out / "best", self.draft)
+        candidate = export_policy(best, self.kind, self.policies / "best", self.draft, self.cfg.threshold, {},
+                                  onnx=False)
+        dev = {t: self.dev_accuracy(candidate, t) for t in thresholds}
+        chosen = max(thresholds, key=lambda t: (dev[t]["dev_accuracy"], t))
+        self.run.sweep = {"thresholds": thresholds, "best_step": self.run.best["step"], "chosen": chosen,
+                          "dev": {str(t): r for t, r in dev.items()}}
+        if self.rank == 0:
+            best_info = json.loads((self.out / "best" / "info.json").read_text())
+            export_policy(best, self.kind, self.out / "best", self.draft, chosen,
+                          {k: best_info[k] for k in ("grpo", "config", "models")} | {"sweep": self.run.sweep},
+                          onnx=True)
+            self.save_checkpoint()
+
+    def write_summary(self) -> None:
+        if self.rank != 0:
+            return
+        summary = {"best": self.run.best, "sweep": self.run.sweep, "target_dev_accuracy": self.run.target_dev,
+                   "steps": self.run.step, "wall_seconds": round(time.time() - self.t_start, 1),
+                   "identity": self.identity, "config": self.config_record}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        print(json.dumps(summary["best"]), file=sys.stderr)
+
+    # ------------------------------------------------------------ prompts
+
+    def screen_problems(self) -> None:
+        """Once per run (or reused from --pool-from): which training problems reach a mismatch under
+        plain speculative decoding (the prompt pool), and each dev problem's plain run."""
+        cfg, run = self.cfg, self.run
+        pool_key = {"models": self.identity | {"init": None, "kind": None}, "families": self.families,
+                    "pool": cfg.pool, "max_tokens": cfg.max_tokens}
+        if run.pool is None and cfg.pool_from is not None:
+            reused = json.loads(Path(cfg.pool_from).read_text())
+            if reused["key"] != pool_key:
+                sys.exit(f"{cfg.pool_from} was screened for other models or settings")
+            run.pool = reused["ids"]
+            if [s["problem_id"] for s in reused.get("dev_screen") or []] == [p.id for p in self.dev_problems]:
+                run.dev_screen = reused["dev_screen"]
+        if run.pool is None:
+            screened = self.spread([ScreenTask(p) for p in self.train_problems], "screening the prompt pool")
+            run.pool = [s["problem_id"] for s in screened if s["mismatches"] > 0]
+        if run.dev_screen is None:
+            run.dev_screen = self.spread([ScreenTask(p) for p in self.dev_problems], "screening the dev problems")
+        self.dev_screen = {s["problem_id"]: s for s in run.dev_screen}
+        run.target_dev = sum(s["target_correct"] for s in run.dev_screen) / len(self.dev_problems)
+        by_id = {p.id: p for p in self.train_problems}
+        self.pool_problems = [by_id[i] for i in run.pool]
+        # Dev problems where the walk never reaches a mismatch give no arbiter a decision: their
+        # answers are the target's. Only the others are generated again at each evaluation.
+        self.dev_live = [p for p in self.dev_problems if self.dev_screen[p.id]["mismatches"] > 0]
+        if self.rank == 0:
+            (self.out / "pool.json").write_text(json.dumps({"key": pool_key, "ids": run.pool,
+                                                            "dev_screen": run.dev_screen}))
+            print(f"prompt pool: {len(self.pool_problems)} of {len(by_id)} training problems reach a mismatch; "
+                  f"{len(self.dev_live)} of {len(self.dev_problems)} dev problems; "
+                  f"target-only dev accuracy {run.target_dev:.3f}", file=sys.stderr)
+
+    def draw_prompts(self, step: int) -> tuple[list, int]:
+        """The step's prompts (the same on every process), and how many the pool had left to draw from."""
+        prune_after = self.cfg.prune_after
+        live = [p for p in self.pool_problems if not prune_after or self.run.uniform.get(p.id, 0) < prune_after]
+        rng = random.Random(stable_int("grpo-prompts", self.cfg.seed, step))
+        return rng.sample(live, min(self.cfg.prompts_per_step, len(live))), len(live)
+
+    def rollout_seed(self, step: int, *key) -> int:
+        return stable_int("grpo-rollout", self.cfg.seed, step, *key) % (1 << 63)
+
+    def count_uniform(self, problem_id: str) -> None:
+        self.run.uniform[problem_id] = self.run.uniform.get(problem_id, 0) + 1
+
+    # ------------------------------------------------------------ workers, policies, evaluation
+
+    def spread(self, tasks: list[Task], desc: str | None = None) -> list:
+        """Run this process's share of `tasks` in its workers and gather all results in task order."""
+        from tqdm import tqdm
+
+        mine = tasks[self.rank::self.world]
+        done = list(tqdm(self.pool.map(mine), total=len(mine), desc=desc, leave=False,
+                         disable=desc is None or self.rank != 0, file=sys.stderr))
+        results = [None] * len(tasks)
+        for r, part in enumerate(self.ddp.gather(done)):
+            results[r::self.world] = part
+        return results
+
+    def export_step_policy(self, step: int) -> Path:
+        """The policy as the workers load it, in a new folder (a worker reloads only a new path)."""
+        shutil.rmtree(self.policies, ignore_errors=True)
+        return export_policy(self.model, self.kind, self.policies / f"step-{step:05d}", self.draft, self.cfg.threshold,
+                             self.arbiter_info(step, None), onnx=False)
+
+    def arbiter_info(self, step: int, dev: dict | None) -> dict:
+        return {"grpo": {"step": step, "dev": dev, "target_dev_accuracy": self.run.target_dev},
+                "config": self.config_record, "models": self.identity}
+
+    def dev_accuracy(self, folder: Path, threshold: float | None = None) -> dict:
+        """The arbiter in `folder`, deciding by its threshold (or `threshold`), on the dev problems."""
+        results = {r["problem_id"]: r for r in self.spread([GreedyTask(p, str(folder), threshold)
+                                                            for p in self.dev_live], "dev")}
+        correct = {p.id: results[p.id]["correct"] if p.id in results else self.dev_screen[p.id]["target_correct"]
+                   for p in self.dev_problems}
+        by_family = {f: sum(correct[p.id] for p in self.dev_problems if p.family == f) /
+                     max(1, sum(p.family == f for p in self.dev_problems)) for f in self.families}
+        return {"dev_accuracy": sum(correct.values()) / len(self.dev_problems), "dev_by_family": by_family,
+                "dev_keeps_per_problem": sum(r["kept"] for r in results.values()) / len(self.dev_problems)}
+
+    def keep_if_best(self, step: int, dev: dict) -> None:
+        """The policy becomes OUT/best when its dev accuracy is the run's highest so far."""
+        if self.run.best is None or dev["dev_accuracy"] > self.run.best["dev_accuracy"]:
+            self.run.best = {"step": step, "dev_accuracy": dev["dev_accuracy"]}
+            if self.rank == 0:
+                export_policy(self.model, self.kind, self.out / "best", self.draft, self.cfg.threshold,
+                              self.arbiter_info(step, dev), onnx=True)
+
+    # ------------------------------------------------------------ checkpoint and log
+
+    def resume(self) -> RunState:
+        """The state of the run in OUT, the policy and optimizer restored from its checkpoint, or a new run."""
+        import torch
+
+        if not self.checkpoint_path.is_file():
+            return RunState()
+        saved = torch.load(self.checkpoint_path, weights_only=False)
+        changed = {k for k, v in self.config_record.items() if saved["config"].get(k) != v} - {"steps", "sweep"}
+        if changed or saved["identity"] != self.identity:  # a run can be extended, or its threshold swept again
+            sys.exit(f"{self.out} holds a run with other settings ({', '.join(sorted(changed)) or 'models'}); "
+                     f"use another --out")
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        return RunState(**saved["state"])
+
+    def save_checkpoint(self) -> None:
+        save_checkpoint(self.checkpoint_path, {"config": self.config_record, "identity": self.identity,
+                                               "model": self.model.state_dict(),
+                                               "optimizer": self.optimizer.state_dict(), "state": asdict(self.run)})
+
+    def log(self, record: dict) -> None:
+        """Append a record to the log (rank 0 writes it, checkpoints and plots); every process waits here."""
+        self.run.log.append(record)
+        self.run.seconds = time.time() - self.t_start
+        if self.rank == 0:
+            with (self.out / "log.jsonl").open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+            self.save_checkpoint()
+            plot_curves(self.run.log, self.out / "curves.png", self.run.target_dev)
+        self.ddp.barrier()
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(GRPOConfig, argv, __doc__.split("\n\n")[0])
     if cfg.init is None or cfg.out is None:
@@ -388,226 +700,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"--{name.replace('_', '-')} must be at least {low}")
     if cfg.credit not in ("rollout", "state"):
         sys.exit(f"--credit must be rollout or state, not {cfg.credit!r}")
-    import torch
-    from tqdm import tqdm
-
-    from cospec_local import _cospec
-    from cospec_local.models import resolve_model
-    from cospec_local.tasks import load_task
-    from cospec_local.tasks.base import stable_int
-
-    from .arbiter_model import load_arbiter
-    from .rollout import RolloutPool, WorkerConfig
-
-    ddp = Distributed()
-    rank, world = ddp.rank, ddp.world
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    draft = Path(resolve_model(cfg.draft))
-    target = Path(resolve_model(cfg.target))
-    init = Path(cfg.init)
-    model = load_arbiter(init, draft)
-    kind = model.kind
-    if cfg.threshold is None:
-        cfg.threshold = model.threshold
-    with_tokens = kind == "lora"
-    for name, p in model.named_parameters():  # the adapter and head train; the draft's weights stay
-        p.requires_grad_(kind == "features" or "lora_" in name or name.startswith("head."))
-    ref = load_arbiter(init, draft)
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    train_model = model
-    if ddp.dist is not None:
-        train_model = torch.nn.parallel.DistributedDataParallel(model)
-    rc = RewardConfig(cfg.span_bonus, cfg.risk_prob, cfg.risk_penalty, cfg.fallback_penalty, cfg.std_floor)
-
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    config_record = {k: str(v) for k, v in asdict(cfg).items()}
-    identity = {"target": target.name, "draft": draft.name, "draft_fingerprint": _cospec.model_fingerprint(str(draft)),
-                "init": str(init), "kind": kind}
-    checkpoint = out / "checkpoint.pt"
-    state = {"step": 0, "log": [], "best": None, "pool": None, "dev_screen": None, "target_dev": None, "seconds": 0.0}
-    if checkpoint.is_file():
-        saved = torch.load(checkpoint, weights_only=False)
-        changed = {k for k in config_record if saved["config"].get(k) != config_record[k]} - {"steps", "sweep"}
-        if changed or saved["identity"] != identity:  # a run can be extended, or its threshold swept again
-            sys.exit(f"{out} holds a run with other settings ({', '.join(sorted(changed)) or 'models'}); "
-                     f"use another --out")
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        state = saved["state"]
-    families = comma_list(cfg.families)
-    workers_threads = max(1, cfg.threads // cfg.workers)
-    wcfg = WorkerConfig(str(target), str(draft), workers_threads, cfg.max_tokens)
-    dev_problems = [p for f in families for p in load_task(f, "dev", cfg.dev)]
-    t_start = time.time() - state["seconds"]
-    def checkpoint_now() -> None:
-        save_checkpoint(checkpoint, {"config": config_record, "identity": identity, "model": model.state_dict(),
-                                     "optimizer": optimizer.state_dict(), "state": state})
-
-    if rank == 0:  # the log is what the checkpoint holds: a step redone after a crash is not logged twice
-        (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in state["log"]))
-
-    with RolloutPool(wcfg, cfg.workers) as pool:
-        def spread(tasks: list[tuple], desc: str | None = None) -> list:
-            """Run this process's share of `tasks` and gather all results in task order."""
-            mine = list(tqdm(pool.map(tasks[rank::world]), total=len(tasks[rank::world]), desc=desc, leave=False,
-                             disable=desc is None or rank != 0, file=sys.stderr))
-            parts = ddp.gather(mine)
-            results = [None] * len(tasks)
-            for r, part in enumerate(parts):
-                results[r::world] = part
-            return results
-
-        pool_key = {"models": identity | {"init": None, "kind": None}, "families": families, "pool": cfg.pool,
-                    "max_tokens": cfg.max_tokens}
-        if state["pool"] is None and cfg.pool_from is not None:
-            reused = json.loads(Path(cfg.pool_from).read_text())
-            if reused["key"] != pool_key:
-                sys.exit(f"{cfg.pool_from} was screened for other models or settings")
-            state["pool"] = reused["ids"]
-            if [s["problem_id"] for s in reused.get("dev_screen") or []] == [p.id for p in dev_problems]:
-                state["dev_screen"] = reused["dev_screen"]
-        if state["pool"] is None:  # screen the training problems once: which can give a decision
-            problems = [p for f in families for p in load_task(f, "train", cfg.pool)]
-            screened = spread([("screen", p) for p in problems], "screening the prompt pool")
-            state["pool"] = [s["problem_id"] for s in screened if s["mismatches"] > 0]
-        if state.get("dev_screen") is None:
-            state["dev_screen"] = spread([("screen", p) for p in dev_problems], "screening the dev problems")
-        dev_screen = {s["problem_id"]: s for s in state["dev_screen"]}
-        state["target_dev"] = sum(s["target_correct"] for s in state["dev_screen"]) / len(dev_problems)
-        if rank == 0:
-            (out / "pool.json").write_text(json.dumps({"key": pool_key, "ids": state["pool"],
-                                                       "dev_screen": state["dev_screen"]}))
-        by_id = {p.id: p for f in families for p in load_task(f, "train", cfg.pool)}
-        pool_problems = [by_id[i] for i in state["pool"]]
-        if rank == 0:
-            print(f"prompt pool: {len(pool_problems)} of {len(by_id)} training problems reach a mismatch; "
-                  f"{sum(s['mismatches'] > 0 for s in state['dev_screen'])} of {len(dev_problems)} dev problems; "
-                  f"target-only dev accuracy {state['target_dev']:.3f}", file=sys.stderr)
-
-        policies = out / "policy" / f"rank{rank}"  # a folder per step: the workers reload a new path
-
-        def fresh_policy(step: int) -> Path:
-            shutil.rmtree(policies, ignore_errors=True)
-            return export_policy(model, kind, policies / f"step-{step:05d}", draft, cfg.threshold, info(step, None),
-                                 onnx=False)
-
-        # Dev problems where the walk never reaches a mismatch give no arbiter a decision: their
-        # answers are the target's. Only the others are generated again at each evaluation.
-        dev_live = [p for p in dev_problems if dev_screen[p.id]["mismatches"] > 0]
-
-        def dev_accuracy(folder: Path, threshold: float | None = None) -> dict:
-            results = {r["problem_id"]: r for r in spread([("greedy", p, str(folder), threshold) for p in dev_live],
-                                                          "dev")}
-            correct = {p.id: results[p.id]["correct"] if p.id in results else dev_screen[p.id]["target_correct"]
-                       for p in dev_problems}
-            acc = {f: sum(correct[p.id] for p in dev_problems if p.family == f) /
-                   max(1, sum(p.family == f for p in dev_problems)) for f in families}
-            return {"dev_accuracy": sum(correct.values()) / len(dev_problems), "dev_by_family": acc,
-                    "dev_keeps_per_problem": sum(r["kept"] for r in results.values()) / len(dev_problems)}
-
-        def info(step: int, dev: dict | None) -> dict:
-            return {"grpo": {"step": step, "dev": dev, "target_dev_accuracy": state["target_dev"]},
-                    "config": config_record, "models": identity}
-
-        bar = tqdm(range(state["step"], cfg.steps), initial=state["step"], total=cfg.steps, desc="GRPO",
-                   unit="step", disable=rank != 0, file=sys.stderr)
-        for step in bar:
-            t0 = time.time()
-            policy_dir = fresh_policy(step)
-            record: dict = {"step": step}
-            if step == 0 or step % cfg.eval_every == 0:
-                record.update(dev_accuracy(policy_dir))
-                if state["best"] is None or record["dev_accuracy"] > state["best"]["dev_accuracy"]:
-                    state["best"] = {"step": step, "dev_accuracy": record["dev_accuracy"]}
-                    if rank == 0:
-                        export_policy(model, kind, out / "best", draft, cfg.threshold, info(step, record), onnx=True)
-            t_eval = time.time() - t0
-            rng = random.Random(stable_int("grpo-prompts", cfg.seed, step))
-            uniform = state.setdefault("uniform", {})  # prompt id -> groups with one outcome only
-            live = [p for p in pool_problems if not cfg.prune_after or uniform.get(p.id, 0) < cfg.prune_after]
-            prompts = rng.sample(live, min(cfg.prompts_per_step, len(live)))
-            if cfg.credit == "state":
-                tasks = [("branches", p, str(policy_dir), stable_int("grpo-rollout", cfg.seed, step, p.id) % (1 << 63),
-                          cfg.states_per_prompt, cfg.continuations, cfg.explore_temperature,
-                          cfg.greedy_continuations) for p in prompts]
-                results = spread(tasks, "decision states")
-                t_rollout = time.time() - t0 - t_eval
-                items, stats = state_items(results)
-                for r in results:  # a prompt whose states never split teaches nothing
-                    if all(st.q_keep == st.q_reject for st in r["states"]):
-                        uniform[r["problem_id"]] = uniform.get(r["problem_id"], 0) + 1
-            else:
-                tasks = [("rollouts", p, str(policy_dir),
-                          [stable_int("grpo-rollout", cfg.seed, step, p.id, g) % (1 << 63)
-                           for g in range(cfg.group_size)], cfg.explore_temperature)
-                         for p in prompts]
-                rollouts = [r for group in spread(tasks, "rollouts") for r in group]
-                t_rollout = time.time() - t0 - t_eval
-                rewards, advantages, stats = score_groups(rollouts, rc)
-                for p in prompts:
-                    outcomes = {r["correct"] for r in rollouts if r["problem_id"] == p.id}
-                    if len(outcomes) == 1:
-                        uniform[p.id] = uniform.get(p.id, 0) + 1
-                items = decision_items(rollouts, advantages)
-            stats["live_prompts"] = len(live)
-            update = grpo_update(model, ref, items, cfg, optimizer, with_tokens, rank, world, train_model, step)
-            record.update(stats)
-            record.update(update)
-            record.update({"rollout_s": round(t_rollout, 1), "eval_s": round(t_eval, 1),
-                           "update_s": round(time.time() - t0 - t_eval - t_rollout, 1)})
-            state["log"].append(record)
-            state["step"] = step + 1
-            state["seconds"] = time.time() - t_start
-            if rank == 0:
-                bar.set_postfix(reward=f"{stats['reward']:.3f}", keep=f"{stats['keep_rate']:.2f}",
-                                dev=record.get("dev_accuracy", "-"))
-                with (out / "log.jsonl").open("a", encoding="utf-8") as f:
-                    f.write(json.dumps(record) + "\n")
-                checkpoint_now()
-                plot_curves(state["log"], out / "curves.png", state["target_dev"])
-            ddp.barrier()
-
-        if state["log"] and not state["log"][-1].get("final"):  # the last policy's dev accuracy
-            policy_dir = fresh_policy(cfg.steps)
-            final = dev_accuracy(policy_dir)
-            state["log"].append({"step": cfg.steps, **final, "final": True})
-            if final["dev_accuracy"] > state["best"]["dev_accuracy"]:
-                state["best"] = {"step": cfg.steps, "dev_accuracy": final["dev_accuracy"]}
-                if rank == 0:
-                    export_policy(model, kind, out / "best", draft, cfg.threshold, info(cfg.steps, final), onnx=True)
-            if rank == 0:
-                with (out / "log.jsonl").open("a", encoding="utf-8") as f:
-                    f.write(json.dumps(state["log"][-1]) + "\n")
-                checkpoint_now()
-                plot_curves(state["log"], out / "curves.png", state["target_dev"])
-        # The threshold the best policy ships with: its dev accuracy at each of the sweep's.
-        thresholds = [float(t) for t in comma_list(cfg.sweep)]
-        swept = state.get("sweep") or {}
-        if thresholds and (swept.get("thresholds"), swept.get("best_step")) != (thresholds, state["best"]["step"]):
-            ddp.barrier()  # rank 0 wrote best/
-            best = load_arbiter(out / "best", draft)
-            candidate = export_policy(best, kind, policies / "best", draft, cfg.threshold, {}, onnx=False)
-            sweep = {t: dev_accuracy(candidate, t) for t in thresholds}
-            chosen = max(thresholds, key=lambda t: (sweep[t]["dev_accuracy"], t))
-            state["sweep"] = {"thresholds": thresholds, "best_step": state["best"]["step"], "chosen": chosen,
-                              "dev": {str(t): r for t, r in sweep.items()}}
-            if rank == 0:
-                best_info = json.loads((out / "best" / "info.json").read_text())
-                export_policy(best, kind, out / "best", draft, chosen,
-                              {k: best_info[k] for k in ("grpo", "config", "models")} | {"sweep": state["sweep"]},
-                              onnx=True)
-                checkpoint_now()
-    if rank == 0:
-        summary = {"best": state["best"], "sweep": state.get("sweep"), "target_dev_accuracy": state["target_dev"], "steps": state["step"],
-                   "wall_seconds": round(time.time() - t_start, 1), "identity": identity, "config": config_record}
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
-        print(json.dumps(summary["best"]), file=sys.stderr)
-    ddp.close()
+    GRPOTrainer(cfg).train()
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 Each worker process holds one engine (one draft/target pair) and never imports torch: after
 torch has run a multi-threaded op in a process, llama.cpp decodes there several times slower.
-The trainer starts the workers with the `spawn` method, sends them problems and the folder of
-the policy to roll out, and gets back plain records.
+The trainer starts the workers with the `spawn` method, sends them tasks (the *Task classes at
+the end: a problem, the folder of the policy, settings) and gets back plain records.
 
 - `rollouts`: G generations of one problem, greedy tokens, each arbiter decision drawn from
   Bernoulli(P(keep)) with a recorded seed (same seed, same arbiter: same rollout). Every block
@@ -244,6 +244,66 @@ class RolloutWorker:
                 "target_correct": bool(score(problem, run.text))}
 
 
+# ---------------------------------------------------------------- tasks for the worker processes
+# One class per kind of work, sent to a worker process (pickled) and run there on its engine.
+
+@dataclass(frozen=True)
+class ScreenTask:
+    problem: Problem
+
+    def run(self, worker: RolloutWorker) -> dict:
+        return worker.screen(self.problem)
+
+
+@dataclass(frozen=True)
+class GreedyTask:
+    problem: Problem
+    arbiter: str
+    threshold: float | None = None
+
+    def run(self, worker: RolloutWorker) -> dict:
+        return worker.greedy(self.problem, self.arbiter, self.threshold)
+
+
+@dataclass(frozen=True)
+class RolloutsTask:
+    problem: Problem
+    arbiter: str
+    seeds: list[int]
+    temperature: float = 1.0
+
+    def run(self, worker: RolloutWorker) -> list[dict]:
+        return worker.rollouts(self.problem, self.arbiter, self.seeds, self.temperature)
+
+
+@dataclass(frozen=True)
+class BranchesTask:
+    problem: Problem
+    arbiter: str
+    seed: int
+    n_states: int
+    continuations: int
+    temperature: float = 1.0
+    greedy_continuations: bool = False
+
+    def run(self, worker: RolloutWorker) -> dict:
+        return worker.branches(self.problem, self.arbiter, self.seed, self.n_states, self.continuations,
+                               self.temperature, self.greedy_continuations)
+
+
+@dataclass(frozen=True)
+class PolicyStatesTask:
+    problem: Problem
+    arbiter: str
+    split: str
+
+    def run(self, worker: RolloutWorker) -> dict:
+        return worker.policy_states(self.problem, self.arbiter, self.split)
+
+
+Task = ScreenTask | GreedyTask | RolloutsTask | BranchesTask | PolicyStatesTask
+
+
 # ---------------------------------------------------------------- worker processes
 
 _WORKER: RolloutWorker | None = None
@@ -254,13 +314,12 @@ def _init(cfg: WorkerConfig) -> None:
     _WORKER = RolloutWorker(cfg)
 
 
-def _run(task: tuple) -> object:
-    kind, *args = task
-    return getattr(_WORKER, kind)(*args)
+def _run(task: Task) -> object:
+    return task.run(_WORKER)
 
 
 class RolloutPool:
-    """`workers` processes, one engine each; tasks are (method, *args) of RolloutWorker. A worker
+    """`workers` processes, one engine each, running tasks (the *Task classes above). A worker
     that dies (a signal, memory) fails the call with BrokenProcessPool instead of hanging it."""
 
     def __init__(self, cfg: WorkerConfig, workers: int):
@@ -269,7 +328,7 @@ class RolloutPool:
         self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init,
                                          initargs=(cfg,))
 
-    def map(self, tasks: Iterable[tuple]) -> Iterator:
+    def map(self, tasks: Iterable[Task]) -> Iterator:
         """Results in task order, as they complete."""
         return self._pool.map(_run, list(tasks))
 

@@ -34,6 +34,9 @@ from pathlib import Path
 from .config import comma_list, option, parse_config
 from .states import LabelledState
 
+# The features arbiter trains on all its states at once: a batch size no data set reaches.
+FULL_BATCH = 1 << 30
+
 
 @dataclass
 class WarmupConfig:
@@ -144,7 +147,7 @@ def start_from_features(head, features_head) -> None:
             layer.bias.copy_(src.bias)
 
 
-def train(model, train_states: list[LabelledState], dev_states: list[LabelledState], cfg: WarmupConfig,
+def train(model, train_states: list[LabelledState], dev_states: list[LabelledState], cfg: WarmupConfig, *,
           epochs: int, lr: float, batch_size: int, with_tokens: bool, log: list, start_head=None) -> None:
     """Class-balanced BCE on decisive states; keeps the weights of the best dev epoch (with
     start_head, the starting point is a candidate too). Appends each epoch's losses to `log`."""
@@ -265,13 +268,15 @@ def main(argv: list[str] | None = None) -> None:
         torch.manual_seed(cfg.seed)
         if kind == "features":
             model = FeaturesArbiter(cfg.head_hidden, cfg.head_layers)
-            train(model, train_states, dev_states, cfg, cfg.features_epochs, cfg.features_lr, 1 << 30, False, log)
+            train(model, train_states, dev_states, cfg, epochs=cfg.features_epochs, lr=cfg.features_lr,
+                  batch_size=FULL_BATCH, with_tokens=False, log=log)
             extra = {}
         elif kind == "lora":
             model = LoraArbiter(load_draft_backbone(draft), cfg.lora_rank, cfg.lora_alpha, 0.0, cfg.head_hidden,
                                 cfg.head_layers, cfg.lora_context)
             start = trained["features"].head if cfg.lora_from_features else None
-            train(model, train_states, dev_states, cfg, cfg.lora_epochs, cfg.lora_lr, cfg.batch_size, True, log, start)
+            train(model, train_states, dev_states, cfg, epochs=cfg.lora_epochs, lr=cfg.lora_lr,
+                  batch_size=cfg.batch_size, with_tokens=True, log=log, start_head=start)
             extra = model.export_args()
         else:
             sys.exit(f"unknown arbiter {kind!r}")
