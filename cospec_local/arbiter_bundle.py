@@ -206,15 +206,22 @@ def head_tensors(head) -> list[tuple[str, np.ndarray]]:
 
 def write_onnx(path: Path, head) -> Path:
     """head.onnx from a torch `Head`: float32 rows (N, n_in) -> P(keep) (N,), checked with onnx.checker."""
+    import logging
+    import warnings
+
     import onnx
     import torch
 
+    # The exporter's notes on operators this model never uses (torchvision's) are not the user's business.
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     model = torch.nn.Sequential(head, torch.nn.Sigmoid()).eval()
     n_in = head.in_mean.shape[0]
     example = torch.zeros(2, n_in)
-    torch.onnx.export(model, (example,), str(path), input_names=["inputs"], output_names=["p_keep"],
-                      dynamic_shapes={"input": {0: torch.export.Dim("rows")}}, dynamo=True, verbose=False,
-                      external_data=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations inside the exporter
+        torch.onnx.export(model, (example,), str(path), input_names=["inputs"], output_names=["p_keep"],
+                          dynamic_shapes={"input": {0: torch.export.Dim("rows")}}, dynamo=True, verbose=False,
+                          external_data=False)
     # One self-contained file (some exporter versions still write weights beside it).
     loaded = onnx.load(str(path))
     onnx.save_model(loaded, str(path), save_as_external_data=False)
@@ -336,3 +343,10 @@ def set_trained_under(folder: str | Path, trained: dict) -> Path:
                  gguf.GGUFValueType.UINT32 if key == "draft_max" else gguf.GGUFValueType.FLOAT32)
         kv[KEY + key] = (value, vtype)
     return _rewrite_arbiter_file(folder, kv, [], set())
+
+
+def set_name(folder: str | Path, name: str) -> Path:
+    """Give an existing arbiter.gguf another name (what the engine reports it as)."""
+    import gguf
+
+    return _rewrite_arbiter_file(folder, {KEY + "name": (name, gguf.GGUFValueType.STRING)}, [], set())

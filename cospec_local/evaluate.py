@@ -57,14 +57,22 @@ class Record:
     arbiter_ms: float = 0.0
 
 
+def task_prompt(engine: Engine, problem: Problem, as_chat: bool) -> tuple[list[int], tuple[str, ...]]:
+    """A problem's prompt tokens and stop strings: the raw prompt, ended at its family's stops, or
+    the prompt as the user's message in the target's chat template, ended by the template's end
+    of turn (the same everywhere a problem is generated: eval, collection, training)."""
+    if as_chat:
+        return engine.render_chat([{"role": "user", "content": problem.prompt}]), ()
+    return engine.tokenize(problem.prompt), tuple(FAMILY_STOPS.get(problem.family, ()))
+
+
 def run_problem(engine: Engine, problem: Problem, run: Run, params: GenerationParams,
                 score: Callable[[Problem, str], bool], as_chat: bool) -> Record:
     """One problem with one run, from a clean cache: the record is a function of the problem and
     the settings alone, whatever ran before (a resumed eval gives the same records)."""
-    prompt = engine.render_chat([{"role": "user", "content": problem.prompt}]) if as_chat else problem.prompt
-    stop = () if as_chat else FAMILY_STOPS.get(problem.family, ())
+    prompt, stop = task_prompt(engine, problem, as_chat)
     engine.reset()
-    r = engine.generate(prompt, params, mode=run.mode, arbiter=run.arbiter or "target", stop=tuple(stop))
+    r = engine.generate(prompt, params, mode=run.mode, arbiter=run.arbiter or "target", stop=stop)
     s = r.stats
     return Record(problem.id, run.label, bool(score(problem, r.text)), r.text, s.n_generated, s.t_generate_ms,
                   s.n_drafted, s.n_accepted + s.n_kept, s.n_kept, s.n_blocks, s.t_arbiter_ms)

@@ -66,3 +66,103 @@ def test_list_and_show_the_bundled_arbiters(tmp_path):
     assert "demo-features (bundled, features)" in out.stdout and "blocks of up to 8 tokens" in out.stdout
     out = run_cli("arbiter", "show", "nonsense", env=env)
     assert out.returncode == 1 and "no arbiter 'nonsense'" in out.stderr and "demo-lora" in out.stderr
+
+
+# ---------------------------------------------------------------- train
+
+# A few minutes on 2 cores: the demo pair on arith, few problems (its headroom is large: the demo
+# draft solves arithmetic the target misses).
+TRAIN_ARGS = ("--task", "arith", "--train", 120, "--dev", 30, "--test", 30, "--kinds", "features,lora", "-t", 2)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One `arbiter train` run, interrupted once during collection and resumed with the same command."""
+    root = tmp_path_factory.mktemp("own-pair")
+    env = {"COSPEC_LOCAL_ARBITERS": str(root / "arbiters")}
+    work = root / "work"
+    command = [*CLI, "arbiter", "train", "mine", "--work", str(work), *map(str, TRAIN_ARGS)]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, **env}, start_new_session=True)
+    states = work / "states" / "problems.jsonl"
+    import signal
+    import time
+
+    deadline = time.time() + 900
+    while time.time() < deadline and child.poll() is None:  # interrupt once some problems are collected
+        if states.is_file() and len(states.read_text().splitlines()) >= 20:
+            os.killpg(child.pid, signal.SIGINT)
+            break
+        time.sleep(0.2)
+    _, interrupted_err = child.communicate(timeout=300)
+    out = run_cli("arbiter", "train", "mine", "--work", work, *TRAIN_ARGS, env=env)
+    return dict(root=root, env=env, work=work, out=out, interrupted=child.returncode, interrupted_err=interrupted_err)
+
+
+def test_train_interrupted_then_resumed_installs_a_working_arbiter(trained):
+    out = trained["out"]
+    assert trained["interrupted"] == 130, trained["interrupted_err"][-2000:]
+    assert "rerun the same command to resume" in trained["interrupted_err"]
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "headroom on 30 dev problems" in out.stderr and "installed mine" in out.stderr
+    folder = trained["root"] / "arbiters" / "mine"
+    assert {"arbiter.gguf", "info.json", "evaluation.json"} <= {p.name for p in folder.iterdir()}
+    record = json.loads((folder / "evaluation.json").read_text())
+    runs = record["evaluation"]["arith"]["runs"]
+    assert set(runs) == {"target-only", "draft-only", "sps", record["kind"]} and record["kind"] in ("lora", "features")
+    assert runs["target-only"]["n"] == 30
+
+
+def test_resumed_collection_equals_an_uninterrupted_one(trained, tmp_path):
+    """The interrupted run's states are those a run without interruption collects."""
+    command = ["--out", tmp_path / "states", "--families", "arith", "--train", 120, "--dev", 30, "--threads", 2,
+               "--max-tokens", 256]
+    out = subprocess.run([sys.executable, "-m", "cospec_local.train.collect", *map(str, command)],
+                         capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stderr[-2000:]
+    resumed = sorted((trained["work"] / "states" / "states.jsonl").read_text().splitlines())
+    assert resumed == sorted((tmp_path / "states" / "states.jsonl").read_text().splitlines())
+
+
+def test_the_installed_arbiter_is_found_by_name_everywhere(trained):
+    env = trained["env"]
+    out = run_cli("arbiter", "list", env=env)
+    assert out.returncode == 0 and any(line.startswith("mine") and "installed" in line for line in out.stdout.splitlines())
+    out = run_cli("arbiter", "show", "mine", env=env)
+    assert out.returncode == 0 and "mine (installed" in out.stdout and "evaluation  (held-out problems)" in out.stdout
+    out = run_cli("generate", "-p", "Mei has 9 stamps. Mei buys 4 more stamps. How many stamps does Mei have now?",
+                  "--arbiter", "mine", "-n", 40, "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["arbiter"] == "mine"
+
+
+def test_refusals_are_one_clear_line_and_write_nothing(trained, tmp_path):
+    env = trained["env"]
+    out = run_cli("arbiter", "train", "mine", "--work", tmp_path / "w", *TRAIN_ARGS, env=env)
+    assert out.returncode == 1 and "already installed" in out.stderr and "--force" in out.stderr
+    assert not (tmp_path / "w").exists()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "What is 1 + 1?", "answer": 2}\n{"prompt": "What is 2 + 2?"}\n')
+    out = run_cli("arbiter", "train", "other", "--work", tmp_path / "w2", "--task", bad, env=env)
+    assert out.returncode == 1 and f"{bad}:2: no 'answer'" in out.stderr and "Traceback" not in out.stderr
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    out = run_cli("arbiter", "train", "other", "--work", tmp_path / "w3", "--task", empty, env=env)
+    assert out.returncode == 1 and "no train problems" in out.stderr and "Traceback" not in out.stderr
+    out = run_cli("arbiter", "train", "other", "--work", tmp_path / "w4", "-m", "demo-target", "-md",
+                  "smollm2-135m", env=env)
+    assert out.returncode == 1 and "vocabular" in out.stderr.lower() and "Traceback" not in out.stderr
+    assert not (trained["root"] / "arbiters" / "other").exists()
+
+
+def test_no_headroom_reports_and_stops(trained, tmp_path):
+    """Where the draft solves nothing the target misses (the target as its own draft), the run
+    prints the headroom and stops before collecting."""
+    from cospec_local.models import resolve_model
+
+    target = resolve_model("demo-target")
+    out = run_cli("arbiter", "train", "same", "--work", tmp_path / "w", "-m", target, "-md", target, "--task",
+                  "arith", "--dev", 20, env=trained["env"])
+    assert out.returncode == 1, out.stderr
+    assert "headroom on 20 dev problems" in out.stderr and "no headroom" in out.stderr
+    assert "--ignore-headroom" in out.stderr and not (tmp_path / "w" / "states").exists()

@@ -20,7 +20,7 @@ is trained on the weights llama.cpp computes with.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -76,7 +76,7 @@ class FeaturesArbiter(nn.Module):
         self.head = Head(N_FEATURES, hidden, n_layers)
 
     def head_inputs(self, batch: "Batch") -> torch.Tensor:
-        return batch.features
+        return batch.to(self.head.in_mean.device).features
 
     def forward(self, batch: "Batch") -> torch.Tensor:
         return self.head(self.head_inputs(batch))
@@ -94,6 +94,11 @@ class Batch:
     rows: torch.Tensor | None = None          # (N,) which sequence each scored position is in
     d_index: torch.Tensor | None = None       # (N,) index of d_i in its sequence
     t_index: torch.Tensor | None = None       # (N,) index of t_i
+
+    def to(self, device) -> "Batch":
+        """The batch on `device` (itself where it is there already)."""
+        return Batch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                        for f in fields(self)})
 
 
 def hybrid_mask(n_prefix: int, n_region: int, length: int) -> torch.Tensor:
@@ -206,6 +211,7 @@ class LoraArbiter(nn.Module):
                     lora_context=self.lora_context)
 
     def head_inputs(self, batch: Batch) -> torch.Tensor:
+        batch = batch.to(self.head.in_mean.device)  # batches are made on the CPU; the model may be on a GPU
         h = self.hidden(batch)
         return torch.cat([h[batch.rows, batch.d_index], h[batch.rows, batch.t_index], batch.features], dim=-1)
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..engine import Engine
-from ..tasks import FAMILY_STOPS, Problem, cut_at_stops, score
+from ..evaluate import task_prompt
+from ..tasks import Problem, cut_at_stops, score
 from .states import DecisionState
 
 # (the prompt's tokens + the branch's answer so far, tokens left) -> the text generated after them
@@ -40,12 +41,11 @@ class BranchOracle:
     """The branches of one problem's decisions. Each distinct answer is scored once: branches
     often end in the same answer, and code answers run in a sandbox."""
 
-    def __init__(self, engine: Engine, problem: Problem, max_tokens: int):
+    def __init__(self, engine: Engine, problem: Problem, max_tokens: int, chat: bool = False):
         self.engine = engine
         self.problem = problem
         self.max_tokens = max_tokens
-        self.stops = tuple(FAMILY_STOPS.get(problem.family, ()))
-        self.prompt = engine.tokenize(problem.prompt)
+        self.prompt, self.stops = task_prompt(engine, problem, chat)
         self._scores: dict[str, bool] = {}
 
     def text_of(self, tokens) -> str:

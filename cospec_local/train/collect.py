@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -53,16 +54,18 @@ MAX_TOKENS = 256
 
 
 class Collector:
-    def __init__(self, engine: Engine, params: GenerationParams, observe=None):
+    def __init__(self, engine: Engine, params: GenerationParams, observe=None, chat: bool = False):
         """observe(block), if given, sees every block of the recorded runs (e.g. to score it with
-        learned arbiters while the draft's cache holds the block's context)."""
+        learned arbiters while the draft's cache holds the block's context). chat: each problem
+        goes to the model as a user message in the target's chat template."""
         self.engine = engine
         self.params = params
         self.observe = observe
+        self.chat = chat
 
     def problem(self, problem: Problem, split: str) -> tuple[dict, list[LabelledState]]:
         engine, params = self.engine, self.params
-        oracle = BranchOracle(engine, problem, params.max_tokens)
+        oracle = BranchOracle(engine, problem, params.max_tokens, self.chat)
         seen: dict[int, DecisionState] = {}
 
         def decide(block):
@@ -91,15 +94,35 @@ class Collector:
             states.append(LabelledState(problem.id, problem.family, split, len(oracle.prompt), state, i,
                                         keep_correct=oracle.is_right(keep_completion), reject_correct=reject_correct,
                                         keep_completion=keep_completion))
+        # The prompt's tokens, as the engine saw them: the domain gate is built from them (warmup.py).
         summary = {"problem_id": problem.id, "family": problem.family, "split": split, "correct": reject_correct,
-                   "tokens": len(run.tokens), "states": len(states)}
+                   "tokens": len(run.tokens), "states": len(states), "prompt_tokens": oracle.prompt}
         return summary, states
 
 
-def read_jsonl(path: Path) -> list[dict]:
+def complete_lines(path: Path) -> list[str]:
+    """The lines of a log that were written whole: a process killed mid-write leaves a last line
+    without its newline, which is not data."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    text = path.read_text(encoding="utf-8")
+    return text.splitlines()[:text.count("\n")] if text else []
+
+
+def resume_point(out: Path) -> set[str]:
+    """The problems a previous run finished (problems.jsonl), with both logs cut back to them: a
+    problem whose states were written but whose summary was not is collected again, so its states
+    must not stay behind twice. Both files are rewritten whole (atomically) before appending."""
+    problems = [line for line in complete_lines(out / "problems.jsonl") if line.strip()]
+    done = {json.loads(line)["problem_id"] for line in problems}
+    states = [line for line in complete_lines(out / "states.jsonl")
+              if line.strip() and json.loads(line)["problem_id"] in done]
+    for name, lines in (("problems.jsonl", problems), ("states.jsonl", states)):
+        if (out / name).is_file():
+            tmp = out / (name + ".tmp")
+            tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            os.replace(tmp, out / name)
+    return done
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,6 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--policy", default=None,
                     help="A learned arbiter (name or folder): collect the states it meets, labelled with its own "
                          "continuations, instead of plain speculative decoding's first mismatches.")
+    ap.add_argument("--chat", action="store_true", help="Send each problem as a user message through the target's "
+                                                         "chat template (instruct models), ended by its end of turn.")
     ap.add_argument("--workers", type=int, default=2, help="Engine processes of a --policy collection (threads "
                                                            "are shared among them); plain collection runs one "
                                                            "engine here.")
@@ -132,12 +157,16 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.policy is not None and args.verify_cost >= 0:
         sys.exit("--verify-cost: a --policy collection drafts under its policy's own verify cost")
+    if args.policy is not None and args.chat:
+        sys.exit("--chat: a --policy collection sends raw prompts only")
     params = GenerationParams(max_tokens=args.max_tokens, verify_cost=args.verify_cost)
     with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=args.threads) as engine:
         manifest = {"target": model_identity(engine.target_path), "draft": model_identity(engine.draft_path),
                     "draft_fingerprint": _cospec.model_fingerprint(engine.draft_path),
                     "params": {k: v for k, v in vars(params).items() if k not in ("arbiter", "stop")},
-                    "families": families}
+                    "families": families, "n_vocab": engine.n_vocab}
+        if args.chat:  # only where set: folders collected before it existed stay resumable
+            manifest["chat"] = True
         if args.policy is not None:
             policy = resolve_arbiter_path(args.policy)
             if not (arbiter_dir(policy) / ARBITER_FILE).is_file():
@@ -151,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         if manifest_path.is_file() and json.loads(manifest_path.read_text()) != manifest:
             sys.exit(f"{args.out} holds states of other models or settings; use another --out")
         manifest_path.write_text(json.dumps(manifest, indent=1))
-        done = {row["problem_id"] for row in read_jsonl(args.out / "problems.jsonl")}
+        done = resume_point(args.out)
         todo = [(p, split) for split, n in (("dev", args.dev), ("train", args.train)) if n > 0
                 for f in families for p in load_task(f, split, n) if p.id not in done]
         if args.policy is not None:
@@ -165,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
                        pool.map(PolicyStatesTask(p, str(arbiter_dir(policy)), split) for p, split in todo))
         else:
             pool = None
-            collector = Collector(engine, params)
+            collector = Collector(engine, params, chat=args.chat)
             results = (collector.problem(p, split) for p, split in todo)
         t0 = time.time()
         try:

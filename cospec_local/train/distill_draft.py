@@ -53,6 +53,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .device import resolve_device
+
 TOP_K = 16
 
 
@@ -73,24 +75,6 @@ def render_prompts(target_gguf: Path, prompts: list[str]) -> list[list[int]]:
 
     with Engine(target_gguf, n_ctx=512, n_threads=1) as engine:
         return [engine.render_chat([{"role": "user", "content": p}]) for p in prompts]
-
-
-def resolve_device(device: str):
-    """The torch device generation and training run on: `auto` is the first CUDA device where torch
-    sees one (data and training in minutes instead of hours), else the CPU."""
-    import torch
-
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        dev = torch.device(device)
-    except RuntimeError:  # torch's own message names its whole list of device kinds
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise SystemExit(f"--device must be auto, cpu or cuda[:N], not {device!r}")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"--device {device}: this torch sees no CUDA device")
-    return dev
 
 
 def resolve_precision(precision: str, device=None) -> str:

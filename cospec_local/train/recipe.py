@@ -39,6 +39,10 @@ MIN_HEADROOM_PROBLEMS = 2
 # Fewer decisive states than this (exactly one branch right) cannot train a keep decision.
 MIN_DECISIVE_STATES = 20
 KINDS = ("lora", "features")
+# Collection's time per problem over target-only's (a recorded run with Python's recording
+# arbiter, features, and each state's keep branch continued): the demo pair on arith, 2 cores,
+# 60 problems in 4 s at 0.07 s each alone; 15x that with a test suite beside it.
+COLLECT_TARGET_RATIO = 2.0
 # The warm-up's time scale: 6.5 ms per decisive state and epoch for the demo draft (468 kB, Q8_0) on 2 cores.
 DEMO_DRAFT_BYTES = 468_224
 
@@ -66,7 +70,8 @@ class RecipeSettings:
                                        "from the headroom stage's timings).")
     max_tokens: int = _opt(256, "Most tokens per answer.")
     threads: int = _opt(2, "CPU threads.")
-    device: str = _opt("auto", "Device of the torch stages: auto (CUDA where torch sees one), cpu or cuda.")
+    device: str = _opt("auto", "Device of the warm-up: auto (CUDA where torch sees one), cpu or cuda (GRPO's "
+                               "update runs on the CPU).")
     grpo: bool = _opt(False, "After the warm-up, GRPO from the LoRA arbiter; reported beside it, never "
                              "installed in its place.")
     grpo_steps: int = _opt(40, "GRPO steps (with --grpo).")
@@ -188,16 +193,16 @@ def headroom_report(room: dict) -> str:
 # ---------------------------------------------------------------- estimates
 
 def estimate_seconds(room: dict, settings: RecipeSettings, n_train: int) -> dict:
-    """Rough stage times from the headroom stage's timings. Collection runs speculative decoding
-    and, at each decision state, the rest of the answer once more (half an answer on average,
-    about one state per block that meets a mismatch: here taken as one per 8 tokens); the warm-up
-    is timed per decisive state and epoch on the demo pair and scaled by the draft's size."""
+    """Rough stage times from the headroom stage's timings. Collection (a recorded speculative run,
+    then the keep branch of each decision state to the end) took COLLECT_TARGET_RATIO times the
+    target's own time per problem on the demo pair; the warm-up is timed per decisive state and
+    epoch on the demo pair and scaled by the draft's size."""
     per_task = len(settings.tasks)
     t_target = room["target_ms_per_problem"] / 1000
     t_draft = room["draft_ms_per_problem"] / 1000
     t_spec = max(t_draft, 0.8 * t_target)  # speculative decoding runs near the target's speed on a CPU
-    states_per_problem = 2.0
-    collect = (n_train + settings.dev) * per_task * t_spec * (1 + 0.5 * states_per_problem)
+    states_per_problem = 0.4  # decisive and not, per problem: the demo pair on arith
+    collect = (n_train + settings.dev) * per_task * t_target * COLLECT_TARGET_RATIO
     evaluate = settings.test * per_task * (t_target + t_draft + t_spec * (1 + len(settings.kinds)))
     decisive = 0.4 * states_per_problem * n_train * per_task
     warmup = 0.0
@@ -311,7 +316,7 @@ class RecipeRun:
         self.run_module("cospec_local.train.warmup", "--data", str(self.work / "states"), "--out", str(out),
                         "--draft", self.settings.draft, "--arbiters", ",".join(self.settings.kinds),
                         "--threads", str(self.settings.threads), "--seed", str(self.settings.seed),
-                        "--device", self.settings.device)
+                        "--device", self.settings.device, "--name", self.settings.name)
         log = json.loads((out / "warmup_log.json").read_text())
         return self.stages.finish("warmup", {kind: log["arbiters"][kind]["dev"] for kind in self.settings.kinds},
                                   collected)
@@ -326,8 +331,7 @@ class RecipeRun:
                         "--target", self.settings.target, "--draft", self.settings.draft,
                         "--families", ",".join(self.settings.tasks), "--steps", str(self.settings.grpo_steps),
                         "--dev", str(self.settings.dev), "--threads", str(self.settings.threads),
-                        "--max-tokens", str(self.settings.max_tokens), "--seed", str(self.settings.seed),
-                        "--device", self.settings.device)
+                        "--max-tokens", str(self.settings.max_tokens), "--seed", str(self.settings.seed))
         summary = json.loads((out / "summary.json").read_text())
         return self.stages.finish("grpo", {"best": summary["best"], "sweep": summary.get("sweep")}, warmed)
 
@@ -359,7 +363,7 @@ class RecipeRun:
         return max(self.settings.kinds, key=lambda k: (warmed[k]["right_keeps"] - warmed[k]["wrong_keeps"], k == "lora"))
 
     def install(self, kind: str, source: Path, evaluation: dict, collected: dict, room: dict) -> Path:
-        from ..arbiter_bundle import BUNDLE_FILES
+        from ..arbiter_bundle import BUNDLE_FILES, set_name
         from ..arbiters import EVALUATION_FILE
 
         dest = self.install_dir / self.settings.name
@@ -369,6 +373,7 @@ class RecipeRun:
         for name in BUNDLE_FILES:
             if (source / name).is_file():
                 shutil.copyfile(source / name, tmp / name)
+        set_name(tmp, self.settings.name)
         record = {"name": self.settings.name, "kind": kind, "recipe": self.settings.recorded(),
                   "headroom": room, "states": collected,
                   "evaluation": {task: {"problems": r["problems"], "union": r["union"],
@@ -384,10 +389,10 @@ class RecipeRun:
 
     def run(self) -> Path:
         s = self.settings
-        self.work.mkdir(parents=True, exist_ok=True)
         with self.open_engine() as engine:  # refuses a pair with other vocabularies before anything is written
-            for split, n in (("train", 1), ("dev", 1), ("test", 1)):
+            for split, n in (("train", 1), ("dev", 1), ("test", 1)):  # and tasks that are empty or malformed
                 problems_of(s, split, n)
+            self.work.mkdir(parents=True, exist_ok=True)
             room = self.headroom_stage(engine)
         self.say(headroom_report(room))
         if (why := headroom_verdict(room)) is not None:

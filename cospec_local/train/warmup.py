@@ -52,8 +52,11 @@ class WarmupConfig:
     families: str = option("", "Train (and choose the threshold) on these task families only, comma-separated, e.g. "
                                "arith for an arbiter whose transfer to pyfunc is measured (default: every family "
                                "collected).")
+    name: str = option("", "Name recorded in the arbiters, with the kind after it (default: the draft's file name).")
     seed: int = option(0, "Seed of initialisation and data order.")
     threads: int = option(2, "torch threads.")
+    device: str = option("auto", "Where to train: auto (a CUDA device where torch sees one, else the CPU), cpu or "
+                                 "cuda[:N].")
     head_hidden: int = option(64, "Width of the head's hidden layer.")
     head_layers: int = option(2, "Linear layers of the head.")
     features_epochs: int = option(200, "Epochs of the features arbiter (full batch).")
@@ -158,7 +161,8 @@ def train(model, train_states: list[LabelledState], dev_states: list[LabelledSta
 
     decisive = [s for s in train_states if s.label >= 0]
     dev_decisive = [s for s in dev_states if s.label >= 0]
-    labels = torch.tensor([float(s.label) for s in decisive])
+    device = next(model.parameters()).device
+    labels = torch.tensor([float(s.label) for s in decisive], device=device)
     n_pos = float(labels.sum())
     pos_weight = (len(decisive) - n_pos) / max(n_pos, 1.0)
     with torch.no_grad():  # standardise the head's inputs from the training states
@@ -191,7 +195,7 @@ def train(model, train_states: list[LabelledState], dev_states: list[LabelledSta
             idx = order[i:i + batch_size]
             logits = model(labelled_batch([decisive[j] for j in idx], with_tokens))
             loss = torch.nn.functional.binary_cross_entropy_with_logits(
-                logits, labels[idx], pos_weight=torch.tensor(pos_weight))
+                logits, labels[idx], pos_weight=torch.tensor(pos_weight, device=device))
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -216,6 +220,33 @@ def collected_verify_cost(manifest: dict) -> float:
     return value if value >= 0 else float(_cospec.DEFAULT_VERIFY_COST)
 
 
+def domain_gate(folders: list[Path], manifests: list[dict], families: set[str]):
+    """The arbiters' domain gate (domain_gate.py) from the prompts the states were collected on:
+    bigrams of the train problems' prompts, threshold from the dev problems'. Folders that do not
+    record their prompts (collected before they did, or by --policy, on the same problems) add
+    none; with none recorded at all the arbiters get no gate and decide on every prompt."""
+    from cospec_local.domain_gate import build_gate
+
+    prompts = {"train": [], "dev": []}
+    n_vocab = None
+    for folder, manifest in zip(folders, manifests):
+        rows = [json.loads(line) for line in (folder / "problems.jsonl").read_text().splitlines() if line.strip()]
+        if "n_vocab" not in manifest or any("prompt_tokens" not in r for r in rows):
+            continue
+        n_vocab = int(manifest["n_vocab"])  # one target for every folder (checked before)
+        for r in rows:
+            if not families or r["family"] in families:
+                prompts[r["split"]].append(r["prompt_tokens"])
+    if not prompts["train"] or not prompts["dev"]:
+        print(f"note: {', '.join(map(str, folders))} record no prompts: the arbiters get no domain gate and decide "
+              f"on every prompt", file=sys.stderr)
+        return None
+    gate = build_gate(prompts["train"], prompts["dev"], n_vocab)
+    print(f"domain gate: {len(gate.bigrams)} bigrams of {len(prompts['train'])} train prompts; threshold "
+          f"{gate.threshold:.3f} (dev prompts' coverage: {json.dumps(gate.dev_coverage)})", file=sys.stderr)
+    return gate
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(WarmupConfig, argv, __doc__.split("\n\n")[0])
     if cfg.data is None or cfg.out is None:
@@ -224,13 +255,15 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    from cospec_local.arbiter_bundle import write_arbiter
+    from cospec_local.arbiter_bundle import TRAINED_UNDER, write_arbiter
     from cospec_local import _cospec
     from cospec_local.models import resolve_model
 
+    from .device import resolve_device
     from .arbiter_model import N_FEATURES, FeaturesArbiter, LoraArbiter, load_draft_backbone
 
     assert N_FEATURES == _cospec.N_FEATURES
+    device = resolve_device(cfg.device)  # refused before anything is written
     draft = resolve_model(cfg.draft)
     folders = [Path(f) for f in comma_list(cfg.data)]
     manifests, states = [], []
@@ -255,6 +288,12 @@ def main(argv: list[str] | None = None) -> None:
         states = [s for s in states if s.family in families]
     train_states = [s for s in states if s.split == "train"]
     dev_states = [s for s in states if s.split == "dev"]
+    for split, split_states in (("train", train_states), ("dev", dev_states)):
+        if not any(s.label >= 0 for s in split_states):
+            sys.exit(f"no decisive {split} states in {', '.join(map(str, folders))} (a state is decisive where exactly "
+                     f"one of keeping and rejecting the draft's token ends right): nothing to learn a keep decision "
+                     f"from; collect more problems, or tasks where the draft is right where the target is not")
+    gate = domain_gate(folders, manifests, families)
     cfg.out.mkdir(parents=True, exist_ok=True)
     log: list = []
     results = {"config": {k: str(v) for k, v in asdict(cfg).items()}, "data": manifests,
@@ -267,13 +306,13 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.time()
         torch.manual_seed(cfg.seed)
         if kind == "features":
-            model = FeaturesArbiter(cfg.head_hidden, cfg.head_layers)
+            model = FeaturesArbiter(cfg.head_hidden, cfg.head_layers).to(device)
             train(model, train_states, dev_states, cfg, epochs=cfg.features_epochs, lr=cfg.features_lr,
                   batch_size=FULL_BATCH, with_tokens=False, log=log)
             extra = {}
         elif kind == "lora":
             model = LoraArbiter(load_draft_backbone(draft), cfg.lora_rank, cfg.lora_alpha, 0.0, cfg.head_hidden,
-                                cfg.head_layers, cfg.lora_context)
+                                cfg.head_layers, cfg.lora_context).to(device)
             start = trained["features"].head if cfg.lora_from_features else None
             train(model, train_states, dev_states, cfg, epochs=cfg.lora_epochs, lr=cfg.lora_lr,
                   batch_size=cfg.batch_size, with_tokens=True, log=log, start_head=start)
@@ -296,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
                                              "train_states": results["train_states"],
                                              "families": sorted(families) or "all"},
                 "config": results["config"]}
-        name = f"{Path(draft).stem.split('-q')[0]}-{kind}"
+        name = f"{cfg.name or Path(draft).stem.split('-q')[0]}-{kind}"
         description = {"features": "MLP over the block's features, warm-up on branch-oracle labels",
                        "lora": "draft + LoRA adapter, head over hidden states and features, warm-up on "
                                "branch-oracle labels"}[kind]
@@ -307,8 +346,14 @@ def main(argv: list[str] | None = None) -> None:
         if families:
             description += f" ({', '.join(sorted(families))} only)"
             name += "-" + "-".join(sorted(families))
+        if threshold >= 1.0:
+            print(f"note: {kind}: no keep threshold gains on the dev states; this arbiter never keeps a draft token "
+                  f"(it learned nothing that beats the target here)", file=sys.stderr)
+        model.to("cpu")  # the files and head.onnx are written from CPU tensors
+        trained_under = {key: manifests[0]["params"][key] for key in TRAINED_UNDER if key in manifests[0]["params"]}
         write_arbiter(cfg.out / kind, kind=kind, head=model.head, draft_gguf=draft, threshold=threshold, name=name,
-                      description=description, info=info, verify_cost=collected_verify_cost(manifests[0]), **extra)
+                      description=description, info=info, verify_cost=collected_verify_cost(manifests[0]),
+                      trained_under=trained_under, gate=gate, **extra)
         print(f"{kind}: {json.dumps(measured['dev'])}", file=sys.stderr)
     results["log"] = log
     (cfg.out / "warmup_log.json").write_text(json.dumps(results, indent=1))
