@@ -1,11 +1,12 @@
 """The interactive loop behind `cospec-local chat`."""
 from __future__ import annotations
 
+import os
 import sys
 from typing import Callable, TextIO
 
-from .display import colored, stats_line
-from .engine import Engine
+from .display import colored, draft_off_note, model_summary, stats_line
+from .engine import LEARNED_KINDS, Engine
 from .errors import ContextFullError, CospecError
 from .params import MODES, GenerationParams
 
@@ -13,7 +14,8 @@ HELP = """Commands:
   /? or /help        this help
   /clear             forget the conversation
   /show              the models, the arbiter and every setting
-  /set NAME VALUE    change one: temp, top-k, top-p, min-p, repeat-penalty, repeat-last-n, seed,
+  /set NAME VALUE    change one (as /show names it, or its flag's name): temp, top-k, top-p, min-p,
+                     repeat-penalty, repeat-last-n, seed (a number, or random: a new one each reply),
                      max-tokens, draft-max, draft-p-min,
                      mode (speculative, target-only, draft-only), arbiter (target, fly, a learned
                      arbiter's name or folder), arbiter-threshold, fly-window, fly-entropy,
@@ -26,35 +28,64 @@ Ctrl-C stops a reply and keeps the conversation; Ctrl-C at the prompt (or Ctrl-D
 When the conversation outgrows the context, the oldest turns are dropped (the system message stays)."""
 
 def _on_off(value: str) -> bool:
-    return value.lower() in ("on", "1", "true", "yes")
+    if value.lower() in ("on", "1", "true", "yes"):
+        return True
+    if value.lower() in ("off", "0", "false", "no"):
+        return False
+    raise ValueError(f"{value!r} is not on or off")
 
 
-# /set name -> (GenerationParams field, parser)
+def _number(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a number") from None
+
+
+def _whole(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a whole number") from None
+
+
+def random_seed() -> int:
+    """A fresh seed for a reply whose seed nobody set (llama-cli's and Ollama's habit)."""
+    return int.from_bytes(os.urandom(8), "little") >> 1
+
+
+# /set name -> (GenerationParams field, parser); /show's names (the fields) are accepted too.
 SETTINGS = {
-    "temp": ("temperature", float),
-    "top-k": ("top_k", int),
-    "top-p": ("top_p", float),
-    "min-p": ("min_p", float),
-    "repeat-penalty": ("repeat_penalty", float),
-    "repeat-last-n": ("repeat_last_n", int),
-    "seed": ("seed", int),
-    "max-tokens": ("max_tokens", int),
-    "draft-max": ("draft_max", int),
-    "draft-p-min": ("draft_p_min", float),
-    "fly-window": ("fly_window", int),
-    "fly-entropy": ("fly_entropy", float),
-    "arbiter-threshold": ("arbiter_threshold", float),
+    "temp": ("temperature", _number),
+    "top-k": ("top_k", _whole),
+    "top-p": ("top_p", _number),
+    "min-p": ("min_p", _number),
+    "repeat-penalty": ("repeat_penalty", _number),
+    "repeat-last-n": ("repeat_last_n", _whole),
+    "seed": ("seed", _whole),
+    "max-tokens": ("max_tokens", _whole),
+    "draft-max": ("draft_max", _whole),
+    "draft-p-min": ("draft_p_min", _number),
+    "fly-window": ("fly_window", _whole),
+    "fly-entropy": ("fly_entropy", _number),
+    "arbiter-threshold": ("arbiter_threshold", _number),
     "adaptive-draft": ("adaptive_draft", _on_off),
     "sample-arbiter": ("sample_arbiter", _on_off),
+    "arbiter-gate": ("arbiter_gate", _on_off),
     "arbiter": ("arbiter", str),
 }
+ALIASES = {field: name for name, (field, _) in SETTINGS.items()}  # temperature -> temp, top_k -> top-k, ...
+ALIASES.update({field.replace("_", "-"): name for field, name in list(ALIASES.items())})
 
 
 class ChatSession:
     def __init__(self, engine: Engine, settings: GenerationParams, system: str | None = None, color: bool = False,
-                 read_line: Callable[[str], str] = input, out: TextIO = sys.stdout):
+                 read_line: Callable[[str], str] = input, out: TextIO = sys.stdout, seed_fixed: bool = True):
+        """seed_fixed=False: each reply draws a new seed (shown by /show) unless /set seed fixes one."""
         self.engine = engine
         self.settings = settings
+        self.seed_fixed = seed_fixed
+        self.said_draft_off = False
         self.system = system
         self.color = color
         self.read_line = read_line
@@ -125,13 +156,14 @@ class ChatSession:
 
     def show(self) -> None:
         e = self.engine
-        self.say(f"  target: {e.target_path}" + (f" ({e.model_desc('target')})" if e.model_desc("target") else ""))
+        self.say(f"  target: {e.target_path}{model_summary(e.target_path)}")
         if e.has_draft:
-            self.say(f"  draft:  {e.draft_path}" + (f" ({e.model_desc('draft')})" if e.model_desc("draft") else ""))
+            self.say(f"  draft:  {e.draft_path}{model_summary(e.draft_path)}")
         if self.settings.mode == "speculative":
             arbiter = e.arbiter(self.settings.arbiter, threshold=self.settings.arbiter_threshold,
                                 head=self.settings.arbiter_head)
-            self.say(f"  arbiter: {self.settings.arbiter} ({arbiter.name}, keeps at P >= {arbiter.threshold:.3f})")
+            keeps = f", keeps at P >= {arbiter.threshold:.3f}" if arbiter.kind in LEARNED_KINDS else ""
+            self.say(f"  arbiter: {self.settings.arbiter} ({arbiter.name}{keeps})")
         self.say(f"  context: {e.n_ctx} tokens; conversation: {len(self.messages)} messages")
         self.set("")
 
@@ -158,6 +190,8 @@ class ChatSession:
         try:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
+            if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+                raise ValueError("it holds no list of messages")
             messages = data["messages"]
             if not all(isinstance(m, dict) and m.get("role") in ("user", "assistant")
                        and isinstance(m.get("content"), str) for m in messages):
@@ -174,11 +208,18 @@ class ChatSession:
     def set(self, args: str) -> None:
         if not args:
             for key, value in sorted(vars(self.settings).items()):
+                if key == "seed" and not self.seed_fixed:
+                    value = f"random (the last reply's: {value}; /set seed N fixes one)"
                 self.say(f"  {key} = {value}")
             self.say(f"  color = {'on' if self.color else 'off'}\n  system = {self.system!r}")
             return
         name, _, value = args.partition(" ")
         value = value.strip()
+        name = ALIASES.get(name, name)
+        if name == "seed" and value.lower() == "random":
+            self.seed_fixed = False
+            self.say("(seed set: a new one each reply)")
+            return
         if name == "color":
             self.color = _on_off(value)
         elif name == "system":
@@ -202,10 +243,20 @@ class ChatSession:
                 self.say(f"{name}: {exc}")
                 return
             self.settings = changed
+            if key == "seed":
+                self.seed_fixed = True
         else:
             self.say(f"unknown setting {name!r}; /? for help")
             return
         self.say(f"({name} set)")
+
+    def note_draft_off(self, result) -> None:
+        """Say once, in plain words, when the block-length tuner has all but switched the draft off:
+        the stats line alone ("drafted 4, accepted 0") does not tell a user why nothing speeds up."""
+        if self.said_draft_off or result is None or (note := draft_off_note(result)) is None:
+            return
+        self.said_draft_off = True
+        self.say(note)
 
     def conversation(self) -> list[dict]:
         head = [{"role": "system", "content": self.system}] if self.system else []
@@ -236,11 +287,14 @@ class ChatSession:
                 self.messages.pop()
                 self.say(f"error: {exc}")
                 return
+            if not self.seed_fixed:
+                self.settings = self.settings.updated(seed=random_seed())
             for event in self.engine.stream(prompt, self.settings):
                 pieces.append(event.text)
                 self.say(colored(event.text, event.provenance, color), end="")
             self.say()
             self.say(stats_line(self.engine.last_result))
+            self.note_draft_off(self.engine.last_result)
         except KeyboardInterrupt:
             self.say("\n[reply stopped]")
             if self.engine.last_result is not None:

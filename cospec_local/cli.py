@@ -12,10 +12,11 @@ import warnings
 from dataclasses import MISSING, dataclass, fields
 
 import click
+from click.core import ParameterSource
 
 from . import _cospec
 from .chat_template import ChatTemplateError
-from .display import colored, stats_line
+from .display import colored, draft_off_note, stats_line
 from .engine import FLASH_ATTN, Engine
 from .errors import ArbiterSettingsWarning, CospecError, VocabMismatchError
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, NAMED_MODELS, resolve_model
@@ -246,6 +247,9 @@ def generate(load, params, prompt, as_chat, as_json, color):
         if as_chat:
             template_notice(engine)
         try:
+            if params.mode == "speculative":  # a bad arbiter fails before the prompt is echoed
+                engine.arbiter(params.arbiter, threshold=params.arbiter_threshold, head=params.arbiter_head,
+                               gate=params.arbiter_gate)
             if as_json:
                 result = engine.generate(tokens, params)
                 click.echo(json.dumps(result.to_json(), ensure_ascii=False))
@@ -257,6 +261,8 @@ def generate(load, params, prompt, as_chat, as_json, color):
                 click.echo(colored(event.text, event.provenance, color), nl=False)
             click.echo()
             click.echo(stats_line(engine.last_result), err=True)
+            if (note := draft_off_note(engine.last_result)) is not None:
+                click.echo(note, err=True)
         except KeyboardInterrupt:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the partial output short
             if as_json and engine.last_result is not None:
@@ -294,7 +300,10 @@ def chat(load, params, system, color):
             template_notice(engine)
         except ChatTemplateError as exc:
             raise click.ClickException(str(exc)) from None
-        ChatSession(engine, params, system=system, color=color).run(chat_banner(load.target, engine))
+        # A seed nobody set is drawn anew for each reply, as llama-cli and Ollama do (/show tells it).
+        seed_given = click.get_current_context().get_parameter_source("seed") != ParameterSource.DEFAULT
+        ChatSession(engine, params, system=system, color=color, seed_fixed=seed_given).run(
+            chat_banner(load.target, engine))
 
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")

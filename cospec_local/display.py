@@ -24,3 +24,35 @@ def stats_line(result: Generation) -> str:
         line += (f" | drafted {s.n_drafted}, accepted {s.n_accepted + s.n_kept} ({100 * s.acceptance_rate:.0f}%),"
                  f" arbiter keeps {s.n_kept}, {s.mean_accepted_per_block:.2f} per block")
     return line + f", stop: {result.stop_reason}]"
+
+
+# Below this share of the generated tokens drafted, the tuner has all but switched the draft off.
+DRAFT_OFF_SHARE = 0.25
+DRAFT_OFF_MIN_TOKENS = 16  # too short a reply to tell
+
+
+def draft_off_note(result: Generation) -> str | None:
+    """A plain-words note where speculative decoding ran with the draft nearly off (the tuner
+    found it too rarely agrees with the target), else None."""
+    s = result.stats
+    if result.mode != "speculative" or s.n_generated < DRAFT_OFF_MIN_TOKENS:
+        return None
+    if s.n_drafted >= DRAFT_OFF_SHARE * s.n_generated:
+        return None
+    return (f"(the draft agrees with the target too rarely here: it drafted {s.n_drafted} tokens for "
+            f"{s.n_generated}, so the target is decoding almost alone; a draft closer to the target speeds it up)")
+
+
+def model_summary(path) -> str:
+    """' (llama, 30 layers, 86.4 MB, Q4_1)' from the file's header; '' where it cannot be read."""
+    from pathlib import Path
+
+    from .models import describe_gguf
+
+    try:
+        d = describe_gguf(Path(path))
+    except (OSError, ValueError):
+        return ""
+    parts = [d["architecture"], f"{d['layers']} layers" if d["layers"] else None, f"{d['size_mb']} MB",
+             d["quantization"]]
+    return " (" + ", ".join(str(p) for p in parts if p) + ")"

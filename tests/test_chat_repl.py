@@ -1,0 +1,108 @@
+"""The chat REPL as a llama.cpp or Ollama user meets it: fresh seeds, both spellings of a setting,
+plain-word errors, what /show says, a malformed /load, and the note when the draft is all but off."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+
+import pexpect
+
+from cospec_local import Engine
+from cospec_local.chat_session import ChatSession
+from cospec_local.params import CHAT_SAMPLING, GenerationParams
+
+CLI = [sys.executable, "-m", "cospec_local.cli"]
+QUESTION = "Tom has 3 apples and buys 4 more. How many apples does Tom have now?"
+
+
+def session_on_demo(lines, seed_fixed=True, **settings):
+    feed = iter(lines)
+
+    def read_line(prompt):
+        try:
+            return next(feed)
+        except StopIteration:
+            raise EOFError from None
+
+    out = io.StringIO()
+    engine = Engine("demo-target", "demo-draft", n_ctx=1024, n_threads=1)
+    session = ChatSession(engine, GenerationParams(**{**CHAT_SAMPLING, "max_tokens": 40, **settings}),
+                          read_line=read_line, out=out, seed_fixed=seed_fixed)
+    return engine, session, out
+
+
+def replies(text: str) -> list[str]:
+    """The reply texts of a session's output (each ends before its stats line)."""
+    out, current = [], []
+    for line in text.splitlines():
+        if line.startswith("[") and "tok/s" in line:
+            out.append("\n".join(current).strip())
+            current = []
+        elif not line.startswith(("(", "Type a message")):
+            current.append(line)
+    return out
+
+
+def test_a_seed_nobody_set_is_new_for_each_reply():
+    engine, session, out = session_on_demo([QUESTION, "/clear", QUESTION, "/clear", QUESTION, "/show"],
+                                           seed_fixed=False, temperature=1.5)
+    with engine:
+        session.run()
+    text = out.getvalue()
+    assert len(set(replies(text))) > 1  # three samples at a high temperature: not all the same
+    assert "seed = random (the last reply's: " in text
+    engine, session, out = session_on_demo([QUESTION, "/clear", QUESTION, "/clear", QUESTION], seed_fixed=True,
+                                           temperature=1.5, seed=7)
+    with engine:
+        session.run()
+    assert len(set(replies(out.getvalue()))) == 1  # a seed set by the user repeats the reply exactly
+
+
+def test_settings_take_both_spellings_and_bad_values_say_why():
+    engine, session, out = session_on_demo(["/set temperature 0.5", "/set top_k 30", "/set top-p 0.9",
+                                            "/set temp abc", "/set top-k 1.5", "/set adaptive-draft maybe",
+                                            "/set arbiter nonsense", "/set seed 12", "/set seed random"])
+    with engine:
+        session.run()
+    text = out.getvalue()
+    assert session.settings.temperature == 0.5 and session.settings.top_k == 30 and session.settings.top_p == 0.9
+    assert "temp: 'abc' is not a number" in text and "top-k: '1.5' is not a whole number" in text
+    assert "adaptive-draft: 'maybe' is not on or off" in text
+    assert "could not convert" not in text and "invalid literal" not in text
+    assert "arbiter: no arbiter 'nonsense'" in text and "demo-lora" in text
+    assert "(seed set)" in text and "(seed set: a new one each reply)" in text and not session.seed_fixed
+
+
+def test_show_names_model_sizes_and_a_threshold_only_where_there_is_one(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"turns": []}))
+    engine, session, out = session_on_demo(["/show", "/set arbiter fly", "/show", f"/load {bad}"],
+                                           arbiter="demo-lora")
+    with engine:
+        session.run()
+    text = out.getvalue()
+    assert "(llama, 4 layers" in text and "Q8_0)" in text and "?B" not in text
+    shows = text.split("  target: ")
+    assert "keeps at P >= 0.560" in shows[1] and "keeps at P" not in shows[2]
+    assert "is not a saved conversation (it holds no list of messages)" in text and "KeyError" not in text
+
+
+def test_the_draft_all_but_off_is_said_once_in_plain_words():
+    """SmolLM2 with a draft that disagrees: the tuner stops drafting, and chat says why once."""
+    env = dict(os.environ, TERM="dumb", PYTHONUNBUFFERED="1")
+    child = pexpect.spawn(sys.executable, [*CLI[1:], "chat", "-m", "smollm2-135m", "-md", "smollm2-135m-first4",
+                                           "-n", "64", "-t", "1", "--temp", "0"], env=env, encoding="utf-8",
+                          timeout=300)
+    child.expect_exact(">>> ")
+    notes = 0
+    for question in ("Tell me about the sea.", "Tell me about the moon."):
+        child.sendline(question)
+        index = child.expect([r"draft agrees with the target too rarely", r">>> "])
+        if index == 0:
+            notes += 1
+            child.expect_exact(">>> ")
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)
+    assert notes == 1
