@@ -7,6 +7,7 @@ streaming clients.
 Everything after `--` goes to `cospec-local serve` (the server runs in its own process, on a free
 port). Each client sends streamed chat requests back to back for `--seconds`. A 503 (queue full) is
 counted, not retried at once: the client waits the Retry-After the server gave.
+`--warmup` seconds of one client (3 by default) come before the levels and are not reported.
 """
 from __future__ import annotations
 
@@ -16,12 +17,10 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from server_process import ServerProcess  # noqa: E402
+from cospec_local.server.process import ServerProcess
 
 PROMPTS = ["Tom has 5 apples and eats 2. How many are left?", "What is 12 + 30?",
            "Write a Python function that returns the square of x.",
@@ -92,11 +91,13 @@ def main() -> None:
     parser.add_argument("--clients", default="1,4,16", help="Comma-separated numbers of concurrent clients.")
     parser.add_argument("--seconds", type=float, default=20, help="Duration of each level.")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--warmup", type=float, default=3, help="Seconds of one client before the levels.")
     args = parser.parse_args(own)
     server = ServerProcess(*serve_args)
     try:
         model = json.loads(server.get("/v1/models")[1])["data"][0]["id"]
-        one_level(server.url, model, 1, 3, args.max_tokens)  # warm-up
+        if args.warmup > 0:
+            one_level(server.url, model, 1, args.warmup, args.max_tokens)
         rows = [one_level(server.url, model, int(c), args.seconds, args.max_tokens) for c in args.clients.split(",")]
     finally:
         server.stop()

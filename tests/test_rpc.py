@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from cospec_local import Engine, InvalidArgumentError, ModelLoadError
-from server_process import ServerProcess
+from cospec_local.server.process import ServerProcess
 
 CLI = [sys.executable, "-m", "cospec_local.cli"]
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from cospec_local import Engine
-from server_process import ServerProcess
+from cospec_local.server.process import ServerProcess
 
 CHLOE = "Chloe has 7 candles and buys 24 more. How many candles does she have?"
 GREEDY = {"temperature": 0, "extra_body": {"repeat_penalty": 1.0}}

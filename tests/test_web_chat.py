@@ -14,7 +14,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from server_process import ServerProcess
+from cospec_local.server.process import ServerProcess
 
 BEADS = ("Omar has 23 beads. Then Omar buys 32 more beads. Omar loses 21 of the beads. Omar gives 24 beads to "
          "Pablo. How many beads does Omar have now?")

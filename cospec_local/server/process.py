@@ -1,4 +1,6 @@
-"""A `cospec-local serve` process for the server tests: started on a free port, stopped at the end."""
+"""A `cospec-local serve` process started on a free port and stopped at the end: what the server's
+tests and bench/serve_load.py run requests against. It starts the CLI in a child process and
+imports nothing of the server itself."""
 from __future__ import annotations
 
 import os
