@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="write the per-problem oracle rows here (jsonl)")
     ap.add_argument("--states", type=Path, default=None,
                     help="write the decision states here too (jsonl, collect.py's format: for "
-                         "bench/arbiter_backbone_probe.py --eval)")
+                         "bench/experiments/arbiter_backbone_probe.py --eval)")
     ap.add_argument("--arbiters", nargs="*", default=[],
                     help="learned arbiters to score every state with: their ranking of the states, and the one-keep "
                          "policy (keep at the first state at or above the threshold, then never again)")

@@ -3,18 +3,24 @@ warm-up (same data, epochs and seed) on each given backbone and scores it on dev
 of P(keep) on decisive states, and the best (right keeps - wrong keeps) over thresholds. The
 arbiters it trains are not exported (the engine runs an arbiter's LoRA on the draft only).
 
-    python bench/arbiter_backbone_probe.py --train runs/policy-data-1 --dev runs/policy-data-1,runs/policy-data-2 \\
+    python bench/experiments/arbiter_backbone_probe.py --train runs/policy-data-1 --dev runs/policy-data-1,runs/policy-data-2 \\
         --family arith demo-draft demo-target
 
 With --eval, the dev states only choose the epoch (as in the warm-up) and the AUC is measured on
 the states of each --eval file (e.g. held-out dev or test problems, written by
 bench/arbiter_ceiling.py --states):
 
-    python bench/arbiter_backbone_probe.py --train DATA --dev DATA --family arith,pyfunc --epochs 12 \\
+    python bench/experiments/arbiter_backbone_probe.py --train DATA --dev DATA --family arith,pyfunc --epochs 12 \\
         --eval held-arith.jsonl,test-arith.jsonl --seeds 0,1,2 demo-draft demo-target
 
 torch only (no engine); about 2 min for the demo draft and 12 min for the demo target on 2 cores
 (6 epochs of arith states).
+
+Run 2026-12-01 (cospec_local/data/demo/README.md, "A second warm-up round on the arbiter's own
+states": the first command) and 2026-12-02 with --eval and --seeds (bench/RESULTS.md, "What one
+kept token could recover, and how well the arbiters rank": the second command).
+Kept as the record of those measurements, frozen: it is not maintained or tested and may not run
+against today's code.
 """
 from __future__ import annotations
 

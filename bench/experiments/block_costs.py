@@ -1,11 +1,15 @@
 """Where a speculative block's time goes, adaptive lengths against fixed K, on one task family.
 
-    python bench/block_costs.py --task pyfunc --limit 150 --repeat 2 -t 2
+    python bench/experiments/block_costs.py --task pyfunc --limit 150 --repeat 2 -t 2
 
 Runs target-only, sps (adaptive, K = 8, K = 5) and demo-lora (adaptive, K = 8) on the demo pair,
 interleaved problem by problem, and prints each run's speed against target-only and, per block in
 target steps, the time inside the draft's and the target's llama_decode calls, sampling, and the
 rest.
+
+Run 2026-12-02 (bench/RESULTS.md, "Block lengths that stick").
+Kept as the record of that measurement, frozen: it is not maintained or tested and may not run
+against today's code.
 """
 from __future__ import annotations
 
