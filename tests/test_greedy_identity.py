@@ -140,7 +140,7 @@ def test_blocks_with_a_mismatch_emit_the_verify_passs_choices(request, pair):
     Identity with one-token decoding needs more, the batched product rounding as the one-token
     product does (SmolLM2's Q4_1 on CPU with flash attention on, above); the demo pair's Q8_0 goes through llama.cpp's
     tiled product on CPU and through other kernels on a GPU, where this still holds. The GPU check
-    runs it (bench/gpu_check.sh)."""
+    runs it (scripts/gpu_check.sh)."""
     import numpy as np
 
     from cospec_local.arbiters import arbiter_from_function

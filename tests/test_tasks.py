@@ -53,7 +53,7 @@ def test_questions_of_other_difficulties_keep_their_split():
     assert test_keys and not test_keys & train_keys
 
 
-# bench/sanitize.sh runs the suite with the ASan runtime preloaded: a child importing the extension needs it too.
+# scripts/sanitize.sh runs the suite with the ASan runtime preloaded: a child importing the extension needs it too.
 SANITIZER_ENV = {k: v for k, v in os.environ.items() if k in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
 
 

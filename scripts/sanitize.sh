@@ -3,7 +3,7 @@
 # corrupted model files and the test suite (llama.cpp itself stays the uninstrumented build that
 # llama-cpp-python installed: instrumenting it too would mean rebuilding it, about 10 minutes more).
 #
-#   bash bench/sanitize.sh [pytest args...]      (default: the whole test suite but the sandbox's)
+#   bash scripts/sanitize.sh [pytest args...]      (default: the whole test suite but the sandbox's)
 #
 # Swaps the installed extension for the sanitized one for the run and puts it back afterwards.
 # Last result: bench/RESULTS.md, "Sanitizers".

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks of speculation's real costs (bench/RESULTS.md), for the CUDA kit of the project's
-# GPU notes: after its prepare.sh, `cp bench/gpu_check.sh .gpu/check.sh`, then run the kit.
+# GPU notes: after its prepare.sh, `cp scripts/gpu_check.sh .gpu/check.sh`, then run the kit.
 # $1: folder with proj/ (and optionally smollm2.gguf, SmolLM2-135M Q4_1) and bin/ (llama.cpp
 # tools); $2: output folder. Each step has its own time limit; about 7 minutes in all. The verify-pass
 # invariant test runs where pytest is installed (`pip download -d .gpu pytest` puts its wheels in the kit).
