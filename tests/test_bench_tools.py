@@ -1,0 +1,243 @@
+"""The maintained tools of bench/ run for real at a tiny size on the demo pair, and what they print
+or write means what it says. (bench/experiments/ holds one-off measurements, frozen: not run here.)
+
+compare_llama_cpp.py needs llama.cpp's `llama-speculative-simple`, which is not built here (it
+takes building llama.cpp's tools from source). Its test runs the script end to end with a stand-in
+for that program: a script that records the arguments it was given and prints the final report in
+the format of speculative-simple.cpp (its `decoded ... tokens in ... seconds, speed: ... t/s` and
+`accept = ...%` lines). So what is tested is the command line the comparison gives llama.cpp, the
+parsing of that report, the real cospec-local side and the comparison's arithmetic; llama.cpp's
+own numbers are not.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import gguf
+import pytest
+
+from cospec_local import Engine
+from cospec_local.models import resolve_model
+from cospec_local.tasks import load_task
+from cospec_local.train.warmup import ranking_auc
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "bench"
+ARITH_RECORDS = BENCH / "demo_pair_eval" / "arith" / "records.jsonl"
+
+
+def bench(tool: str, *args, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, str(BENCH / tool), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+    if check:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_paired_speed_pairs_runs_and_summarizes_them_again(tmp_path):
+    out = tmp_path / "paired"
+    ran = bench("paired_speed.py", "--task", "arith", "--limit", 2, "--repeats", 2, "--runs", "target-only,sps,sps/2",
+                "-t", 1, "--out", out)
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    # every problem with every run in every repeat, once
+    assert sorted((r["repeat"], r["problem_id"], r["run"]) for r in records) == sorted(
+        {(r["repeat"], r["problem_id"], run) for r in records for run in ("target-only", "sps", "sps/2")})
+    assert len(records) == 2 * 2 * 3
+    # greedy speculative decoding is the target's own output, whatever the block length
+    for pid in {r["problem_id"] for r in records}:
+        assert len({r["completion"] for r in records if r["problem_id"] == pid}) == 1
+    assert all(r["drafted"] == 0 for r in records if r["run"] == "target-only")
+    sps2 = [r for r in records if r["run"] == "sps/2"]
+    assert sum(r["drafted"] for r in sps2) > 0
+    assert all(r["drafted"] <= 2 * r["blocks"] for r in sps2)  # `RUN/K` drafts blocks of at most K
+
+    summary = json.loads((out / "results.json").read_text())
+    assert summary["problems"] == 2 and summary["repeats"] == 2 and summary["baseline"] == "target-only"
+    assert summary["same_tokens_every_repeat"] is True
+    assert set(summary["runs"]) == {"sps", "sps/2"}
+    for label, run in summary["runs"].items():
+        assert len(run["ratio_per_repeat"]) == 2
+        assert run["lowest"] <= run["mean"] <= run["highest"]
+        lo, hi = run["pooled_ci95"]
+        assert lo <= run["pooled"] <= hi
+        rows = {name: [r for r in records if r["run"] == name] for name in (label, "target-only")}
+        tps = {name: sum(r["tokens"] for r in rs) / sum(r["ms"] for r in rs) for name, rs in rows.items()}
+        assert run["pooled"] == pytest.approx(tps[label] / tps["target-only"])
+
+    again = bench("paired_speed.py", "--records", out / "records.jsonl", "--runs", "target-only,sps,sps/2")
+    summary_lines = [line for line in ran.stdout.splitlines() if not line.startswith("repeat ")]
+    assert again.stdout.splitlines() == summary_lines
+    assert "same tokens in every repeat: True" in again.stdout
+
+    neither = bench("paired_speed.py", "--runs", "sps", check=False)
+    assert neither.returncode == 2 and "give --out (run) or --records (summarize a run)" in neither.stderr
+
+
+def test_arbiter_ceiling_agrees_with_its_own_rows_and_the_recorded_eval(tmp_path):
+    """Problems 13-16 of arith test: two the target gets wrong and one keep recovers, one it gets
+    right that a keep would lose (so the arbiter's ranking and the one-keep policy have decisive
+    states to work on)."""
+    rows_file, states_file = tmp_path / "rows.jsonl", tmp_path / "states.jsonl"
+    ran = bench("arbiter_ceiling.py", "--family", "arith", "--first", 13, "--limit", 17, "-t", 1,
+                "--arbiters", "demo-features", "--records", ARITH_RECORDS, "--out", rows_file, "--states", states_file)
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    assert [r["problem_id"] for r in rows] == [p.id for p in load_task("arith", "test", 17)[13:]]
+    n_states = sum(len(r["states"]) for r in rows)
+    assert len(states_file.read_text().splitlines()) == n_states
+
+    head = re.search(r"arith test\[13:17\]: target right (\d+), wrong (\d+); recoverable by one keep (\d+) .*"
+                     r"; states (\d+)", ran.stdout)
+    right = [r for r in rows if r["target_correct"]]
+    recoverable = {r["problem_id"] for r in rows
+                   if not r["target_correct"] and any(s["keep_correct"] for s in r["states"])}
+    assert head and tuple(map(int, head.groups())) == (len(right), len(rows) - len(right), len(recoverable), n_states)
+    assert recoverable  # the range has something to recover
+
+    line = re.search(r"demo-features \(threshold ([\d.]+)\): (\d+) keep-better and (\d+) reject-better states, "
+                     r"AUC ([\d.]+); keeping once at the threshold recovers (\d+) and loses (\d+)", ran.stdout)
+    assert line
+    threshold = float(line.group(1))
+    decisive = [(s["p_keep"]["demo-features"], int(s["keep_correct"])) for r in rows for s in r["states"]
+                if s["keep_correct"] != r["target_correct"]]
+    labels = [y for _, y in decisive]
+    assert (int(line.group(2)), int(line.group(3))) == (sum(labels), len(labels) - sum(labels))
+    assert sum(labels) and len(labels) - sum(labels)
+    assert float(line.group(4)) == pytest.approx(ranking_auc([p for p, _ in decisive], labels), abs=5e-4)
+    recovered, lost = set(), set()
+    for r in rows:  # the one-keep policy: keep at the first state at or above the threshold, then never again
+        first = next((s for s in r["states"] if s["p_keep"]["demo-features"] >= threshold), None)
+        if first is not None and first["keep_correct"] != r["target_correct"]:
+            (recovered if first["keep_correct"] else lost).add(r["problem_id"])
+    assert (int(line.group(5)), int(line.group(6))) == (len(recovered), len(lost))
+    assert recovered <= recoverable
+
+    # the recorded eval ran the same target on the same problems: the same answers right and wrong
+    assert "target-only in the records differs from this run's target on 0 problems" in ran.stdout
+    assert re.search(r"^  cospec:demo-features: recovered \d+", ran.stdout, re.M)
+
+
+@pytest.mark.slow
+def test_arbiter_heldout_counts_add_up_and_a_never_keeping_threshold_is_the_target(tmp_path):
+    """At threshold 1 demo-features keeps nothing on these problems: its answers are the target's."""
+    cache = tmp_path / "screen.json"
+    args = ["demo-features", "demo-features@1", "--ranges", "arith:600:612", "--workers", 1, "--cache", cache]
+    ran = bench("arbiter_heldout.py", *args)
+    pattern = re.compile(r"^(\S+)\s+arith\s+problems (\d+)\s+target-only ([\d.]+)%\s+arbiter ([\d.]+)%\s+"
+                         r"recovered (\d+)\s+lost (\d+)\s+kept (\d+)$", re.M)
+    rows = {m.group(1): m.groups()[1:] for m in pattern.finditer(ran.stdout)}
+    assert set(rows) == {"demo-features", "demo-features@1"}
+    for n, target, arbiter, recovered, lost, kept in rows.values():
+        assert int(n) == 12
+        assert float(arbiter) == pytest.approx(float(target) + 100 * (int(recovered) - int(lost)) / 12, abs=0.01)
+    assert rows["demo-features"][1] == rows["demo-features@1"][1]  # one screen, one target
+    assert rows["demo-features@1"][2:] == (rows["demo-features@1"][1], "0", "0", "0")
+    assert int(rows["demo-features"][5]) > 0  # at its own threshold it does keep
+
+    screen = json.loads(cache.read_text())
+    assert screen["key"]["problems"] == [p.id for p in load_task("arith", "dev", 612)[600:]]
+    assert sum(s["target_correct"] for s in screen["screen"].values()) == round(12 * float(rows["demo-features"][1]) / 100)
+    assert bench("arbiter_heldout.py", *args).stdout == ran.stdout  # from the cached screen
+
+
+@pytest.mark.slow
+def test_serve_load_reports_each_level(tmp_path):
+    ran = bench("serve_load.py", "--clients", "1,2", "--seconds", 1, "--warmup", 0, "--max-tokens", 8,
+                "--", "-c", 512)
+    report = json.loads(ran.stdout[:ran.stdout.index("\n| clients")])
+    assert report["serve_args"] == ["-c", "512"] and report["max_tokens"] == 8
+    assert [level["clients"] for level in report["levels"]] == [1, 2]
+    for level in report["levels"]:
+        assert level["errors"] == [] and level["requests"] > 1
+        assert 0 < level["tokens_per_s"] <= 8 * level["requests_per_s"] + 0.1  # at most 8 tokens a request
+        assert 0 < level["ttft_p50_s"] <= level["latency_p50_s"]
+    table = [line for line in ran.stdout.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [int(line.split("|")[1]) for line in table] == [1, 2]
+
+
+def test_costly_target_writes_the_sources_function_at_a_larger_cost(tmp_path):
+    out = tmp_path / "draft-as-1b.gguf"
+    ran = bench("costly_target.py", "demo-draft", out, "--size", "1b")
+    assert ran.stdout.strip() == str(out)
+    reader = gguf.GGUFReader(out)
+    assert reader.get_field("general.architecture").contents() == "deci"
+    assert reader.get_field("deci.block_count").contents() == 2 + 16  # the draft's 2 blocks, then 16 extra
+    assert out.stat().st_size > 100 * resolve_model("demo-draft").stat().st_size
+    prompt = load_task("arith", "test", 1)[0].prompt
+    outputs = []
+    for model in (resolve_model("demo-draft"), out):
+        with Engine(model, n_ctx=512, n_threads=1) as engine:
+            outputs.append(engine.generate(prompt, mode="target-only", max_tokens=24).tokens)
+    assert len(outputs[0]) > 4 and outputs[0] == outputs[1]
+
+
+STAND_IN = """\
+#!{python}
+# Stand-in for llama.cpp's llama-speculative-simple: records its arguments, prints the final
+# report in the format of speculative-simple.cpp (LOG_INF lines, on stderr).
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ["STAND_IN_LOG"], "a") as log:
+    log.write(json.dumps(args) + "\\n")
+n = int(args[args.index("-n") + 1])
+sys.stdout.write("Once upon a time, in a small village by the sea, there lived ...\\n\\n")
+sys.stderr.write("encoded   14 tokens in    0.012 seconds, speed: 1166.667 t/s\\n")
+sys.stderr.write("decoded %4d tokens in %8.3f seconds, speed: %8.3f t/s\\n" % (n + 1, 0.025, (n + 1) / 0.025))
+sys.stderr.write("\\nn_draft   = 4\\nn_predict = %d\\nn_drafted = 40\\nn_accept  = 23\\naccept    = 57.500%%\\n" % (n + 1))
+"""
+
+
+def stand_in(tmp_path: Path, body: str) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    program = bin_dir / "llama-speculative-simple"
+    program.write_text(body.format(python=sys.executable))
+    program.chmod(0o755)
+    return bin_dir
+
+
+def test_compare_llama_cpp_with_a_stand_in_for_llama_cpp(tmp_path, monkeypatch):
+    log = tmp_path / "args.jsonl"
+    monkeypatch.setenv("STAND_IN_LOG", str(log))
+    ran = bench("compare_llama_cpp.py", "--llama-bin", stand_in(tmp_path, STAND_IN), "-m", "demo-target",
+                "-md", "demo-draft", "--draft-max", 4, "-n", 32, "-t", 1, "--runs", 2, "-fa", "off")
+    # the command line llama.cpp gets: the same models, K, tokens, threads, greedy, every draft token offered
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(calls) == 2
+    args = calls[0]
+
+    def opt(flag: str) -> str:
+        return args[args.index(flag) + 1]
+
+    assert opt("-m") == str(resolve_model("demo-target")) and opt("-md") == str(resolve_model("demo-draft"))
+    assert (opt("--spec-draft-n-max"), opt("-n"), opt("-t"), opt("-td")) == ("4", "32", "1", "1")
+    assert (opt("--temp"), opt("--top-k"), opt("--draft-p-min"), opt("-fa")) == ("0", "1", "0", "off")
+    assert "--no-repack" in args and opt("-p") == "Once upon a time, in a small village by the sea,"
+
+    result = json.loads(ran.stdout)
+    assert (result["draft_max"], result["threads"], result["runs"], result["flash_attn"]) == (4, 1, 2, "off")
+    llama = result["llama_speculative_simple"]
+    assert llama["runs"][0] == {"tokens": 33, "seconds": 0.025, "tps": pytest.approx(33 / 0.025, abs=1e-3),
+                                "acceptance": pytest.approx(0.575)}
+    ours = result["cospec_sps"]
+    for run in ours["runs"]:  # the real sps loop, fixed blocks of 4
+        assert run["tokens"] == 32 and run["tps"] == pytest.approx(run["tokens"] / run["seconds"], rel=1e-3)
+        assert 0 < run["acceptance"] <= 1 and 0 <= run["outside_llama"] < 1
+    assert result["ratio_cospec_over_llama"] == pytest.approx(ours["tps_median"] / llama["tps_median"])
+
+
+def test_compare_llama_cpp_stops_with_llama_cpps_error(tmp_path):
+    failing = textwrap.dedent("""\
+        #!{python}
+        import sys
+        sys.stderr.write("error: invalid argument: --spec-type\\n")
+        sys.exit(1)
+        """)
+    ran = bench("compare_llama_cpp.py", "--llama-bin", stand_in(tmp_path, failing), "-m", "demo-target",
+                "-md", "demo-draft", "--runs", 1, check=False)
+    assert ran.returncode == 1
+    assert "llama-speculative-simple failed" in ran.stderr and "invalid argument: --spec-type" in ran.stderr
