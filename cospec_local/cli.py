@@ -412,11 +412,17 @@ RUNS_HELP = ("Comma-separated runs: target-only, draft-only, sps (lossless), fly
              "arbiter for this draft), cospec:NAME_OR_FOLDER, speculative:ARBITER.")
 
 
-def parse_runs_option(text: str, draft: str | None):
+def parse_runs_option(text: str | None, draft: str | None, default: str = ""):
+    """The runs asked for; by default `default` and, where a bundled learned arbiter fits the
+    draft, cospec (the project's headline run)."""
+    from .arbiters import bundled_arbiter_for
     from .runs import parse_runs
 
     try:
-        return parse_runs(text, resolve_model(draft) if draft else None)
+        draft_path = resolve_model(draft) if draft else None
+        if text is None:
+            text = default + (",cospec" if bundled_arbiter_for(draft_path) else "")
+        return parse_runs(text, draft_path)
     except (ValueError, FileNotFoundError) as exc:
         raise click.BadParameter(str(exc)) from None
 
@@ -427,7 +433,9 @@ def parse_runs_option(text: str, draft: str | None):
                     adaptive_draft=False)
 @click.option("--draft-max", "draft_max_list", default=str(GenerationParams().draft_max), show_default=True,
               help="Comma-separated list of K to measure.")
-@click.option("--runs", "--modes", "runs_text", default="target-only,sps,fly", show_default=True, help=RUNS_HELP)
+@click.option("--runs", "--modes", "runs_text", default=None, help=RUNS_HELP + " [default: target-only,sps,fly, "
+                                                                               "and cospec where an arbiter ships for "
+                                                                               "the draft]")
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Text file, one prompt per line (default: a built-in set, or task prompts for the demo pair).")
 @click.option("--task", "task_families", default=None,
@@ -449,11 +457,14 @@ def bench(load, params, draft_max_list, runs_text, prompts_file,
     except ValueError:
         raise click.BadParameter("--draft-max takes integers, e.g. 1,2,4,8") from None
     draft = pick_draft(load.target, load.draft, quiet=as_json)
-    runs = parse_runs_option(runs_text, draft)
+    runs = parse_runs_option(runs_text, draft, "target-only,sps,fly")
     if prompts_file and task_families:
         raise click.BadParameter("give either --prompts or --task")
     if not prompts_file and not task_families and prompt_style(load.target) == "task":
         task_families = "arith,pyfunc"
+    if not task_families and click.get_current_context().get_parameter_source("n_prompts") != ParameterSource.DEFAULT:
+        raise click.BadParameter("--n-prompts counts task prompts: give --task too (--prompts and the built-in "
+                                 "prompts are used whole)", param_hint="--n-prompts")
     prompts = BUILTIN_PROMPTS
     if prompts_file:
         with open(prompts_file, encoding="utf-8") as f:
@@ -485,8 +496,9 @@ def bench(load, params, draft_max_list, runs_text, prompts_file,
                    "prompt hashes to it, 70/10/20).")
 @click.option("--limit", default=None, type=click.IntRange(1, None),
               help="Number of problems (default: 200 for a family, all of a file).")
-@click.option("--runs", "--modes", "runs_text", default="target-only,draft-only,sps,fly", show_default=True,
-              help=RUNS_HELP)
+@click.option("--runs", "--modes", "runs_text", default=None,
+              help=RUNS_HELP + " [default: target-only,draft-only,sps,fly, and cospec where an arbiter ships for "
+                               "the draft]")
 @click.option("--chat", "as_chat", is_flag=True, help="Send each problem through the chat template.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Folder for records.jsonl (resumable), config.json, results.json, results.md and a PNG plot.")
@@ -508,7 +520,7 @@ def eval_command(load, params, task, split, limit, runs_text,
     from .tasks import load_task, score
 
     draft = pick_draft(load.target, load.draft, quiet=as_json)
-    runs = parse_runs_option(runs_text, draft)
+    runs = parse_runs_option(runs_text, draft, "target-only,draft-only,sps,fly")
     try:
         problems = load_task(task, split, limit)
     except (KeyError, FileNotFoundError, ValueError) as exc:

@@ -229,6 +229,28 @@ def run_config(engine: Engine, runs: Sequence[Run], params: GenerationParams) ->
     return {r.label: {"mode": r.mode, "arbiter": arbiter_of(r)} for r in runs} | {"settings": settings}
 
 
+_CONFIG_WORDS = {"title": "task or split", "target": "target model", "draft": "draft model",
+                 "chat": "chat setting", "problems": "problems (task, split or --limit)"}
+
+
+def merged_config(saved: dict, new: dict, out_dir: Path) -> dict:
+    """An evaluation folder takes more runs of the same evaluation (models, problems and settings):
+    the config then lists the earlier runs and the new ones. Anything else that differs is named."""
+    differ = [_CONFIG_WORDS.get(key, key) for key in new if key != "runs" and saved.get(key) != new[key]]
+    old_runs, new_runs = saved.get("runs", {}), new["runs"]
+    old_settings, new_settings = old_runs.get("settings", {}), new_runs["settings"]
+    differ += [f"--{key.replace('_', '-')} ({old_settings.get(key)!r} there, {new_settings.get(key)!r} here)"
+               for key in sorted(set(old_settings) | set(new_settings)) if old_settings.get(key) != new_settings.get(key)]
+    differ += [f"run {label} (another arbiter or mode)" for label in new_runs
+               if label != "settings" and label in old_runs and old_runs[label] != new_runs[label]]
+    if differ:
+        raise ValueError(f"{out_dir} holds an evaluation with other settings: {', '.join(differ)}; use another "
+                         f"--out, or delete it")
+    runs = {label: run for label, run in old_runs.items() if label != "settings"}
+    runs.update({label: run for label, run in new_runs.items() if label != "settings"})
+    return {**new, "runs": {**runs, "settings": new_settings}}
+
+
 def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], score: Callable[[Problem, str], bool],
              out_dir: Path | None = None, params: GenerationParams | None = None, as_chat: bool = False,
              title: str = "eval", progress: Callable[[Iterable], Iterable] | None = None) -> dict:
@@ -245,9 +267,9 @@ def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], s
                   "draft": model_identity(engine.draft_path) if engine.draft_path else None,
                   "runs": run_config(engine, runs, params), "chat": as_chat, "problems": [p.id for p in problems]}
         config_path = out_dir / "config.json"
-        if config_path.is_file() and json.loads(config_path.read_text()) != config:
-            raise ValueError(f"{out_dir} holds a run with other settings (models, arbiters or parameters); "
-                             f"use another --out or delete it")
+        if config_path.is_file():
+            config = merged_config(json.loads(config_path.read_text()), config, out_dir)
+            labels = [label for label in config["runs"] if label != "settings"]  # earlier runs stay in the results
         config_path.write_text(json.dumps(config, indent=1))
         records = load_records(out_dir / "records.jsonl")
         log = (out_dir / "records.jsonl").open("a", encoding="utf-8")

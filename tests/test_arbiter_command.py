@@ -166,3 +166,14 @@ def test_no_headroom_reports_and_stops(trained, tmp_path):
     assert out.returncode == 1, out.stderr
     assert "headroom on 20 dev problems" in out.stderr and "no headroom" in out.stderr
     assert "--ignore-headroom" in out.stderr and not (tmp_path / "w" / "states").exists()
+
+
+def test_eval_and_bench_run_cospec_by_default_where_an_arbiter_ships(tmp_path):
+    out = run_cli("eval", "--task", "arith", "--limit", 1, "-n", 32, "-t", 1, "--json")
+    assert out.returncode == 0, out.stderr
+    assert set(json.loads(out.stdout)["runs"]) == {"target-only", "draft-only", "sps", "fly", "cospec"}
+    out = run_cli("bench", "--task", "arith", "--n-prompts", 1, "-n", 16, "--repeat", 1, "-t", 1, "--json")
+    assert out.returncode == 0, out.stderr
+    assert {r["run"] for r in json.loads(out.stdout)["results"]} == {"target-only", "sps", "fly", "cospec"}
+    out = run_cli("bench", "-m", "smollm2-135m", "-md", "smollm2-135m-first4", "--n-prompts", 2)
+    assert out.returncode == 2 and "--n-prompts counts task prompts: give --task too" in out.stderr

@@ -164,3 +164,22 @@ def test_an_arbiter_for_another_draft_fails_before_any_record(target_path, draft
     ok = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert ok.returncode == 0, ok.stderr
     assert len((out / "records.jsonl").read_text().splitlines()) == 4
+
+
+def test_an_evaluation_takes_more_runs_and_names_what_differs(tmp_path):
+    """More runs of the same evaluation go into its folder beside the earlier ones (which are not
+    run again); other settings are refused naming the setting."""
+    out = tmp_path / "eval"
+    base = [sys.executable, "-m", "cospec_local.cli", "eval", "--task", "arith", "--limit", "3", "-n", "48", "-t", "1",
+            "--out", str(out), "--json"]
+    first = subprocess.run([*base, "--runs", "target-only,sps"], capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stderr
+    records = (out / "records.jsonl").read_text()
+    more = subprocess.run([*base, "--runs", "sps,fly"], capture_output=True, text=True, timeout=900)
+    assert more.returncode == 0, more.stderr
+    assert set(json.loads(more.stdout)["runs"]) == {"target-only", "sps", "fly"}
+    assert (out / "records.jsonl").read_text().startswith(records)  # the earlier records kept as they were
+    assert len((out / "records.jsonl").read_text().splitlines()) == 9  # sps was not run again
+    shorter = [("32" if a == "48" else a) for a in base]
+    other = subprocess.run([*shorter, "--runs", "sps"], capture_output=True, text=True, timeout=900)
+    assert other.returncode != 0 and "other settings: --max-tokens (48 there, 32 here)" in other.stderr
