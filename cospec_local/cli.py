@@ -152,7 +152,7 @@ def pick_draft(target: str, draft: str | None, quiet: bool = False) -> str | Non
         chosen, why = choose_draft(target)
     except FileNotFoundError as exc:
         raise click.ClickException(str(exc)) from None
-    if not quiet and target != DEFAULT_TARGET:
+    if not quiet and target != DEFAULT_TARGET and why:
         click.echo(f"note: draft {chosen}: {why} (-md to choose another)" if chosen else
                    f"note: {why}: decoding with the target alone (-md DRAFT to speculate)", err=True)
     return chosen

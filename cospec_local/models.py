@@ -170,7 +170,8 @@ def vocabulary_signature(path: Path) -> tuple:
 def choose_draft(target: str | os.PathLike) -> tuple[str | None, str]:
     """A draft for a target given without one, and why: the bundled draft made for a named target,
     else the smallest named model already on this machine (nothing is built or fetched for it)
-    that is smaller than the target and shares its vocabulary; else (None, why not)."""
+    that is smaller than the target and shares its vocabulary; else (None, why not). A target whose
+    header cannot be read gives (None, ""): loading it will say what is wrong with it."""
     key = os.fspath(target)
     if key in PAIRED_DRAFTS:
         return PAIRED_DRAFTS[key], f"the bundled draft made for {key}"
@@ -178,7 +179,7 @@ def choose_draft(target: str | os.PathLike) -> tuple[str | None, str]:
     try:
         signature, size = vocabulary_signature(target_path), target_path.stat().st_size
     except (OSError, ValueError):
-        return None, "the target's header could not be read"
+        return None, ""
     candidates = []
     for m in NAMED_MODELS.values():
         try:

@@ -106,3 +106,22 @@ def test_the_draft_all_but_off_is_said_once_in_plain_words():
     child.sendline("/bye")
     child.expect(pexpect.EOF)
     assert notes == 1
+
+
+def run_cli(*args):
+    import subprocess
+
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=600)
+
+
+def test_a_bad_target_or_arbiter_is_the_first_thing_said(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf")
+    for target, why in ((bad, "not a GGUF file"), (tmp_path / "missing.gguf", "file not found")):
+        out = run_cli("generate", "-m", target, "-p", "Hi")
+        assert out.returncode == 1 and why in out.stderr
+        assert "decoding with the target alone" not in out.stderr and "note:" not in out.stderr
+    out = run_cli("generate", "-m", "smollm2-135m", "-md", "smollm2-135m-first4", "--arbiter", "demo-lora",
+                  "-p", "Hello there")
+    assert out.returncode == 1 and "made for another draft model" in out.stderr
+    assert "Hello there" not in out.stdout  # the prompt is not echoed before the error
