@@ -101,20 +101,19 @@ class generation {
         // Below this, softmax(logits / T) is the argmax anyway, and 1 / T overflows
         // float (0 * inf turned the top logit into NaN and sampling into token 0).
         greedy = !(p.temperature >= cospec::MIN_SAMPLING_TEMPERATURE);
-        arbiter_can_keep = p.mode == COSPEC_MODE_SPECULATIVE && p.arbiter != nullptr && p.arbiter->can_keep();
-        // An arbiter abstains on a prompt unlike those it learned from (its domain gate): the
-        // whole generation is then lossless speculative decoding, tuned and timed as one.
-        if (arbiter_can_keep && !p.arbiter->admits(prompt, n_prompt)) {
-            arbiter_can_keep = false;
-            st.arbiter_abstained = true;
-        }
+        const bool keeping_arbiter = p.mode == COSPEC_MODE_SPECULATIVE && p.arbiter != nullptr && p.arbiter->can_keep();
+        // An arbiter abstains on a prompt unlike those it learned from (its domain gate): no
+        // mismatch is kept and its pass never runs. Block lengths still follow the timing-free
+        // tuner below, so a run with a learned arbiter never depends on timing, gated or not.
+        arbiter_can_keep = keeping_arbiter && p.arbiter->admits(prompt, n_prompt);
+        st.arbiter_abstained = keeping_arbiter && !arbiter_can_keep;
         keep_draft_logits = arbiter_can_keep && p.arbiter->needs_draft_logits();
         keep_threshold = p.arbiter != nullptr ? p.arbiter->threshold() : 0.5f;
         // When block lengths can change the output (a kept mismatch; sampling,
         // whose random stream follows the blocks) they must not depend on
         // timing: a tuner of this call alone, whose costs are settings
         // (default: from the pair's sizes), never clocks.
-        if (arbiter_can_keep || !greedy) {
+        if (keeping_arbiter || !greedy) {
             call_tuner.use_fixed_costs(p.draft_cost > 0.0f ? p.draft_cost : e.draft_cost_ratio,
                                        p.verify_cost >= 0.0f ? p.verify_cost : trained_verify_cost());
             if (arbiter_can_keep) {

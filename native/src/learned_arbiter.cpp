@@ -337,6 +337,24 @@ int32_t read_bundle(const char * path, bundle & b) {
             return fail(COSPEC_ERR_ARBITER, who + ": verify_cost must lie in [0, 100] target steps");
         }
     }
+    // What its states were drafted under (the engine warns when a generation drafts otherwise):
+    // checked here so that nobody downstream parses a value that is not one.
+    if (const auto v = b.meta.find("draft_max"); v != b.meta.end()) {
+        const long k = std::strtol(v->second.c_str(), &end, 10);
+        if (end == v->second.c_str() || *end != '\0' || k < 1 || k > COSPEC_N_DRAFT_MAX) {
+            return fail(COSPEC_ERR_ARBITER, who + ": draft_max must be a whole number in [1, " +
+                                                std::to_string(COSPEC_N_DRAFT_MAX) + "]");
+        }
+    }
+    if (const auto v = b.meta.find("adaptive_draft"); v != b.meta.end() && v->second != "true" && v->second != "false") {
+        return fail(COSPEC_ERR_ARBITER, who + ": adaptive_draft must be true or false");
+    }
+    if (const auto v = b.meta.find("draft_cost"); v != b.meta.end()) {
+        const double cost = std::strtod(v->second.c_str(), &end);
+        if (end == v->second.c_str() || !(cost >= 0.0 && cost <= 100.0)) {
+            return fail(COSPEC_ERR_ARBITER, who + ": draft_cost must lie in [0, 100] target steps");
+        }
+    }
     const unsigned long n_layers = std::strtoul(layers->c_str(), &end, 10);
     if (n_layers < 1 || n_layers > MAX_HEAD_LAYERS) {
         return fail(COSPEC_ERR_ARBITER, who + ": head_layers must be 1.." + std::to_string(MAX_HEAD_LAYERS));
