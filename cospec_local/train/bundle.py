@@ -18,6 +18,7 @@ from ..arbiter_bundle import BUNDLE_FILES, REFERENCE_FILE
 from ..engine import Engine
 from ..params import GenerationParams
 from ..tasks import FAMILY_STOPS, load_task
+from .config import HelpFormatter
 
 # Per family: the shipped arbiters keep a draft token only past the 8th test problem.
 REFERENCE_PROBLEMS = 16
@@ -38,7 +39,7 @@ def reference_runs(engine: Engine, arbiter: str, families=("arith", "pyfunc"), n
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     ap.add_argument("--arbiter", required=True, type=Path, help="The trained arbiter's folder (e.g. a run's best/).")
     ap.add_argument("--out", required=True, type=Path, help="Where the arbiter ships.")
     ap.add_argument("-m", "--model", default="demo-target", help="Target model (named or GGUF path).")

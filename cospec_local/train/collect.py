@@ -48,6 +48,7 @@ from ..params import GenerationParams
 from ..tasks import Problem, load_task
 from .branch_oracle import BranchOracle
 from .states import DecisionState, LabelledState
+from .config import HelpFormatter
 
 # Settings of the recorded runs and of their branches (the eval's defaults for these tasks).
 MAX_TOKENS = 256
@@ -126,7 +127,7 @@ def resume_point(out: Path) -> set[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     ap.add_argument("--out", required=True, type=Path, help="Folder for states.jsonl, problems.jsonl, manifest.json.")
     ap.add_argument("-m", "--model", default="demo-target", help="Target model (named or GGUF path).")
     ap.add_argument("-md", "--model-draft", default="demo-draft", help="Draft model (named or GGUF path).")

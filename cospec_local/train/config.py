@@ -10,6 +10,10 @@ from typing import TypeVar, get_type_hints
 T = TypeVar("T")
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Every --help: the defaults after each option's help, the epilog's recipe as written."""
+
+
 def option(default, help: str):
     return dataclasses.field(default=default, metadata={"help": help})
 
@@ -22,7 +26,7 @@ def comma_list(text: str) -> list[str]:
 def parse_config(cls: type[T], argv: list[str] | None = None, description: str | None = None) -> T:
     """Command-line flags --field-name for every field of the dataclass `cls`."""
     parser = argparse.ArgumentParser(description=description or cls.__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=HelpFormatter)
     hints = get_type_hints(cls)
     for f in dataclasses.fields(cls):
         kind = hints[f.name]

@@ -69,6 +69,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cospec_local.train.config import HelpFormatter
 from cospec_local.tasks import FAMILY_STOPS  # where each family's answer ends, as in eval
 
 from cospec_local.convert.tokenizer import BOS_ID, EOS_ID, load_tokenizer, train_tokenizer
@@ -526,7 +527,7 @@ def write_ggufs(out: Path, names: list[str], runs: dict, check_problems, sp, thr
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+                                 formatter_class=HelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--out", type=Path, required=True, help="output folder")
     ap.add_argument("--seed", type=int, default=0, help="target seed; the draft uses seed + 1")
     ap.add_argument("--threads", type=int, default=1)

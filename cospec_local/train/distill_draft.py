@@ -53,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .config import HelpFormatter
 from .device import resolve_device
 
 TOP_K = 16
@@ -528,7 +529,7 @@ def main(argv: list[str] | None = None) -> None:
     from .distill_prompts import build_prompts, heldout_topics
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+                                 formatter_class=HelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--target", type=Path, default=None, help="target GGUF (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--stages", default="generate,train,gguf,measure")

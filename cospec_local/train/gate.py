@@ -17,6 +17,7 @@ from ..arbiter_bundle import add_gate
 from ..domain_gate import build_gate
 from ..engine import Engine
 from ..tasks import load_task
+from .config import HelpFormatter
 
 
 def prompt_tokens(engine: Engine, prompts: list[str], chat: bool) -> list[list[int]]:
@@ -26,7 +27,7 @@ def prompt_tokens(engine: Engine, prompts: list[str], chat: bool) -> list[list[i
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     ap.add_argument("--arbiter", required=True, type=Path, help="The arbiter's folder (arbiter.gguf is rewritten).")
     ap.add_argument("--tasks", required=True, help="Its training tasks, comma-separated (families or files).")
     ap.add_argument("-m", "--model", default="demo-target", help="Target model (its chat template, with --chat).")
