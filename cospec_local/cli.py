@@ -231,12 +231,22 @@ def main():
 @main.command()
 @model_options
 @generation_options(arbiter="auto")
-@click.option("-p", "--prompt", required=True, help="Prompt text.")
+@click.option("-p", "--prompt", default=None, help="Prompt text (or -f FILE, or the prompt on standard input).")
+@click.option("-f", "--file", "prompt_file", type=click.File("r", encoding="utf-8"), default=None,
+              help="Read the prompt from a file ('-': standard input), as llama-cli's -f.")
 @click.option("--chat", "as_chat", is_flag=True, help="Send the prompt as a user message through the chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, provenance, decisions, stats.")
 @click.option("--color", is_flag=True, help="Colour draft tokens: green matched, magenta kept by the arbiter.")
-def generate(load, params, prompt, as_chat, as_json, color):
+def generate(load, params, prompt, prompt_file, as_chat, as_json, color):
     """Generate a continuation of a prompt."""
+    if prompt is not None and prompt_file is not None:
+        raise click.BadParameter("give the prompt once: -p or -f", param_hint="-p/-f")
+    if prompt is None:
+        if prompt_file is None and sys.stdin.isatty():
+            raise click.UsageError("no prompt: give -p PROMPT, -f FILE, or the prompt on standard input")
+        prompt = (prompt_file or sys.stdin).read()
+        if not prompt.strip():
+            raise click.UsageError("the prompt is empty")
     draft, params = draft_for_mode(load.target, load.draft, params, quiet=as_json)
     engine = open_engine(load, draft, quiet=as_json)
     with engine:

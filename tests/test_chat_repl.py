@@ -125,3 +125,21 @@ def test_a_bad_target_or_arbiter_is_the_first_thing_said(tmp_path):
                   "-p", "Hello there")
     assert out.returncode == 1 and "made for another draft model" in out.stderr
     assert "Hello there" not in out.stdout  # the prompt is not echoed before the error
+
+
+def test_generate_reads_its_prompt_from_a_file_or_standard_input(tmp_path):
+    import subprocess
+
+    prompt = "Mei has 94 stamps. Then Mei buys 84 more stamps. How many stamps does Mei have now?"
+    (tmp_path / "prompt.txt").write_text(prompt)
+    given = run_cli("generate", "-p", prompt, "-n", 16, "--json")
+    from_file = run_cli("generate", "-f", tmp_path / "prompt.txt", "-n", 16, "--json")
+    from_stdin = subprocess.run([*CLI, "generate", "-n", "16", "--json"], input=prompt, capture_output=True, text=True,
+                                timeout=600)
+    assert given.returncode == from_file.returncode == from_stdin.returncode == 0, from_stdin.stderr
+    tokens = json.loads(given.stdout)["tokens"]
+    assert json.loads(from_file.stdout)["tokens"] == tokens == json.loads(from_stdin.stdout)["tokens"]
+    both = run_cli("generate", "-p", prompt, "-f", tmp_path / "prompt.txt")
+    assert both.returncode == 2 and "give the prompt once" in both.stderr
+    empty = subprocess.run([*CLI, "generate"], input="", capture_output=True, text=True, timeout=600)
+    assert empty.returncode == 2 and "the prompt is empty" in empty.stderr
