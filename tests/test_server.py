@@ -324,3 +324,24 @@ def _load(server, client):
     assert counts["ok"] > 50 and counts["busy"] > 0  # 8 clients, 5 places: some are turned away
     assert rss_after - rss_before < 64 * 1024, (rss_before, rss_after)
     assert server.alive()
+
+
+def test_each_request_gets_one_log_line(server, client):
+    """As llama-server and Ollama: client, method, path, status and time, once the reply (a whole
+    stream too) has been sent."""
+    import re
+    import time
+
+    before = len(server.log)
+    chat(client, CHLOE, max_tokens=8, **GREEDY)
+    list(chat(client, CHLOE, max_tokens=8, stream=True, **GREEDY))
+    with pytest.raises(openai.BadRequestError):
+        chat(client, CHLOE, max_tokens=8, extra_body={"mode": "telepathy"})
+    deadline = time.monotonic() + 10
+    pattern = re.compile(r"127\.0\.0\.1 POST /v1/chat/completions (\d{3}) \d+ ms")
+    while time.monotonic() < deadline:
+        statuses = [m.group(1) for line in server.log[before:] if (m := pattern.search(line))]
+        if len(statuses) >= 3:
+            break
+        time.sleep(0.1)
+    assert statuses == ["200", "200", "400"]

@@ -11,6 +11,7 @@ import contextlib
 import hmac
 import json
 import secrets
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -67,6 +68,32 @@ class HostCheck:
         await self.app(scope, receive, send)
 
 
+class RequestLog:
+    """ASGI middleware: one line per request on standard error once its response has been sent,
+    as llama-server and Ollama log: client, method, path, status, time (a stream's whole length)."""
+
+    def __init__(self, app, out=None):
+        self.app, self.out = app, out
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.monotonic(), [0]
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                client = scope.get("client") or ("-", 0)
+                print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {client[0]} {scope['method']} {scope['path']} "
+                      f"{status[0]} {1000 * (time.monotonic() - start):.0f} ms", file=self.out or sys.stderr,
+                      flush=True)
+
+        await self.app(scope, receive, sending)
+
+
 class CospecServer:
     def __init__(self, workers: list[EngineWorker], defaults: GenerationParams, settings: ServerSettings):
         """`workers`: started engine processes, all of the same models."""
@@ -102,7 +129,8 @@ class CospecServer:
             self.pool.close()  # stop running generations and the engine processes
 
         return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan,
-                         middleware=[Middleware(HostCheck, allowed=self.settings.allowed_hosts)])
+                         middleware=[Middleware(RequestLog),
+                                     Middleware(HostCheck, allowed=self.settings.allowed_hosts)])
 
     def _count(self, request: Request, status: int) -> None:
         self.metrics.requests.labels(request.url.path, str(status)).inc()
