@@ -17,8 +17,7 @@ import pytest
 
 from cospec_local import Engine
 from cospec_local.tasks import FAMILY_STOPS
-from cospec_local.models import (DEFAULT_DRAFT, DEFAULT_TARGET, DEMO_DIR, demo_checkpoint, demo_model, prompt_style,
-                                 resolve_model)
+from cospec_local.models import DEFAULT_DRAFT, DEFAULT_TARGET, DEMO_DIR, demo_checkpoint, demo_model
 from cospec_local.tasks import load_task, score
 
 torch = pytest.importorskip("torch")
@@ -30,12 +29,22 @@ from quantization import q8_0_roundtrip  # noqa: E402
 torch.set_num_threads(1)
 
 
-def test_defaults_are_the_bundled_pair():
-    assert (DEFAULT_TARGET, DEFAULT_DRAFT) == ("demo-target", "demo-draft")
-    target, draft = resolve_model(DEFAULT_TARGET), resolve_model(DEFAULT_DRAFT)
-    assert target.parent == DEMO_DIR and draft.parent == DEMO_DIR
-    assert prompt_style(DEFAULT_TARGET) == "task" and prompt_style(str(target)) == "task"
-    assert prompt_style("smollm2-135m") == "chat"
+def test_the_default_engine_opens_the_shipped_pair_the_training_log_records():
+    """With no model named, the engine opens the demo GGUFs that train_log.json records as each
+    model's chosen conversion (the draft: its last specialisation stage), at the recorded sizes,
+    with the bundled SentencePiece vocabulary. (The CLI's use of the default pair, its task
+    prompts and chat banner, is checked by the `generate --chat`, `bench` and `chat` tests.)"""
+    log = json.loads((DEMO_DIR / "train_log.json").read_text())
+    recorded = {"target": log["gguf"]["target"], "draft": log["draft_specialised"]["stages"][-1]["gguf"]}
+    sp = load_tokenizer(DEMO_DIR / "tokenizer.model")
+    text = load_task("arith", "test", limit=1)[0].prompt + "\n"
+    with Engine.open_default(n_ctx=256, n_threads=1) as engine:
+        for role, path in (("target", engine.target_path), ("draft", engine.draft_path)):
+            chosen = recorded[role][recorded[role]["chosen"]]
+            assert os.path.dirname(path) == str(DEMO_DIR) and os.path.basename(path) == chosen["path"], role
+            assert os.path.getsize(path) == chosen["bytes"], role
+        assert engine.n_vocab == log["tokenizer"]["vocab_size"] == sp.vocab_size()
+        assert engine.tokenize(text) == sp.encode(text, add_bos=True)
 
 
 def _config(role: str) -> dict:

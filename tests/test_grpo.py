@@ -19,7 +19,7 @@ from cospec_local import Engine  # noqa: E402
 from cospec_local.arbiters import NAMED_ARBITERS  # noqa: E402
 from cospec_local.models import resolve_model  # noqa: E402
 from cospec_local.tasks import load_task  # noqa: E402
-from cospec_local.train.grpo import (GRPOConfig, UpdateItem, decision_items, grpo_loss, grpo_update,  # noqa: E402
+from cospec_local.train.grpo import (GRPOConfig, UpdateItem, decision_items, grpo_update,  # noqa: E402
                                      policy_probs, score_groups, state_items)
 from cospec_local.train.rewards import RewardConfig, group_advantages, rollout_reward, span_after_keeps  # noqa: E402
 from cospec_local.train.rollout import BranchedState, DecidedBlock, RolloutWorker, WorkerConfig  # noqa: E402
@@ -138,22 +138,55 @@ def test_state_items_values():
     assert stats["q_keep"] == pytest.approx(0.5) and stats["q_reject"] == pytest.approx(2 / 3)
 
 
-def test_a_state_pair_gives_the_policy_gradient_at_its_state():
-    """The two items of a state, weighted as grpo_update weighs them (P(choice) before the update
-    over p_behaviour), give d(-loss)/dP(keep) = q_keep - q_reject at ratio 1."""
+class OneLogitPolicy(torch.nn.Module):
+    """A policy whose P(keep) is sigmoid(logit) at every decision: grpo_update's gradients and
+    steps are then computable by hand."""
+
+    def __init__(self, p_keep: float):
+        super().__init__()
+        self.logit = torch.nn.Parameter(torch.logit(torch.tensor(p_keep, dtype=torch.float64)).float())
+
+    def forward(self, batch):
+        return self.logit.expand(len(batch.features))
+
+
+def one_sgd_step(items, p_keep: float, is_cap: float = 100.0):
+    """grpo_update on the items: one epoch, one minibatch, plain SGD with learning rate 1, no KL
+    and no gradient clipping, so the logit moves by exactly -d(loss)/d(logit)."""
+    policy = OneLogitPolicy(p_keep)
+    before = float(policy.logit.detach())
+    cfg = GRPOConfig(epochs=1, minibatch=64, beta=0.0, clip_eps=0.2, is_cap=is_cap, max_grad_norm=1e9)
+    stats = grpo_update(policy, policy, items, cfg, torch.optim.SGD(policy.parameters(), lr=1.0), with_tokens=False)
+    return stats, float(policy.logit.detach()) - before
+
+
+def test_grpo_update_gives_a_state_pair_the_policy_gradient_at_its_state():
+    """The two items of a state, weighted by grpo_update's importance weight (P(choice) before
+    the update over p_behaviour, here 1 for the choice made), move P(keep) by the policy
+    gradient: d(-loss)/dP(keep) = (q_keep - q_reject) / (2 decisions) at ratio 1."""
     block = DecisionState(context=[1], draft=[3], target=[4, 5], mismatch=[1], features=[[0.0] * 16])
     items, _ = state_items([{"problem_id": "a", "correct": True, "decisions": 1, "kept": 1, "states": [
         BranchedState(block, 0, p_keep=0.3, kept=True, q_keep=1.0, q_reject=0.25)]}])
-    p = torch.tensor(0.3, requires_grad=True)
-    p_new = torch.stack([p, p])
-    actions = torch.tensor([it.keep[0] for it in items])
-    behaviour = torch.tensor([it.p_behaviour[0] for it in items]).clamp(1e-6, 1 - 1e-6)
-    old = p_new.detach()
-    weights = torch.where(actions > 0.5, old, 1 - old) / torch.where(actions > 0.5, behaviour, 1 - behaviour)
-    advantages = torch.tensor([it.advantage for it in items])
-    loss, _ = grpo_loss(p_new, actions, advantages, old, old, weights, clip_eps=0.2, beta=0.0, normalizer=1.0)
-    loss.backward()
-    assert -float(p.grad) == pytest.approx(1.0 - 0.25, rel=1e-4)
+    stats, step = one_sgd_step(items, p_keep=0.3)
+    # weights 0.3 (keep) and 0.7 (reject), advantages +-0.375, mean over 2 decisions:
+    # loss = -(0.3 * 0.375 - 0.7 * 0.375) / 2; the logit's step = (1 - 0.25) / 2 x dP/dlogit (0.3 x 0.7)
+    assert stats["decisions"] == 2
+    assert stats["loss"] == pytest.approx(0.075, rel=1e-4)
+    assert step == pytest.approx(0.375 * 0.21, rel=1e-4)  # unweighted: 0.375 x (1/0.3 + 1/0.7) / 2 x 0.21
+
+
+def test_grpo_update_truncates_the_importance_weight_at_is_cap():
+    """Rollout decisions taken with the engine's P(keep): the weight P_torch(choice) /
+    P_engine(choice) is capped at is_cap. At P(keep) 0.5: a keep the engine made with 0.25 weighs
+    min(2, 1.5), a reject it made with P(keep) 0.2 weighs 0.5 / 0.8."""
+    block = DecisionState(context=[1], draft=[3], target=[4, 5], mismatch=[1], features=[[0.0] * 16])
+    items = [UpdateItem(block, [0], keep=[1.0], p_behaviour=[0.25], advantage=1.0),
+             UpdateItem(block, [0], keep=[0.0], p_behaviour=[0.2], advantage=-0.5)]
+    stats, step = one_sgd_step(items, p_keep=0.5, is_cap=1.5)
+    w_keep, w_reject = 1.5, 0.625
+    assert stats["loss"] == pytest.approx(-(w_keep * 1.0 + w_reject * -0.5) / 2, rel=1e-5)
+    # d(ratio)/d(logit) at ratio 1: 1 - P(keep) for a keep, -P(keep) for a reject
+    assert step == pytest.approx((w_keep * 1.0 * 0.5 + w_reject * -0.5 * -0.5) / 2, rel=1e-5)
 
 
 # ---------------------------------------------------------------- rollouts of the engine

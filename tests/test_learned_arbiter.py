@@ -10,6 +10,7 @@ Parity, as the engine runs them:
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -94,11 +95,54 @@ def block_of(engine, state: DecisionState, logits=True) -> dict:
     return b
 
 
-def test_generation_params_defaults_are_the_native_ones():
+def documented_defaults(struct: str) -> dict:
+    """Field -> the default that native/include/cospec.h's comments give for it ("(default 8)",
+    "(...; default on)"), read from the comment on the field's line, its continuation lines, and
+    the block comment just above it."""
+    header = (Path(__file__).resolve().parents[1] / "native" / "include" / "cospec.h").read_text()
+    body = re.search(rf"struct {struct} {{\n(.*?)\n}};", header, re.S).group(1)
+    words = {"on": True, "true": True, "off": False, "false": False}
+    comments, above, last = {}, [], None
+    for line in body.splitlines():
+        field = re.match(r"\s*[\w\s*]+?\b(\w+);\s*(?://(.*))?$", line)
+        if field:
+            last = field.group(1)
+            comments[last] = " ".join(above + [field.group(2) or ""])
+            above = []
+        elif re.match(r" {4}//", line):  # a block comment at the fields' indentation: the next field's
+            above.append(line)
+        elif line.strip().startswith("//") and last:  # indented further: the last field's comment goes on
+            comments[last] += " " + line
+    out = {}
+    for name, text in comments.items():
+        m = re.search(r"\bdefault (-?[\w.]+)", text)
+        if m:
+            value = m.group(1)
+            out[name] = words.get(value, value if value.isalpha() else float(value))
+    return out
+
+
+def test_native_defaults_are_the_ones_the_header_documents():
+    """The C defaults as the extension reads them, against the values the header's comments
+    promise (an independent source: a changed default must change its documentation too), and
+    the Python API's defaults against the same documented values."""
+    generate = documented_defaults("cospec_generate_params")
+    assert {"n_predict", "n_draft", "adaptive_draft", "repeat_last_n", "sample_arbiter", "mode"} <= set(generate)
     native = _cospec.GenerateParams()
-    assert (DEFAULTS.max_tokens, DEFAULTS.draft_max, DEFAULTS.adaptive_draft, DEFAULTS.sample_arbiter) == \
-        (native.n_predict, native.n_draft, native.adaptive_draft, native.sample_arbiter)
-    assert DEFAULTS.fly_window == _cospec.FLY_DEFAULTS["window"]
+    assert generate.pop("mode") == "speculative" and native.mode == _cospec.MODE_SPECULATIVE
+    assert {name: getattr(native, name) for name in generate} == pytest.approx(generate)
+    fly = documented_defaults("cospec_fly_params")
+    assert set(fly) == {"window", "entropy_threshold"}
+    assert {name: _cospec.FLY_DEFAULTS[name] for name in fly} == pytest.approx(fly)
+    learned = documented_defaults("cospec_learned_arbiter_params")
+    assert learned["fold_adapter"] is True and learned["use_gate"] is True and learned["threshold"] == -1
+    assert {name: _cospec.LEARNED_ARBITER_DEFAULTS[name] for name in ("fold_adapter", "use_gate")} == \
+        {"fold_adapter": True, "use_gate": True}
+    python = {"max_tokens": "n_predict", "draft_max": "n_draft", "adaptive_draft": "adaptive_draft",
+              "repeat_last_n": "repeat_last_n", "sample_arbiter": "sample_arbiter"}
+    assert {p: getattr(DEFAULTS, p) for p in python} == {p: generate[c] for p, c in python.items()}
+    assert (DEFAULTS.fly_window, DEFAULTS.fly_entropy, DEFAULTS.arbiter_gate) == \
+        pytest.approx((fly["window"], fly["entropy_threshold"], learned["use_gate"]))
 
 
 def test_collector_reject_branch_is_the_recorded_run(demo_engine, labelled):
