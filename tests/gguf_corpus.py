@@ -61,44 +61,14 @@ class Case:
 
 
 def with_kv(src: Path, dst: Path, key: str, value, vtype=None, sub_type=None) -> Path:
-    """src with metadata `key` set to `value` of `vtype` (None: deleted)."""
+    """src with metadata `key` set to `value` of `vtype` (arrays: of `sub_type`; None: deleted)."""
     reader = open_gguf(src)
 
     def edit(k, v):
         return None if k == key else v
 
-    add = {} if value is None else {key: (value, vtype)}
-    if sub_type is not None:  # arrays need their element type: write through add_key_value directly
-        writer_kv = {key: (value, vtype, sub_type)}
-        return _rewrite_with(reader, dst, edit, writer_kv)
+    add = {} if value is None else {key: (value, vtype) if sub_type is None else (value, vtype, sub_type)}
     return rewrite_gguf(reader, dst, edit, add_kv=add)
-
-
-def _rewrite_with(reader, dst, edit, extra):
-    import gguf as g
-
-    from cospec_local.gguf_edit import architecture
-
-    tmp = dst.with_name(dst.name + ".tmp")
-    writer = g.GGUFWriter(tmp, architecture(reader), endianess=reader.endianess)
-    writer.data_alignment = reader.alignment
-    for field in reader.fields.values():
-        if field.name == g.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue
-        value = edit(field.name, field.contents())
-        if value is not None:
-            sub = field.types[-1] if field.types[0] == T.ARRAY else None
-            writer.add_key_value(field.name, value, field.types[0], sub_type=sub)
-    for key, (value, vtype, sub) in extra.items():
-        writer.add_key_value(key, value, vtype, sub_type=sub)
-    for t in reader.tensors:
-        writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type, tensor_endianess=reader.endianess)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, dst)
-    return dst
 
 
 def with_tokens(src: Path, dst: Path, change) -> Path:
