@@ -8,7 +8,7 @@
   Runtime); named ones ship with the package;
 - any Python function (`arbiter_from_function`).
 
-Only the standard library, numpy, gguf and the extension are imported here;
+Only the standard library, numpy and the extension are imported here (gguf where a file is read);
 onnxruntime is imported when a head runs under it.
 """
 from __future__ import annotations
@@ -98,13 +98,14 @@ def installed_arbiters() -> dict[str, Path]:
     root = user_arbiters_dir()
     if not root.is_dir():
         return {}
-    return {p.name: p for p in sorted(root.iterdir()) if (p / ARBITER_FILE).is_file()}
+    # Dot folders are installs in progress (or interrupted): not arbiters yet.
+    return {p.name: p for p in sorted(root.iterdir()) if not p.name.startswith(".") and (p / ARBITER_FILE).is_file()}
 
 
 def resolve_arbiter_path(spec: str | os.PathLike) -> Path:
     """A bundled arbiter's folder by name, the given path (a folder or its arbiter.gguf) where it
-    exists, else an arbiter installed in the user's folder by that name (else the path as given:
-    its loader says it is not found)."""
+    holds an arbiter, else an arbiter installed in the user's folder by that name (else the path as
+    given: its loader says what is missing)."""
     key = os.fspath(spec)
     if key in NAMED_ARBITERS:
         path = NAMED_ARBITERS[key].path
@@ -112,8 +113,9 @@ def resolve_arbiter_path(spec: str | os.PathLike) -> Path:
             raise FileNotFoundError(f"the bundled arbiter {key!r} is missing from {path}; reinstall cospec-local")
         return path
     path = Path(key)
-    if not path.exists() and os.sep not in key and (user_arbiters_dir() / key / ARBITER_FILE).is_file():
-        return user_arbiters_dir() / key
+    holds_arbiter = path.is_file() or (path / ARBITER_FILE).is_file()
+    if not holds_arbiter and os.sep not in key and (user_arbiters_dir() / key / ARBITER_FILE).is_file():
+        return user_arbiters_dir() / key  # a folder here of the same name that holds no arbiter does not hide it
     return path
 
 
@@ -200,7 +202,7 @@ def describe_arbiter(folder: str | os.PathLike, name: str | None = None, where: 
         "name": name or folder.name, "where": where or "folder", "path": str(folder), "kind": meta["kind"],
         "description": meta.get("description", ""), "threshold": float(meta["threshold"]),
         "draft_file": meta.get("draft_file"), "draft_fingerprint": meta.get("draft_fingerprint"),
-        "trained_under": trained, "lora_context": meta.get("lora_context"),
+        "trained_under": trained, "lora_context": meta.get("lora_context"), "gate_threshold": meta.get("gate_threshold"),
         "files": {f: (folder / f).stat().st_size for f in (*BUNDLE_FILES, REFERENCE_FILE, EVALUATION_FILE)
                   if (folder / f).is_file()},
         "warmup_dev": (info.get("warmup") or {}).get("dev"),
@@ -235,11 +237,14 @@ def details_text(row: dict) -> str:
              else "block length not recorded (arbiters trained before it was recorded: 8)")
     cost = (f"verify cost {float(trained['verify_cost']):.3g} target steps a token" if "verify_cost" in trained
             else "the default cost model")
+    gate = (f"abstains on prompts whose token pairs are less than {100 * float(row['gate_threshold']):.1f}% "
+            f"ones its training prompts had" if row.get("gate_threshold") is not None else "none: decides on every prompt")
     lines = [f"{row['name']} ({row['where']}, {row['kind']}): {row['description']}",
              f"  folder      {row['path']}",
              f"  draft       {row['draft_file']} (fingerprint {str(row['draft_fingerprint'])[:16]})",
              f"  trained on  {block}; {cost}",
              f"  threshold   keeps a mismatch at P(keep) >= {row['threshold']:.3f}",
+             f"  gate        {gate}",
              "  files       " + ", ".join(f"{name} ({size / 1024:.0f} kB)" for name, size in row["files"].items())]
     dev = row["warmup_dev"]
     if dev:

@@ -5,7 +5,7 @@ import os
 import sys
 from typing import Callable, TextIO
 
-from .display import colored, draft_off_note, model_summary, stats_line
+from .display import abstained_note, colored, draft_off_note, model_summary, stats_line
 from .engine import LEARNED_KINDS, Engine
 from .errors import ContextFullError, CospecError
 from .params import MODES, GenerationParams
@@ -86,6 +86,7 @@ class ChatSession:
         self.settings = settings
         self.seed_fixed = seed_fixed
         self.said_draft_off = False
+        self.said: set[str] = set()
         self.system = system
         self.color = color
         self.read_line = read_line
@@ -160,8 +161,7 @@ class ChatSession:
         if e.has_draft:
             self.say(f"  draft:  {e.draft_path}{model_summary(e.draft_path)}")
         if self.settings.mode == "speculative":
-            arbiter = e.arbiter(self.settings.arbiter, threshold=self.settings.arbiter_threshold,
-                                head=self.settings.arbiter_head)
+            arbiter = e.arbiter_for(self.settings)
             keeps = f", keeps at P >= {arbiter.threshold:.3f}" if arbiter.kind in LEARNED_KINDS else ""
             self.say(f"  arbiter: {self.settings.arbiter} ({arbiter.name}{keeps})")
         self.say(f"  context: {e.n_ctx} tokens; conversation: {len(self.messages)} messages")
@@ -221,7 +221,11 @@ class ChatSession:
             self.say("(seed set: a new one each reply)")
             return
         if name == "color":
-            self.color = _on_off(value)
+            try:
+                self.color = _on_off(value)
+            except ValueError as exc:
+                self.say(f"color: {exc}")
+                return
         elif name == "system":
             self.system = value or None
         elif name == "mode":
@@ -238,7 +242,7 @@ class ChatSession:
                 changed = self.settings.updated(**{key: parse(value)})
                 changed.validate()
                 if key in ("arbiter", "arbiter_threshold") and changed.mode == "speculative":
-                    self.engine.arbiter(changed.arbiter, threshold=changed.arbiter_threshold, head=changed.arbiter_head)
+                    self.engine.arbiter_for(changed)
             except (ValueError, CospecError, FileNotFoundError) as exc:
                 self.say(f"{name}: {exc}")
                 return
@@ -253,6 +257,9 @@ class ChatSession:
     def note_draft_off(self, result) -> None:
         """Say once, in plain words, when the block-length tuner has all but switched the draft off:
         the stats line alone ("drafted 4, accepted 0") does not tell a user why nothing speeds up."""
+        if result is not None and (note := abstained_note(result)) is not None and note not in self.said:
+            self.said.add(note)  # once per arbiter
+            self.say(note)
         if self.said_draft_off or result is None or (note := draft_off_note(result)) is None:
             return
         self.said_draft_off = True

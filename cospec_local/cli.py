@@ -16,7 +16,7 @@ from click.core import ParameterSource
 
 from . import _cospec
 from .chat_template import ChatTemplateError
-from .display import colored, draft_off_note, stats_line
+from .display import abstained_note, colored, draft_off_note, stats_line
 from .engine import FLASH_ATTN, Engine
 from .errors import ArbiterSettingsWarning, CospecError, VocabMismatchError
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, NAMED_MODELS, resolve_model
@@ -258,8 +258,7 @@ def generate(load, params, prompt, prompt_file, as_chat, as_json, color):
             template_notice(engine)
         try:
             if params.mode == "speculative":  # a bad arbiter fails before the prompt is echoed
-                engine.arbiter(params.arbiter, threshold=params.arbiter_threshold, head=params.arbiter_head,
-                               gate=params.arbiter_gate)
+                engine.arbiter_for(params)
             if as_json:
                 result = engine.generate(tokens, params)
                 click.echo(json.dumps(result.to_json(), ensure_ascii=False))
@@ -271,8 +270,9 @@ def generate(load, params, prompt, prompt_file, as_chat, as_json, color):
                 click.echo(colored(event.text, event.provenance, color), nl=False)
             click.echo()
             click.echo(stats_line(engine.last_result), err=True)
-            if (note := draft_off_note(engine.last_result)) is not None:
-                click.echo(note, err=True)
+            for note in (abstained_note(engine.last_result), draft_off_note(engine.last_result)):
+                if note is not None:
+                    click.echo(note, err=True)
         except KeyboardInterrupt:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the partial output short
             if as_json and engine.last_result is not None:
@@ -302,7 +302,7 @@ def chat(load, params, system, color):
     engine = open_engine(load, draft)
     with engine:
         try:
-            engine.arbiter(params.arbiter, threshold=params.arbiter_threshold, head=params.arbiter_head) \
+            engine.arbiter_for(params) \
                 if params.mode == "speculative" else None  # a bad arbiter fails now, not at the first reply
         except (CospecError, FileNotFoundError) as exc:
             raise click.ClickException(str(exc)) from None
@@ -661,6 +661,8 @@ def arbiter_train(name, work_dir, force, **options):
         raise click.BadParameter("name at least one task", param_hint="--task")
     if not kinds or set(kinds) - set(KINDS):
         raise click.BadParameter(f"choose from {', '.join(KINDS)}", param_hint="--kinds")
+    if options["grpo"] and "lora" not in kinds:
+        raise click.BadParameter("GRPO starts from the LoRA arbiter: add lora to --kinds", param_hint="--grpo")
     settings = RecipeSettings(name=name, tasks=tasks, kinds=kinds, **options)
     run = RecipeRun(settings, Path(work_dir) if work_dir else default_work_dir(name), user_arbiters_dir())
     try:
@@ -673,11 +675,15 @@ def arbiter_train(name, work_dir, force, **options):
 
 
 def _arbiter_rows() -> list[dict]:
-    from .arbiters import NAMED_ARBITERS, installed_arbiters
-    from .arbiters import describe_arbiter
+    from .arbiters import NAMED_ARBITERS, describe_arbiter, installed_arbiters
 
-    rows = [describe_arbiter(a.path, name=a.name, where="bundled") for a in NAMED_ARBITERS.values()]
-    rows += [describe_arbiter(path, name=name, where="installed") for name, path in installed_arbiters().items()]
+    rows = []
+    for name, path, where in [(a.name, a.path, "bundled") for a in NAMED_ARBITERS.values()] + \
+            [(name, path, "installed") for name, path in installed_arbiters().items()]:
+        try:
+            rows.append(describe_arbiter(path, name=name, where=where))
+        except (ValueError, OSError) as exc:  # one unreadable arbiter does not hide the others
+            rows.append({"name": name, "where": where, "path": str(path), "error": str(exc)})
     return rows
 
 
@@ -693,7 +699,8 @@ def arbiter_list(as_json):
         click.echo(json.dumps(rows, indent=1))
         return
     for row in rows:
-        click.echo(summary_line(row))
+        click.echo(f"{row['name']:<22} {row['where']:<9} unreadable: {row['error']}" if "error" in row
+                   else summary_line(row))
     click.echo(f"(installed arbiters live in {user_arbiters_dir()}; set COSPEC_LOCAL_ARBITERS to move them)")
 
 

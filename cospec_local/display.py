@@ -43,6 +43,14 @@ def draft_off_note(result: Generation) -> str | None:
             f"{s.n_generated}, so the target is decoding almost alone; a draft closer to the target speeds it up)")
 
 
+def abstained_note(result: Generation) -> str | None:
+    """Where the learned arbiter's domain gate refused the prompt, say so in plain words."""
+    if not result.stats.arbiter_abstained:
+        return None
+    return (f"(arbiter {result.arbiter} abstained: this prompt is unlike the tasks it was trained on, so the reply "
+            f"is the target's own, as with plain speculative decoding)")
+
+
 def model_summary(path) -> str:
     """' (llama, 30 layers, 86.4 MB, Q4_1)' from the file's header; '' where it cannot be read."""
     from pathlib import Path

@@ -4,8 +4,10 @@ An arbiter learns when the draft's token is worth keeping on its training tasks;
 P(keep) means nothing, and keeping the draft's words there costs answers and time (its pass runs
 at every mismatch). The gate decides once per generation, before any block, from the prompt's
 tokens alone: the share of the prompt's adjacent token pairs (bigrams) that occur in the
-training prompts. A prompt below the arbiter's gate threshold is decoded with the lossless target
-arbiter: plain speculative decoding, the target's own tokens, and no arbiter pass.
+training prompts. On a prompt below the arbiter's gate threshold no mismatch is kept and the
+arbiter's pass never runs: the target's own tokens, as plain speculative decoding gives them (the
+block lengths still come from the timing-free tuner of learned-arbiter runs, so nothing depends
+on timing).
 
 Why bigrams: on the demo pair, every dev prompt of the training tasks has a coverage of 0.93 or
 more, the unseen listops family at most 0.80 and general chat prompts at most 0.56, while a
@@ -27,6 +29,7 @@ import numpy as np
 
 MARGIN = 0.05  # below the dev prompts' 1st percentile of coverage
 DEV_QUANTILE = 0.01
+MAX_BIGRAMS = 1 << 24  # the engine's MAX_GATE_BIGRAMS
 
 
 @dataclass
@@ -56,9 +59,11 @@ def coverage(tokens: Sequence[int], sorted_keys: np.ndarray, n_vocab: int) -> fl
     (1.0 for a prompt of fewer than two tokens: nothing to judge)."""
     if len(tokens) < 2:
         return 1.0
-    keys = pair_keys(tokens, n_vocab)
+    t = np.asarray(tokens, dtype=np.int64)
+    inside = (t[:-1] >= 0) & (t[:-1] < n_vocab) & (t[1:] >= 0) & (t[1:] < n_vocab)  # as the engine: others unseen
+    keys = np.where(inside, pair_keys(tokens, n_vocab), -1)
     at = np.searchsorted(sorted_keys, keys)
-    found = (at < len(sorted_keys)) & (sorted_keys[np.minimum(at, len(sorted_keys) - 1)] == keys)
+    found = inside & (at < len(sorted_keys)) & (sorted_keys[np.minimum(at, len(sorted_keys) - 1)] == keys)
     return float(found.mean())
 
 
@@ -68,6 +73,8 @@ def build_gate(train_prompts: Iterable[Sequence[int]], dev_prompts: Iterable[Seq
                                     [np.zeros(0, np.int64)]))
     if len(keys) == 0:
         raise ValueError("no training prompt has two tokens: nothing to build a domain gate from")
+    if len(keys) > MAX_BIGRAMS:
+        raise ValueError(f"{len(keys)} distinct bigrams in the training prompts: more than a gate holds ({MAX_BIGRAMS})")
     if n_vocab > np.iinfo(np.int32).max:
         raise ValueError(f"a vocabulary of {n_vocab} tokens does not fit the gate's 32-bit token ids")
     bigrams = np.stack([keys // n_vocab, keys % n_vocab], axis=1).astype(np.int32)
@@ -75,6 +82,6 @@ def build_gate(train_prompts: Iterable[Sequence[int]], dev_prompts: Iterable[Seq
     if len(dev) == 0:
         raise ValueError("no dev prompts to set the domain gate's threshold on")
     low = float(np.quantile(dev, DEV_QUANTILE))
-    threshold = max(0.0, low - MARGIN)
+    threshold = float(np.float32(max(0.0, low - MARGIN)))  # as stored (F32): Python and the engine agree at the edge
     return DomainGate(bigrams, n_vocab, threshold,
                       {"prompts": len(dev), "min": float(dev.min()), "p01": low, "median": float(np.median(dev))})

@@ -349,6 +349,11 @@ class Engine:
         return self._arbiter(GenerationParams(arbiter=spec, arbiter_threshold=threshold, arbiter_head=head,
                                               arbiter_gate=gate))[0]
 
+    def arbiter_for(self, params: GenerationParams) -> Arbiter:
+        """The arbiter a generation with these settings uses (arbiter, threshold, head, gate), loaded now:
+        a bad one fails here, before any output."""
+        return self._arbiter(params)[0]
+
     def unload_arbiter(self, spec) -> None:
         """Free the learned arbiters loaded here from `spec` (a name or folder), e.g. one that a
         training run is about to rewrite; the next use loads it again."""
@@ -370,11 +375,11 @@ class Engine:
             except _cospec.CospecError as exc:
                 raise from_native(exc) from None
         path = resolve_arbiter_path(spec)
-        if (hint := missing_arbiter_hint(path)) is not None:
-            raise ArbiterError(hint)
         threshold = -1.0 if params.arbiter_threshold is None else params.arbiter_threshold
         key = (os.path.abspath(path), threshold, params.arbiter_head, params.arbiter_gate)
         if key not in self._learned:
+            if (hint := missing_arbiter_hint(path)) is not None:
+                raise ArbiterError(hint)
             head = onnx_head(path) if params.arbiter_head == "onnx" else None
             try:
                 self._learned[key] = Arbiter.load(self._native, os.fspath(path), threshold, head,

@@ -217,7 +217,7 @@ def run_config(engine: Engine, runs: Sequence[Run], params: GenerationParams) ->
             return None
         identity = arbiter_identity(run.arbiter, params.arbiter_threshold)
         if identity["kind"] == "learned":  # a LoRA arbiter's adapter folded or applied at decode: other rounding
-            loaded = engine.arbiter(run.arbiter, threshold=params.arbiter_threshold, head=params.arbiter_head)
+            loaded = engine.arbiter_for(params.updated(arbiter=run.arbiter))
             if (use := loaded.meta("adapter_use")) is not None:
                 identity["adapter_use"] = use
             # What it was trained under: a run under other settings (--draft-max) shows beside them.
@@ -258,7 +258,7 @@ def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], s
     labels = [r.label for r in runs]
     for run in runs:  # an arbiter that cannot run here (e.g. made for another draft) fails before any record
         if run.arbiter is not None:
-            engine.arbiter(run.arbiter, threshold=params.arbiter_threshold, head=params.arbiter_head)
+            engine.arbiter_for(params.updated(arbiter=run.arbiter))
     records: dict[tuple[str, str], Record] = {}
     log = None
     if out_dir is not None:

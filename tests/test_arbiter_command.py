@@ -84,13 +84,13 @@ def trained(tmp_path_factory):
     command = [*CLI, "arbiter", "train", "mine", "--work", str(work), *map(str, TRAIN_ARGS)]
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, **env}, start_new_session=True)
-    states = work / "states" / "problems.jsonl"
     import signal
     import time
 
     deadline = time.time() + 900
     while time.time() < deadline and child.poll() is None:  # interrupt once some problems are collected
-        if states.is_file() and len(states.read_text().splitlines()) >= 20:
+        done = list(work.glob("collect-*/problems.jsonl"))
+        if done and len(done[0].read_text().splitlines()) >= 20:
             os.killpg(child.pid, signal.SIGINT)
             break
         time.sleep(0.2)
@@ -120,7 +120,8 @@ def test_resumed_collection_equals_an_uninterrupted_one(trained, tmp_path):
     out = subprocess.run([sys.executable, "-m", "cospec_local.train.collect", *map(str, command)],
                          capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stderr[-2000:]
-    resumed = sorted((trained["work"] / "states" / "states.jsonl").read_text().splitlines())
+    [collected] = trained["work"].glob("collect-*/states.jsonl")  # one collection: the resumed run reused it
+    resumed = sorted(collected.read_text().splitlines())
     assert resumed == sorted((tmp_path / "states" / "states.jsonl").read_text().splitlines())
 
 
@@ -165,7 +166,7 @@ def test_no_headroom_reports_and_stops(trained, tmp_path):
                   "arith", "--dev", 20, env=trained["env"])
     assert out.returncode == 1, out.stderr
     assert "headroom on 20 dev problems" in out.stderr and "no headroom" in out.stderr
-    assert "--ignore-headroom" in out.stderr and not (tmp_path / "w" / "states").exists()
+    assert "--ignore-headroom" in out.stderr and not list((tmp_path / "w").glob("collect-*"))
 
 
 def test_eval_and_bench_run_cospec_by_default_where_an_arbiter_ships(tmp_path):

@@ -362,7 +362,7 @@ def test_plain_answer_rows_score_by_number_exact_text_or_regex(tmp_path):
             {"prompt": "Year of the moon landing?", "answer": "1969", "match": "exact", "id": "moon"}]
     problems = load_task(_write_jsonl(tmp_path / "mine.jsonl", rows))
     assert [p.family for p in problems] == ["plain-answer"] * 4
-    assert [p.id for p in problems] == ["plain-answer-0", "plain-answer-1", "plain-answer-2", "moon"]
+    assert [p.id for p in problems] == ["mine-0", "mine-1", "mine-2", "moon"]  # the file's name, or the row's id
     number, exact, regex, exact_number = problems
     assert score(number, "2 + 3 = 5") and score(number, "#### 5.0\nmore text 7") and score(number, "It is 1,005 - 1000 = 5")
     assert not score(number, "2 + 3 = 6") and not score(number, "five") and not score(number, "#### 6\nso 5")

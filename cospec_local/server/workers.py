@@ -95,7 +95,7 @@ def prepare_prompt(engine: Engine, chat: bool, payload, params: GenerationParams
                                   "reply together)", param, "context_length_exceeded")
     if params.mode == "speculative":
         try:
-            engine.arbiter(params.arbiter, threshold=params.arbiter_threshold, head=params.arbiter_head)
+            engine.arbiter_for(params)
         except (ArbiterError, InvalidArgumentError, FileNotFoundError) as exc:
             raise RequestRefused(400, f"arbiter {params.arbiter!r}: {exc}", "arbiter", None) from None
     return prompt
@@ -111,7 +111,7 @@ def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
                         verbose=spec.verbose, rpc=spec.rpc, flash_attn=spec.flash_attn)
         p = spec.preload
         if p is not None and p.mode == "speculative" and engine.has_draft:
-            engine.arbiter(p.arbiter, threshold=p.arbiter_threshold, head=p.arbiter_head)
+            engine.arbiter_for(p)
     except (CospecError, FileNotFoundError, ValueError) as exc:
         conn.send(("failed", str(exc)))
         return

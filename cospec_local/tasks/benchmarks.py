@@ -25,6 +25,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Iterator
@@ -63,6 +64,7 @@ def read_jsonl(path: str | Path, limit: int | None = None) -> list[dict]:
 class Benchmark:
     name = ""
     fields: frozenset[str] = frozenset()  # what identifies a file of this benchmark
+    ids_from_file = False  # rows without an "id" are named after the file and their index
 
     def load(self, path: str | Path, limit: int | None = None) -> list[Problem]:
         problems = []
@@ -72,9 +74,12 @@ class Benchmark:
                 raise ValueError(f"{path}:{lineno}: no {', '.join(map(repr, missing))} in this row (the first row gives "
                                  f"the file's format, {self.name}: {', '.join(sorted(self.fields))})")
             try:
-                problems.append(self.problem(i, row))
+                problem = self.problem(i, row)
             except (KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"{path}:{lineno}: {exc}") from None
+            if self.ids_from_file and "id" not in row:  # two users' files never share an id
+                problem = replace(problem, id=f"{Path(path).stem}-{i}")
+            problems.append(problem)
         return problems
 
     def problem(self, index: int, row: dict) -> Problem:
@@ -259,18 +264,24 @@ _LAST_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 
 def _row_id(row: dict, name: str, index: int) -> str:
     given = row.get("id")
-    return f"{name}-{index}" if given is None else str(given)
+    return f"{name}-{index}" if given is None else str(given)  # load() names id-less rows after their file
+
+
+def _prompt_of(row: dict) -> str:
+    prompt = row["prompt"]
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("'prompt' must be a non-empty string")
+    return prompt
 
 
 class PlainAnswer(Benchmark):
     """{"prompt", "answer"[, "match"]}: scored by final number, exact final text or a regex (module docstring)."""
     name = "plain-answer"
     fields = frozenset({"prompt", "answer"})
+    ids_from_file = True
 
     def problem(self, index: int, row: dict) -> Problem:
-        prompt, answer = row["prompt"], row["answer"]
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("'prompt' must be a non-empty string")
+        prompt, answer = _prompt_of(row), row["answer"]
         if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) or str(answer).strip() == "":
             raise ValueError("'answer' must be a non-empty string or a number")
         answer = str(answer).strip()
@@ -307,11 +318,10 @@ class PlainCode(Benchmark):
     """{"prompt", "tests"[, "entry_point"]}: the completion's program, then the tests, in the sandbox."""
     name = "plain-code"
     fields = frozenset({"prompt", "tests"})
+    ids_from_file = True
 
     def problem(self, index: int, row: dict) -> Problem:
-        prompt, tests = row["prompt"], row["tests"]
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("'prompt' must be a non-empty string")
+        prompt, tests = _prompt_of(row), row["tests"]
         if isinstance(tests, list) and tests and all(isinstance(t, str) for t in tests):
             tests = "\n".join(tests)
         if not isinstance(tests, str) or not tests.strip():

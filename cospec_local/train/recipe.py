@@ -23,6 +23,7 @@ and GRPO's processes, since llama.cpp decodes far slower in a process where torc
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -32,6 +33,8 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable
+
+from .states import LabelledState
 
 # Headroom: below these, the draft solves too few of the target's misses for an arbiter to matter.
 MIN_HEADROOM_SHARE = 0.02
@@ -103,26 +106,32 @@ def default_work_dir(name: str) -> Path:
 # ---------------------------------------------------------------- stages and their records
 
 class Stages:
-    """WORK/stages/NAME.json: a finished stage's result and the settings it ran under."""
+    """WORK/stages/NAME.json: a finished stage's result and the inputs it ran on (the settings it
+    depends on and the results of the stages before it). A stage writes into its own folder,
+    WORK/NAME-<digest of its inputs>: a rerun with the same inputs resumes there, and other
+    inputs (a changed setting, a retrained arbiter) start a fresh folder instead of meeting stale
+    files."""
 
-    def __init__(self, work: Path, settings: dict):
+    def __init__(self, work: Path):
+        self.work = work
         self.dir = work / "stages"
-        self.settings = settings
 
-    def done(self, name: str, depends: dict | None = None) -> dict | None:
+    def folder(self, name: str, inputs: dict) -> Path:
+        digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
+        return self.work / f"{name}-{digest}"
+
+    def done(self, name: str, inputs: dict) -> dict | None:
         path = self.dir / f"{name}.json"
         if not path.is_file():
             return None
         saved = json.loads(path.read_text())
-        if saved.get("settings") != self.settings or saved.get("depends") != (depends or {}):
-            return None
-        return saved["result"]
+        return saved["result"] if saved.get("inputs") == json.loads(json.dumps(inputs)) else None
 
-    def finish(self, name: str, result: dict, depends: dict | None = None) -> dict:
+    def finish(self, name: str, inputs: dict, result: dict) -> dict:
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"{name}.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"settings": self.settings, "depends": depends or {}, "result": result}, indent=1))
+        tmp.write_text(json.dumps({"inputs": inputs, "result": result}, indent=1))
         os.replace(tmp, path)
         return result
 
@@ -137,17 +146,24 @@ def _minutes(seconds: float) -> str:
 
 # ---------------------------------------------------------------- problems
 
-def problems_of(settings: RecipeSettings, split: str, per_task: int) -> list:
-    """Each task's first `per_task` problems of `split`; an empty task is refused."""
+def problems_of(settings: RecipeSettings, split: str, per_task: int, tasks: tuple[str, ...] | None = None) -> list:
+    """Each task's first `per_task` problems of `split` (of `tasks`, default all the settings');
+    an empty task, and problems of two tasks that share an id, are refused."""
     from ..tasks import load_task
 
     out = []
-    for task in settings.tasks:
+    for task in tasks or settings.tasks:
         problems = load_task(task, split, per_task)
         if not problems:
             raise RecipeStop(f"{task}: no {split} problems (a file's rows are split 70/10/20 by a hash of the "
                              f"prompt; an empty or tiny file has none)")
         out += problems
+    counts: dict[str, int] = {}
+    for p in out:
+        counts[p.id] = counts.get(p.id, 0) + 1
+    if twice := sorted(i for i, n in counts.items() if n > 1):
+        raise RecipeStop(f"problem ids given twice ({', '.join(twice[:3])}): give each row an \"id\" field, unique "
+                         f"over all the task files")
     return out
 
 
@@ -175,7 +191,8 @@ def headroom_verdict(room: dict) -> str | None:
     wins, n = room["draft_only_solves"], room["problems"]
     if wins >= MIN_HEADROOM_PROBLEMS and wins >= MIN_HEADROOM_SHARE * n:
         return None
-    return (f"the draft solves {wins} of the {n} dev problems the target misses ({100 * wins / max(n, 1):.1f}%): "
+    return (f"the draft alone solves {wins} of the {n} dev problems, ones the target misses "
+            f"({100 * wins / max(n, 1):.1f}%): "
             f"an arbiter that keeps the draft's tokens can add at most that much, and needs at least "
             f"{MIN_HEADROOM_PROBLEMS} problems and {100 * MIN_HEADROOM_SHARE:.0f}% to learn from. A draft that is "
             f"better than the target at something (a domain-tuned model) is what CoSpec needs; "
@@ -241,10 +258,15 @@ class RecipeRun:
     python: str = sys.executable
 
     def __post_init__(self):
-        self.stages = Stages(self.work, self.settings.recorded())
+        self.stages = Stages(self.work)
         self.t0 = time.time()
 
     # Each stage's result is a small dict; a finished stage is not run again.
+
+    def inputs(self, *names: str, **results) -> dict:
+        """A stage's inputs: these settings and the results of the stages it follows."""
+        recorded = self.settings.recorded()
+        return {name: recorded[name] for name in names} | results
 
     def open_engine(self):
         from ..engine import Engine
@@ -268,13 +290,29 @@ class RecipeRun:
                         self.settings.chat, title, progress=progress)
 
     def headroom_stage(self, engine) -> dict:
-        if (done := self.stages.done("headroom")) is not None:
+        inputs = self.inputs("target", "draft", "tasks", "chat", "dev", "max_tokens")
+        if (done := self.stages.done("headroom", inputs)) is not None:
             return done
         dev = problems_of(self.settings, "dev", self.settings.dev)
-        summary = self.evaluate_runs(engine, dev, "target-only,draft-only", self.work / "headroom", "headroom (dev)")
+        summary = self.evaluate_runs(engine, dev, "target-only,draft-only", self.stages.folder("headroom", inputs),
+                                     "headroom (dev)")
         room = headroom(summary)
         room["draft_bytes"] = os.path.getsize(engine.draft_path)
-        return self.stages.finish("headroom", room)
+        return self.stages.finish("headroom", inputs, room)
+
+    def plan_stage(self, room: dict) -> dict:
+        """How many train problems: --train, or what fits --minutes; decided once, so a resumed run
+        (whose clock starts again) keeps to the same plan."""
+        inputs = self.inputs("train", "minutes", "test", "kinds", "grpo", "grpo_steps", headroom=room)
+        if (done := self.stages.done("plan", inputs)) is not None:
+            return done
+        n_train = train_problems_for_budget(room, self.settings, time.time() - self.t0)
+        if n_train == 0:
+            raise RecipeStop(f"--minutes {self.settings.minutes:g} leaves no time for training after the headroom "
+                             f"check (estimates: {_estimates_text(estimate_seconds(room, self.settings, 1))} for "
+                             f"one problem a task)")
+        return self.stages.finish("plan", inputs, {"train": n_train,
+                                                   "estimate": estimate_seconds(room, self.settings, n_train)})
 
     def run_module(self, module: str, *args: str) -> None:
         """A training step in its own process (llama.cpp and torch never share one)."""
@@ -287,87 +325,96 @@ class RecipeRun:
                              f"{' '.join(command)}")
 
     def collect_stage(self, n_train: int) -> dict:
-        depends = {"train": n_train}
-        if (done := self.stages.done("collect", depends)) is not None:
+        inputs = self.inputs("target", "draft", "tasks", "chat", "dev", "max_tokens", train=n_train)
+        if (done := self.stages.done("collect", inputs)) is not None:
             return done
-        out = self.work / "states"
+        out = self.stages.folder("collect", inputs)
         args = ["--out", str(out), "-m", self.settings.target, "-md", self.settings.draft,
                 "--families", ",".join(self.settings.tasks), "--train", str(n_train), "--dev", str(self.settings.dev),
                 "--threads", str(self.settings.threads), "--max-tokens", str(self.settings.max_tokens)]
         if self.settings.chat:
             args.append("--chat")
         self.run_module("cospec_local.train.collect", *args)
-        states = [json.loads(line) for line in (out / "states.jsonl").read_text().splitlines() if line.strip()]
-        result = {"states": len(states), "decisive": sum(s["label"] >= 0 for s in states),
-                  "keep_better": sum(s["label"] == 1 for s in states),
-                  "train_decisive": sum(s["label"] >= 0 and s["split"] == "train" for s in states),
-                  "dev_decisive": sum(s["label"] >= 0 and s["split"] == "dev" for s in states)}
-        return self.stages.finish("collect", result, depends)
+        states = [LabelledState.from_json(json.loads(line))
+                  for line in (out / "states.jsonl").read_text().splitlines() if line.strip()]
+        result = {"folder": str(out), "states": len(states), "decisive": sum(s.label >= 0 for s in states),
+                  "keep_better": sum(s.label == 1 for s in states),
+                  "train_decisive": sum(s.label >= 0 and s.split == "train" for s in states),
+                  "train_keep_better": sum(s.label == 1 and s.split == "train" for s in states),
+                  "dev_decisive": sum(s.label >= 0 and s.split == "dev" for s in states)}
+        return self.stages.finish("collect", inputs, result)
 
     def warmup_stage(self, collected: dict) -> dict:
-        if (done := self.stages.done("warmup", collected)) is not None:
+        inputs = self.inputs("kinds", "seed", "device", "name", collect=collected)
+        if (done := self.stages.done("warmup", inputs)) is not None:
             return done
-        if collected["train_decisive"] < MIN_DECISIVE_STATES or collected["keep_better"] == 0:
-            raise RecipeStop(f"only {collected['train_decisive']} decisive train states ({collected['keep_better']} "
-                             f"where keeping the draft's token was better): too few to learn a keep decision from; "
-                             f"more train problems (--train, --minutes) or a task where the draft wins more")
-        out = self.work / "arbiters"
+        if (collected["train_decisive"] < MIN_DECISIVE_STATES or collected["train_keep_better"] == 0
+                or collected["dev_decisive"] == 0):
+            raise RecipeStop(f"{collected['train_decisive']} decisive train states ({collected['train_keep_better']} "
+                             f"where keeping the draft's token was better) and {collected['dev_decisive']} decisive "
+                             f"dev states: too few to learn a keep decision from (at least {MIN_DECISIVE_STATES} "
+                             f"train states, some of them keeps, and one dev state); more train or dev problems "
+                             f"(--train, --dev, --minutes) or a task where the draft wins more")
+        out = self.stages.folder("warmup", inputs)
         shutil.rmtree(out, ignore_errors=True)  # a warm-up interrupted half-way starts again: same seed, same result
-        self.run_module("cospec_local.train.warmup", "--data", str(self.work / "states"), "--out", str(out),
+        self.run_module("cospec_local.train.warmup", "--data", collected["folder"], "--out", str(out),
                         "--draft", self.settings.draft, "--arbiters", ",".join(self.settings.kinds),
                         "--threads", str(self.settings.threads), "--seed", str(self.settings.seed),
                         "--device", self.settings.device, "--name", self.settings.name)
         log = json.loads((out / "warmup_log.json").read_text())
-        return self.stages.finish("warmup", {kind: log["arbiters"][kind]["dev"] for kind in self.settings.kinds},
-                                  collected)
+        return self.stages.finish("warmup", inputs, {"folder": str(out), "dev": {
+            kind: log["arbiters"][kind]["dev"] for kind in self.settings.kinds}})
 
     def grpo_stage(self, warmed: dict) -> dict | None:
-        if not self.settings.grpo or "lora" not in self.settings.kinds:
+        if not self.settings.grpo:
             return None
-        if (done := self.stages.done("grpo", warmed)) is not None:
+        inputs = self.inputs("grpo_steps", "seed", "tasks", "dev", "max_tokens", warmup=warmed)
+        if (done := self.stages.done("grpo", inputs)) is not None:
             return done
-        out = self.work / "grpo"
-        self.run_module("cospec_local.train.grpo", "--init", str(self.work / "arbiters" / "lora"), "--out", str(out),
+        out = self.stages.folder("grpo", inputs)
+        self.run_module("cospec_local.train.grpo", "--init", str(Path(warmed["folder"]) / "lora"), "--out", str(out),
                         "--target", self.settings.target, "--draft", self.settings.draft,
                         "--families", ",".join(self.settings.tasks), "--steps", str(self.settings.grpo_steps),
                         "--dev", str(self.settings.dev), "--threads", str(self.settings.threads),
                         "--max-tokens", str(self.settings.max_tokens), "--seed", str(self.settings.seed))
         summary = json.loads((out / "summary.json").read_text())
-        return self.stages.finish("grpo", {"best": summary["best"], "sweep": summary.get("sweep")}, warmed)
+        return self.stages.finish("grpo", inputs, {"folder": str(out / "best"), "best": summary["best"],
+                                                   "sweep": summary.get("sweep")})
 
-    def candidates(self, grpo: dict | None) -> dict[str, Path]:
-        out = {kind: self.work / "arbiters" / kind for kind in self.settings.kinds}
+    def candidates(self, warmed: dict, grpo: dict | None) -> dict[str, Path]:
+        out = {kind: Path(warmed["folder"]) / kind for kind in self.settings.kinds}
         if grpo is not None:
-            out["grpo"] = self.work / "grpo" / "best"
+            out["grpo"] = Path(grpo["folder"])
         return out
 
-    def evaluate_stage(self, engine, candidates: dict[str, Path], depends: dict) -> dict:
-        if (done := self.stages.done("evaluate", depends)) is not None:
+    def evaluate_stage(self, engine, candidates: dict[str, Path], trained: dict) -> dict:
+        inputs = self.inputs("target", "draft", "tasks", "chat", "test", "max_tokens", trained=trained)
+        if (done := self.stages.done("evaluate", inputs)) is not None:
             return done
         runs = "target-only,draft-only,sps," + ",".join(f"cospec:{path}" for path in candidates.values())
+        folder = self.stages.folder("evaluate", inputs)
         results = {}
         for task in self.settings.tasks:
-            single = RecipeSettings(**{**asdict(self.settings), "tasks": (task,)})
-            test = problems_of(single, "test", self.settings.test)
-            summary = self.evaluate_runs(engine, test, runs, self.work / "evaluate" / _slug(task),
-                                         f"held-out test ({Path(task).name})")
+            test = problems_of(self.settings, "test", self.settings.test, tasks=(task,))
+            summary = self.evaluate_runs(engine, test, runs, folder / _slug(task), f"held-out test ({Path(task).name})")
             rows = summary["runs"]
             results[task] = {"problems": summary["problems"], "union": summary.get("oracle_union"),
                              "draft_only_solves": summary.get("non_nested"),
                              "runs": {label: _row(rows[label]) for label in ("target-only", "draft-only", "sps")}
                              | {kind: _row(rows[f"cospec:{path}"]) for kind, path in candidates.items()}}
-        return self.stages.finish("evaluate", results, depends)
+        return self.stages.finish("evaluate", inputs, results)
 
     def choose(self, warmed: dict) -> str:
         """The kind the dev split prefers: most right keeps net of wrong ones (ties: lora, which reads the text)."""
-        return max(self.settings.kinds, key=lambda k: (warmed[k]["right_keeps"] - warmed[k]["wrong_keeps"], k == "lora"))
+        dev = warmed["dev"]
+        return max(self.settings.kinds, key=lambda k: (dev[k]["right_keeps"] - dev[k]["wrong_keeps"], k == "lora"))
 
     def install(self, kind: str, source: Path, evaluation: dict, collected: dict, room: dict) -> Path:
         from ..arbiter_bundle import BUNDLE_FILES, set_name
         from ..arbiters import EVALUATION_FILE
 
         dest = self.install_dir / self.settings.name
-        tmp = dest.with_name(dest.name + ".installing")
+        tmp = dest.with_name("." + dest.name + ".installing")  # dot folders are not listed as arbiters
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         for name in BUNDLE_FILES:
@@ -399,26 +446,23 @@ class RecipeRun:
             if not s.ignore_headroom:
                 raise RecipeStop("no headroom: " + why)
             self.say("note: going on without headroom (--ignore-headroom): " + why)
-        n_train = train_problems_for_budget(room, s, time.time() - self.t0)
-        if n_train == 0:
-            raise RecipeStop(f"--minutes {s.minutes:g} leaves no time for training after the headroom check "
-                             f"(estimates: {_estimates_text(estimate_seconds(room, s, 1))} for one problem a task)")
-        estimate = estimate_seconds(room, s, n_train)
+        plan = self.plan_stage(room)
+        n_train = plan["train"]
         self.say(f"plan: {n_train} train, {s.dev} dev and {s.test} test problems per task; estimated "
-                 f"{_minutes(sum(estimate.values()))} ({_estimates_text(estimate)})")
+                 f"{_minutes(sum(plan['estimate'].values()))} ({_estimates_text(plan['estimate'])})")
         collected = self.collect_stage(n_train)
         self.say(f"decision states: {collected['states']}, {collected['decisive']} decisive "
                  f"({collected['keep_better']} where keeping the draft's token was better)")
         warmed = self.warmup_stage(collected)
-        for kind, dev in warmed.items():
+        for kind, dev in warmed["dev"].items():
             quiet = " (it never keeps: nothing it learned beats the target on dev)" if dev["threshold"] >= 1.0 else ""
             self.say(f"{kind} arbiter on dev states: threshold {dev['threshold']:.3f}, {dev['right_keeps']} right "
                      f"keeps, {dev['wrong_keeps']} wrong{quiet}")
         grpo = self.grpo_stage(warmed)
         with self.open_engine() as engine:
-            evaluation = self.evaluate_stage(engine, self.candidates(grpo), {"warmup": warmed, "grpo": grpo})
+            evaluation = self.evaluate_stage(engine, self.candidates(warmed, grpo), {"warmup": warmed, "grpo": grpo})
         kind = self.choose(warmed)
-        dest = self.install(kind, self.work / "arbiters" / kind, evaluation, collected, room)
+        dest = self.install(kind, Path(warmed["folder"]) / kind, evaluation, collected, room)
         self.say(evaluation_report(evaluation, kind))
         self.say(f"installed {s.name} ({kind}) in {dest}: use it as --arbiter {s.name} "
                  f"(work files in {self.work}; {_minutes(time.time() - self.t0)} in this run)")

@@ -189,11 +189,11 @@ int32_t read_gate(ggml_context * ctx, const std::string & who, bundle & b) {
     }
     char * end = nullptr;
     b.gate_threshold = std::strtof(threshold->second.c_str(), &end);
-    if (!(b.gate_threshold >= 0.0f && b.gate_threshold <= 1.0f)) {
+    if (end == threshold->second.c_str() || *end != '\0' || !(b.gate_threshold >= 0.0f && b.gate_threshold <= 1.0f)) {
         return fail(COSPEC_ERR_ARBITER, who + ": gate_threshold must lie in [0, 1]");
     }
     b.gate_n_vocab = std::strtoll(n_vocab->second.c_str(), &end, 10);
-    if (b.gate_n_vocab < 1 || b.gate_n_vocab > INT32_MAX) {
+    if (*end != '\0' || b.gate_n_vocab < 1 || b.gate_n_vocab > INT32_MAX) {
         return fail(COSPEC_ERR_ARBITER, who + ": gate_n_vocab out of range");
     }
     const int32_t * ids = (const int32_t *) t->data;
@@ -351,7 +351,7 @@ int32_t read_bundle(const char * path, bundle & b) {
     }
     if (const auto v = b.meta.find("draft_cost"); v != b.meta.end()) {
         const double cost = std::strtod(v->second.c_str(), &end);
-        if (end == v->second.c_str() || !(cost >= 0.0 && cost <= 100.0)) {
+        if (end == v->second.c_str() || *end != '\0' || !(cost >= 0.0 && cost <= 100.0)) {
             return fail(COSPEC_ERR_ARBITER, who + ": draft_cost must lie in [0, 100] target steps");
         }
     }
