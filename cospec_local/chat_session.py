@@ -108,9 +108,12 @@ class ChatSession:
         while True:
             try:
                 text = self.read_message()
-            except (EOFError, KeyboardInterrupt):
+            except EOFError:
                 self.say()
                 return
+            except KeyboardInterrupt:  # as Ollama: Ctrl-C drops the line being typed, never the conversation
+                self.say("\nUse Ctrl-D or /bye to exit.")
+                continue
             if not text.strip():
                 continue
             if text.startswith("/"):

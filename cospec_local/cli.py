@@ -40,6 +40,7 @@ class LoadSettings:
     n_gpu_layers_draft: int | None
     rpc: str | None
     flash_attn: str | None  # None: the engine's default
+    chat_template: str | None  # None: the target's own
     verbose: bool
 
     def engine_options(self, draft: str | None) -> dict:
@@ -48,7 +49,8 @@ class LoadSettings:
         return dict(target=self.target, draft=draft, n_ctx=self.n_ctx, n_threads=self.n_threads,
                     n_gpu_layers=all_layers if self.n_gpu_layers is None else self.n_gpu_layers,
                     n_gpu_layers_draft=all_layers if self.n_gpu_layers_draft is None else self.n_gpu_layers_draft,
-                    rpc=self.rpc, flash_attn=self.flash_attn, verbose=self.verbose)
+                    rpc=self.rpc, flash_attn=self.flash_attn, chat_template=self.chat_template,
+                    verbose=self.verbose)
 
 
 def _check_ctx(ctx, param, value: int) -> int:
@@ -66,8 +68,10 @@ def model_options(fn):
                      help=f"Draft GGUF file or named model (default: {DEFAULT_DRAFT} with the default target; for "
                           "another target its bundled draft, or a smaller named model with its vocabulary, else "
                           "target-only decoding)."),
-        click.option("-c", "--ctx-size", "n_ctx", default=4096, show_default=True, type=click.IntRange(0, 1 << 24),
-                     callback=_check_ctx, help="Context window in tokens."),
+        click.option("-c", "--ctx-size", "n_ctx", default=_cospec.DEFAULT_N_CTX, show_default=True,
+                     type=click.IntRange(0, 1 << 24), callback=_check_ctx,
+                     help="Context window in tokens, at most what the models were trained for (the demo pair: 512; "
+                          "chat's /show gives the one in use)."),
         click.option("-t", "--threads", "n_threads", default=0, type=click.IntRange(0, MAX_THREADS),
                      help="CPU threads (0: all cores)."),
         click.option("-ngl", "--gpu-layers", "n_gpu_layers", default=None, type=click.IntRange(-1, 1 << 16),
@@ -82,12 +86,26 @@ def model_options(fn):
                      help="llama.cpp's flash attention for both models (default: off for a model under "
                           f"{_cospec.FLASH_ATTN_CPU_OFF_MAX_PARAMS / 1e6:g}M parameters on the CPU, where it makes "
                           "verifying a block dear; llama.cpp's choice for larger models and offloaded layers)."),
+        click.option("--chat-template", "chat_template", default=None, metavar="JINJA",
+                     help="A chat template instead of the target's own: Jinja text as in a GGUF's "
+                          "tokenizer.chat_template, or chatml."),
+        click.option("--chat-template-file", "chat_template_file", default=None,
+                     type=click.Path(exists=True, dir_okay=False), help="The same, read from a file."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's own log."),
     ]
     names = ("target", "draft", "n_ctx", "n_threads", "n_gpu_layers", "n_gpu_layers_draft", "rpc", "flash_attn",
-             "verbose")
+             "chat_template", "verbose")
 
     def wrapper(**kwargs):
+        template_file = kwargs.pop("chat_template_file")
+        if template_file is not None:
+            if kwargs["chat_template"] is not None:
+                raise click.UsageError("give --chat-template or --chat-template-file, not both")
+            try:
+                with open(template_file, encoding="utf-8") as f:
+                    kwargs["chat_template"] = f.read()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise click.BadParameter(str(exc), param_hint="--chat-template-file") from None
         load = LoadSettings(**{name: kwargs.pop(name) for name in names})
         return fn(load=load, **kwargs)
 
@@ -198,6 +216,8 @@ def open_engine(load: LoadSettings, draft: str | None, quiet: bool = False) -> E
     except VocabMismatchError as exc:
         raise click.ClickException(f"{exc}\nfix: -md with a draft that has the target's tokenizer, or --mode "
                                    "target-only") from None
+    except ChatTemplateError as exc:
+        raise click.ClickException(f"the chat template does not compile: {exc}") from None
     except (CospecError, FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -205,11 +225,10 @@ def open_engine(load: LoadSettings, draft: str | None, quiet: bool = False) -> E
 def chat_banner(target: str, engine: Engine) -> str | None:
     """What the models are for: the task pair says it only knows its tasks and names the general
     pair; another model shows the description in its metadata, if any."""
-    from .models import prompt_style
+    from .models import TASK_PAIR_SCOPE, prompt_style
 
     if prompt_style(target) == "task":
-        return ("The demo pair knows only what it was trained on: arithmetic word problems and small Python "
-                "functions (ask one of those).\nFor general chat: cospec-local chat -m smollm2-135m")
+        return TASK_PAIR_SCOPE + "\nFor general chat: cospec-local chat -m smollm2-135m"
     description = engine.meta("general.description")
     return description[:300] if description else None
 
@@ -367,7 +386,11 @@ def serve(load, params, host, port, parallel, max_waiting, api_key, alias, stric
                 worker.start()  # a bad model or arbiter fails here, not at the first request
             except EngineUnavailable as exc:
                 raise click.ClickException(str(exc)) from None
-        settings = ServerSettings(model_id=alias or load.target, target=str(load.target), draft=draft,
+        from .models import TASK_PAIR_SCOPE, prompt_style
+
+        about = TASK_PAIR_SCOPE + " For general chat: cospec-local serve -m smollm2-135m" \
+            if prompt_style(load.target) == "task" else None
+        settings = ServerSettings(model_id=alias or load.target, target=str(load.target), draft=draft, about=about,
                                   api_key=api_key, strict=strict, max_waiting=max_waiting,
                                   allowed_hosts=frozenset(LOOPBACK) if host in LOOPBACK else None)
         run_server(CospecServer(workers, params, settings), sock)

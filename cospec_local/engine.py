@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Sequence
 from . import _cospec
 from .arbiters import (AUTO, NAMED_ARBITERS, Arbiter, missing_arbiter_hint, onnx_head, resolve_arbiter_path,
                        resolve_auto)
-from .chat_template import ChatTemplate, from_gguf_metadata
+from .chat_template import CHATML_TEMPLATE, ChatTemplate, from_gguf_metadata
 from .template_process import IsolatedChatTemplate
 from .errors import ArbiterError, ArbiterSettingsWarning, GenerationError, InvalidArgumentError, from_native
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
@@ -114,7 +114,7 @@ class Stats:
         """Keys follow llama-server's `timings` where one exists."""
         return {
             "prompt_n": self.n_prompt,
-            "prompt_cached_n": self.n_prompt_cached,
+            "cache_n": self.n_prompt_cached,
             "prompt_ms": round(self.t_prompt_ms, 3),
             "prompt_per_token_ms": self.t_prompt_ms / self.n_prompt if self.n_prompt else 0.0,
             "prompt_per_second": 1000.0 * self.n_prompt / self.t_prompt_ms if self.t_prompt_ms > 0 else 0.0,
@@ -207,10 +207,13 @@ class Engine:
     ...     print(eng.generate("Hello", max_tokens=16).text)
     """
 
-    def __init__(self, target: str | os.PathLike, draft: str | os.PathLike | None = None, *, n_ctx: int = 4096,
+    def __init__(self, target: str | os.PathLike, draft: str | os.PathLike | None = None, *, n_ctx: int = _cospec.DEFAULT_N_CTX,
                  n_batch: int = 512, n_threads: int = 0, n_threads_batch: int = 0, n_gpu_layers: int = -1,
                  n_gpu_layers_draft: int = -1, progress: Callable[[str, float], object] | None = None,
-                 verbose: bool = False, rpc: str | Sequence[str] | None = None, flash_attn: str | None = None):
+                 verbose: bool = False, rpc: str | Sequence[str] | None = None, flash_attn: str | None = None,
+                 chat_template: str | None = None):
+        """chat_template: a Jinja chat template (or "chatml") used instead of the target's own; it
+        is compiled here, so a broken one fails now (ChatTemplateError)."""
         _cospec.set_llama_log(verbose)
         cancel = threading.Event()  # set by Ctrl-C while loading: the loader stops at its next step
 
@@ -239,6 +242,13 @@ class Engine:
         self._native = loading.outcome()
         self.last_result: Generation | None = None
         self._chat_template: ChatTemplate | None = None
+        self._chat_template_override = chat_template
+        if chat_template is not None:
+            try:
+                self.chat_template  # compiled now: a broken template is an error at open, not at the first reply
+            except BaseException:
+                self.close()
+                raise
         # Learned arbiters loaded for this engine, by (path, threshold, head): a LoRA
         # arbiter holds a llama.cpp context of its own, so it is made once.
         self._learned: dict[tuple, Arbiter] = {}
@@ -509,8 +519,13 @@ class Engine:
                 source = self._native.chat_template(0)
                 bos = self._piece(self._native.bos)
                 eos = self._piece(self._native.eos)
-            # Rendered out of process, under memory and time limits: model files are untrusted.
-            self._chat_template = from_gguf_metadata(source, bos, eos, IsolatedChatTemplate)
+            override = self._chat_template_override
+            if override is not None:  # the user's: an error is theirs to see, no fallback
+                source = CHATML_TEMPLATE if override.strip().lower() == "chatml" else override
+                self._chat_template = IsolatedChatTemplate(source, bos, eos)
+            else:
+                # Rendered out of process, under memory and time limits: model files are untrusted.
+                self._chat_template = from_gguf_metadata(source, bos, eos, IsolatedChatTemplate)
         return self._chat_template
 
     def _piece(self, token: int) -> str:

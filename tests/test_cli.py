@@ -135,7 +135,7 @@ def test_chat_session(target_path, draft_paths):
     assert child.exitstatus == 0
 
 
-def test_chat_ctrl_c_stops_reply_then_exits(target_path, draft_paths):
+def test_chat_ctrl_c_stops_reply_then_keeps_the_conversation(target_path, draft_paths):
     child = spawn_chat(target_path, draft_paths["disagreeing"])
     child.sendline("Write a very long story about the sea.")
     child.expect_exact("the sea.\r\n")  # the echoed input
@@ -148,7 +148,13 @@ def test_chat_ctrl_c_stops_reply_then_exits(target_path, draft_paths):
     child.sendline("Thanks.")  # the conversation goes on
     child.expect(r"tok/s")
     child.expect_exact(">>> ")
-    child.kill(signal.SIGINT)  # at the prompt: leave, as /bye does
+    child.kill(signal.SIGINT)  # at the prompt: a hint, and the conversation stays
+    child.expect_exact("Use Ctrl-D or /bye to exit.")
+    child.expect_exact(">>> ")
+    child.sendline("/show")
+    child.expect(r"conversation: [1-9]\d* messages")  # the stopped reply's exchange and this one
+    child.expect_exact(">>> ")
+    child.sendeof()  # Ctrl-D leaves
     child.expect(pexpect.EOF)
     assert "Traceback" not in child.before
     child.close()
@@ -380,3 +386,35 @@ def test_gpu_flags_warn_once_on_a_cpu_build():
                          (("-ngld", -2), "'-ngld' / '--gpu-layers-draft'")):
         bad = run_cli("generate", "-p", "x", *flags)
         assert bad.returncode == 2 and named in bad.stderr and "target:" not in bad.stderr, flags
+
+
+QA_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+
+
+def test_chat_template_override_replaces_the_models_own(target_path, tmp_path):
+    """--chat-template-file (llama-cli's flag) renders chat prompts with the user's template: the
+    prompt the target reads is that template's text, not SmolLM2's ChatML."""
+    from cospec_local import Engine
+
+    with Engine(target_path, n_ctx=256, chat_template=QA_TEMPLATE) as engine:
+        assert engine.render_chat([{"role": "user", "content": "Hi"}]) == engine.tokenize("user: Hi\nassistant:")
+        expected_n = len(engine.tokenize("user: Hi\nassistant:"))
+    with Engine(target_path, n_ctx=256) as engine:
+        own_n = len(engine.render_chat([{"role": "user", "content": "Hi"}]))
+    assert own_n != expected_n
+    template_file = tmp_path / "qa.jinja"
+    template_file.write_text(QA_TEMPLATE)
+    out = run_cli("generate", "-m", target_path, "--mode", "target-only", "--chat", "-p", "Hi", "-n", 1, "--json",
+                  "--chat-template-file", template_file)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["stats"]["prompt_n"] == expected_n
+
+
+def test_a_broken_chat_template_is_refused_at_start(target_path):
+    out = run_cli("generate", "-m", target_path, "--mode", "target-only", "--chat", "-p", "Hi", "-n", 1,
+                  "--chat-template", "{% for m in messages %}{{ m['content'] }")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "the chat template does not compile" in out.stderr
+    both = run_cli("generate", "-m", target_path, "-p", "Hi", "--chat-template", "chatml",
+                   "--chat-template-file", __file__)
+    assert both.returncode == 2 and "not both" in both.stderr

@@ -142,6 +142,7 @@ def test_models_health_and_metrics(client, server):
     assert [m.id for m in models.data] == ["demo-target"]
     info = models.data[0].model_extra["cospec"]
     assert info["draft"] == "demo-draft" and "demo-lora" in info["arbiters"]
+    assert "arithmetic word problems" in info["about"]  # the web chat shows the task pair's scope
     status, body = server.get("/health")
     assert status == 200 and json.loads(body)["status"] == "ok"
     before = metric(server, "cospec_completion_tokens_total")
@@ -270,6 +271,8 @@ def test_a_full_queue_answers_503_then_serves_again(long_server):
                 break
             time.sleep(0.05)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0
+        # a general model gets no task-pair scope note in the web chat
+        assert http.get("/v1/models").json()["data"][0]["cospec"]["about"] is None
 
 
 def test_concurrent_streams_for_a_minute_lose_and_duplicate_nothing():

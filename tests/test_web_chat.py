@@ -58,6 +58,9 @@ def test_the_page_streams_a_reply_coloured_by_provenance(server, browser, tmp_pa
     browser.get(server.url + "/")
     wait = WebDriverWait(browser, 60)
     wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "#arbiter option"))
+    # The demo pair knows only its tasks: the page says so before anyone asks it "who are you?".
+    about = browser.find_element(By.ID, "about")
+    assert about.is_displayed() and "arithmetic word problems" in about.text and "smollm2-135m" in about.text
     temperature = browser.find_element(By.ID, "temperature")
     temperature.clear()
     temperature.send_keys("0")

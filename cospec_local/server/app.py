@@ -42,6 +42,7 @@ class ServerSettings:
     model_id: str             # the name clients send as `model` (GET /v1/models lists it)
     target: str               # what the models are, for /v1/models
     draft: str | None
+    about: str | None = None  # what the models can do, shown by the web chat (the demo pair's scope)
     api_key: str | None = None
     strict: bool = False      # unknown request fields: 400 instead of ignored
     max_waiting: int = 16     # requests that may wait for an engine; more are answered 503
@@ -207,7 +208,8 @@ class CospecServer:
         self._authorize(request)
         self._count(request, 200)
         d = self.defaults
-        info = {"target": self.settings.target, "draft": self.settings.draft, "n_ctx": self.n_ctx,
+        info = {"target": self.settings.target, "draft": self.settings.draft, "about": self.settings.about,
+                "n_ctx": self.n_ctx,
                 "default_mode": d.mode if self.has_draft else "target-only",
                 "default_arbiter": d.arbiter if isinstance(d.arbiter, str) else getattr(d.arbiter, "name", None),
                 "arbiters": sorted(self.arbiters), "modes": ["speculative", "target-only", "draft-only"]

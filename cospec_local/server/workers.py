@@ -19,6 +19,7 @@ import signal
 from dataclasses import dataclass
 from typing import Callable
 
+from .. import _cospec
 from ..engine import Engine, Generation, TokenEvent
 from ..params import GenerationParams
 
@@ -29,12 +30,13 @@ class EngineSpec:
 
     target: str
     draft: str | None
-    n_ctx: int = 4096
+    n_ctx: int = _cospec.DEFAULT_N_CTX
     n_threads: int = 0
     n_gpu_layers: int = -1
     n_gpu_layers_draft: int = -1
     rpc: str | None = None
     flash_attn: str | None = None  # None: the engine's default
+    chat_template: str | None = None  # None: the target's own
     verbose: bool = False
     preload: GenerationParams | None = None
 
@@ -108,7 +110,8 @@ def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
     try:
         engine = Engine(spec.target, spec.draft, n_ctx=spec.n_ctx, n_threads=spec.n_threads,
                         n_gpu_layers=spec.n_gpu_layers, n_gpu_layers_draft=spec.n_gpu_layers_draft,
-                        verbose=spec.verbose, rpc=spec.rpc, flash_attn=spec.flash_attn)
+                        verbose=spec.verbose, rpc=spec.rpc, flash_attn=spec.flash_attn,
+                        chat_template=spec.chat_template)
         p = spec.preload
         if p is not None and p.mode == "speculative" and engine.has_draft:
             engine.arbiter_for(p)

@@ -59,8 +59,8 @@ from .device import resolve_device
 TOP_K = 16
 
 
-def log_update(out: Path, **entries) -> dict:
-    path = out / "distill_log.json"
+def log_update(out: Path, log_name: str = "distill_log.json", **entries) -> dict:
+    path = out / log_name
     log = json.loads(path.read_text()) if path.is_file() else {}
     log.update(entries)
     path.write_text(json.dumps(log, indent=1))
@@ -438,8 +438,9 @@ def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: fl
 # ----------------------------------------------------------------------------- GGUF
 
 
-def write_draft_gguf(target_gguf: Path, out: Path, layers: int, dst: Path) -> Path:
-    """The target's metadata and embedding, the trained blocks (Q8_0) and final norm (F32)."""
+def write_draft_gguf(target_gguf: Path, out: Path, layers: int, dst: Path, name: str | None = None) -> Path:
+    """The target's metadata and embedding, the trained blocks (Q8_0) and final norm (F32);
+    general.name is the target's followed by `name` (default: distilled draft)."""
     import gguf
     import torch
 
@@ -456,7 +457,7 @@ def write_draft_gguf(target_gguf: Path, out: Path, layers: int, dst: Path) -> Pa
         if key == f"{arch}.block_count":
             return layers
         if key == gguf.Keys.General.NAME:
-            return f"{value} distilled draft ({layers} blocks)"
+            return f"{value} {name or f'distilled draft ({layers} blocks)'}"
         if key == gguf.Keys.General.FILE_TYPE:
             return int(gguf.LlamaFileType.MOSTLY_Q8_0)
         return value

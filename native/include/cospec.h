@@ -96,10 +96,14 @@ enum cospec_flash_attn {
     COSPEC_FLASH_ATTN_ON      = 1,
 };
 
+// The context window when none is asked for (n_ctx = 0).
+#define COSPEC_DEFAULT_N_CTX 4096
+
 struct cospec_engine_params {
     const char * target_path;    // GGUF file of the target model (required)
     const char * draft_path;     // GGUF file of the draft model (NULL: target-only engine)
-    int32_t n_ctx;               // context window in tokens for both models (0 = 4096, capped by the models)
+    int32_t n_ctx;               // context window in tokens for both models (0 = COSPEC_DEFAULT_N_CTX), capped by
+                                 // the context either model was trained for
     int32_t n_batch;             // largest batch for prompt processing (0 = 512)
     int32_t n_threads;           // threads for generation (0 = all cores)
     int32_t n_threads_batch;     // threads for prompt processing and verification (0 = n_threads)
@@ -442,7 +446,8 @@ struct cospec_generate_params cospec_generate_default_params(void);
 // In speculative mode n_accepted + n_kept + n_fallback + n_bonus + n_plain == n_generated;
 // in the plain modes n_plain == n_generated.
 struct cospec_stats {
-    int32_t n_prompt;          // prompt tokens evaluated in this call
+    int32_t n_prompt;          // prompt tokens evaluated in this call, the last one included (it is decoded with
+                               // the first step): n_prompt + n_prompt_cached is the prompt's length
     int32_t n_prompt_cached;   // prompt tokens reused from the previous call's cache
     double  t_prompt_ms;
     int32_t n_generated;

@@ -812,6 +812,7 @@ PYBIND11_MODULE(_cospec, m) {
     fly_defaults["entropy_top_k"] = fly.entropy_top_k;
     m.attr("FLY_DEFAULTS") = fly_defaults;
     m.attr("DEFAULT_VERIFY_COST") = COSPEC_DEFAULT_VERIFY_COST;
+    m.attr("DEFAULT_N_CTX") = COSPEC_DEFAULT_N_CTX;
 
     py::class_<cospec_generate_params>(m, "GenerateParams",
                                        "cospec_generate_params: constructed with cospec_generate_default_params()")

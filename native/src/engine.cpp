@@ -537,7 +537,7 @@ cospec_engine_params cospec_engine_default_params(void) {
     cospec_engine_params p {};
     p.target_path = nullptr;
     p.draft_path = nullptr;
-    p.n_ctx = 4096;
+    p.n_ctx = COSPEC_DEFAULT_N_CTX;
     p.n_batch = 512;
     p.n_threads = 0;
     p.rpc_servers = nullptr;
@@ -592,7 +592,7 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
             }
         }
         // The context cannot exceed what either model was trained for.
-        int32_t n_ctx = params->n_ctx > 0 ? params->n_ctx : 4096;
+        int32_t n_ctx = params->n_ctx > 0 ? params->n_ctx : COSPEC_DEFAULT_N_CTX;
         n_ctx = std::min(n_ctx, (int32_t) llama_model_n_ctx_train(e->target.model));
         if (e->has_draft) {
             n_ctx = std::min(n_ctx, (int32_t) llama_model_n_ctx_train(e->draft.model));

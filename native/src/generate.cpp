@@ -168,7 +168,10 @@ class generation {
         }
         st.t_prompt_ms = ms_since(t_prompt);
         st.n_prompt_cached = (int32_t) reused;
-        st.n_prompt = (int32_t) (n_before_last - reused);
+        // Every prompt token not reused counts as evaluated, the last one too (it is decoded with
+        // the first step, and its time counts there): prompt_n + cache_n is the prompt's length,
+        // as llama-server reports them.
+        st.n_prompt = (int32_t) (seq.size() - reused);
         // Prompt work is not generation work.
         st.t_draft_ms = 0.0;
         st.t_verify_ms = 0.0;
