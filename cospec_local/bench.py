@@ -48,8 +48,8 @@ def measure_costs(engine: Engine, tokenized: Sequence[list[int]], params: Genera
     for prompt in tokenized:
         s = engine.generate(prompt, params, mode="speculative", arbiter="target", draft_max=k,
                             adaptive_draft=False, draft_p_min=0.0).stats
-        blocks += s.n_blocks
-        verify_ms += s.t_verify_ms
+        blocks += s.blocks
+        verify_ms += s.verify_ms
     v = verify_ms / blocks / plain_ms["target-only"] if blocks else float("nan")
     return {"draft_cost": round(plain_ms["draft-only"] / plain_ms["target-only"], 4),
             "verify_cost": round(max(0.0, (v - 1.0) / k), 4), "measured_with_k": k}
@@ -82,7 +82,7 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], runs: S
     if baseline is not None:
         for mode in ("draft-only", "target-only"):
             stats = [engine.generate(p, params, mode=mode).stats for p in tokenized]
-            plain_ms[mode] = sum(r.t_generate_ms for r in stats) / sum(r.n_generated for r in stats)
+            plain_ms[mode] = sum(r.predicted_ms for r in stats) / sum(r.predicted_n for r in stats)
         costs = measure_costs(engine, tokenized, params, plain_ms)
 
     # (K, label) -> totals; K is None for target-only. per_repeat: (K, label) -> [(tokens, ms)] per repeat.
@@ -93,19 +93,19 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], runs: S
     def record(k, run: Run, rep: int, r) -> None:
         s = r.stats
         a = acc[k, run.label]
-        a["tokens"] += s.n_generated
-        a["ms"] += s.t_generate_ms
-        a["drafted"] += s.n_drafted
-        a["accepted"] += s.n_accepted + s.n_kept
-        a["kept"] += s.n_kept
-        a["blocks"] += s.n_blocks
-        a["fallbacks"] += s.n_fallback
-        a["verify_ms"] += s.t_verify_ms
-        a["inside_ms"] += s.t_draft_ms + s.t_verify_ms
-        a["arbiter_ms"] += s.t_arbiter_ms
-        a["arbiter_calls"] += s.n_arbiter_calls
-        per_repeat[k, run.label][rep][0] += s.n_generated
-        per_repeat[k, run.label][rep][1] += s.t_generate_ms
+        a["tokens"] += s.predicted_n
+        a["ms"] += s.predicted_ms
+        a["drafted"] += s.draft_n
+        a["accepted"] += s.draft_n_accepted
+        a["kept"] += s.arbiter_keeps
+        a["blocks"] += s.blocks
+        a["fallbacks"] += s.target_fallbacks
+        a["verify_ms"] += s.verify_ms
+        a["inside_ms"] += s.draft_ms + s.verify_ms
+        a["arbiter_ms"] += s.arbiter_ms
+        a["arbiter_calls"] += s.arbiter_calls
+        per_repeat[k, run.label][rep][0] += s.predicted_n
+        per_repeat[k, run.label][rep][1] += s.predicted_ms
         if rep == 0:
             outputs[k, run.label].append(r.tokens)
 

@@ -17,12 +17,12 @@ def colored(text: str, provenance: str, color: bool) -> str:
 
 def stats_line(result: Generation) -> str:
     s = result.stats
-    line = f"[{s.n_generated} tokens, {s.tokens_per_second:.1f} tok/s, {result.mode}"
+    line = f"[{s.predicted_n} tokens, {s.predicted_per_second:.1f} tok/s, {result.mode}"
     if result.arbiter is not None:
         line += f", arbiter {result.arbiter}"
-    if s.n_blocks:
-        line += (f" | drafted {s.n_drafted}, accepted {s.n_accepted + s.n_kept} ({100 * s.acceptance_rate:.0f}%),"
-                 f" arbiter keeps {s.n_kept}, {s.mean_accepted_per_block:.2f} per block")
+    if s.blocks:
+        line += (f" | drafted {s.draft_n}, accepted {s.draft_n_accepted} ({100 * s.acceptance_rate:.0f}%),"
+                 f" arbiter keeps {s.arbiter_keeps}, {s.mean_accepted_per_block:.2f} per block")
     return line + f", stop: {result.stop_reason}]"
 
 
@@ -35,12 +35,12 @@ def draft_off_note(result: Generation) -> str | None:
     """A plain-words note where speculative decoding ran with the draft nearly off (the tuner
     found it too rarely agrees with the target), else None."""
     s = result.stats
-    if result.mode != "speculative" or s.n_generated < DRAFT_OFF_MIN_TOKENS:
+    if result.mode != "speculative" or s.predicted_n < DRAFT_OFF_MIN_TOKENS:
         return None
-    if s.n_drafted >= DRAFT_OFF_SHARE * s.n_generated:
+    if s.draft_n >= DRAFT_OFF_SHARE * s.predicted_n:
         return None
-    return (f"(the draft agrees with the target too rarely here: it drafted {s.n_drafted} tokens for "
-            f"{s.n_generated}, so the target is decoding almost alone; a draft closer to the target speeds it up)")
+    return (f"(the draft agrees with the target too rarely here: it drafted {s.draft_n} tokens for "
+            f"{s.predicted_n}, so the target is decoding almost alone; a draft closer to the target speeds it up)")
 
 
 def abstained_note(result: Generation) -> str | None:

@@ -15,8 +15,8 @@ import threading
 import time
 import uuid
 import warnings
-from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Callable, ClassVar, Iterator, Sequence
 
 from . import _cospec
 from .arbiters import (AUTO, NAMED_ARBITERS, Arbiter, missing_arbiter_hint, onnx_head, resolve_arbiter_path,
@@ -66,79 +66,124 @@ LEARNED_KINDS = (_cospec.ARBITER_FEATURES, _cospec.ARBITER_LORA)
 FINISH_REASONS = {"eog": "stop", "stop_string": "stop", "max_tokens": "length", "context_full": "length",
                   "aborted": "abort", "error": "error"}
 
+# cospec_stats (native/include/cospec.h) keeps C names; Python and every JSON output (`generate
+# --json`, the server's `timings`, eval) use llama-server's `timings` names. The binding hands over
+# the C names: this table is the one place that maps them.
+NATIVE_STATS_NAMES = {
+    "n_prompt": "prompt_n",
+    "n_prompt_cached": "cache_n",
+    "t_prompt_ms": "prompt_ms",
+    "n_generated": "predicted_n",
+    "t_generate_ms": "predicted_ms",
+    "n_drafted": "draft_n",
+    "n_accepted": "draft_n_matched",
+    "n_blocks": "blocks",
+    "n_kept": "arbiter_keeps",
+    "n_fallback": "target_fallbacks",
+    "n_bonus": "bonus",
+    "n_plain": "plain",
+    "n_arbiter_calls": "arbiter_calls",
+    "t_arbiter_ms": "arbiter_ms",
+    "t_draft_ms": "draft_ms",
+    "t_verify_ms": "verify_ms",
+    "t_sample_ms": "sample_ms",
+    "arbiter_abstained": "arbiter_abstained",
+}
+# Names Stats had before it took the JSON names: still readable, with a DeprecationWarning.
+_OLD_STATS_NAMES = {**NATIVE_STATS_NAMES, "tokens_per_second": "predicted_per_second"}
+
+
 @dataclass
 class Stats:
-    """Counters of one generation (see native/include/cospec.h)."""
+    """Counters of one generation, under llama-server's `timings` names (the JSON keys of
+    `to_json()`); cospec_stats in native/include/cospec.h documents each under its C name."""
 
-    n_prompt: int = 0
-    n_prompt_cached: int = 0
-    t_prompt_ms: float = 0.0
-    n_generated: int = 0
-    t_generate_ms: float = 0.0
-    n_blocks: int = 0
-    n_drafted: int = 0
-    n_accepted: int = 0
-    n_kept: int = 0
-    n_fallback: int = 0
-    n_bonus: int = 0
-    n_plain: int = 0
-    n_arbiter_calls: int = 0
-    t_arbiter_ms: float = 0.0
-    t_draft_ms: float = 0.0
-    t_verify_ms: float = 0.0
-    t_sample_ms: float = 0.0
+    prompt_n: int = 0            # prompt tokens evaluated in this call (the last one included)
+    cache_n: int = 0             # prompt tokens reused from the previous call's cache (prompt_n + cache_n: the prompt)
+    prompt_ms: float = 0.0
+    predicted_n: int = 0         # tokens generated
+    predicted_ms: float = 0.0
+    draft_n: int = 0             # draft tokens proposed
+    draft_n_matched: int = 0     # emitted draft tokens that matched the target
+    blocks: int = 0              # verification passes of the target over at least one draft token
+    arbiter_keeps: int = 0       # emitted draft tokens kept by the arbiter at a mismatch
+    target_fallbacks: int = 0    # target tokens emitted at a rejected mismatch
+    bonus: int = 0               # target tokens emitted after a block survived whole
+    plain: int = 0               # plain steps: target-only / draft-only, and speculative steps that drafted nothing
+    arbiter_calls: int = 0       # blocks scored by the arbiter: those whose walk reached a mismatch
+    arbiter_ms: float = 0.0
+    draft_ms: float = 0.0        # inside draft-model llama_decode calls
+    verify_ms: float = 0.0       # inside target-model llama_decode calls (verification or plain steps)
+    sample_ms: float = 0.0       # choosing tokens from logits
     arbiter_abstained: bool = False  # the learned arbiter's domain gate refused the prompt
 
+    # The derived values to_json() gives, each after the field named here.
+    _JSON_DERIVED: ClassVar[dict[str, tuple[str, ...]]] = {
+        "prompt_ms": ("prompt_per_token_ms", "prompt_per_second"),
+        "predicted_ms": ("predicted_per_token_ms", "predicted_per_second"),
+        "draft_n": ("draft_n_accepted",),
+        "sample_ms": ("acceptance_rate", "mean_accepted_per_block"),
+    }
+
+    @classmethod
+    def from_native(cls, raw: dict) -> Stats:
+        """From the binding's dict of cospec_stats under its C names."""
+        return cls(**{NATIVE_STATS_NAMES[k]: v for k, v in raw.items()})
+
+    def __getattr__(self, name: str):
+        # only reached for a name that is not an attribute: the old names
+        if name in _OLD_STATS_NAMES:
+            warnings.warn(f"Stats.{name} is now Stats.{_OLD_STATS_NAMES[name]}", DeprecationWarning, stacklevel=2)
+            return getattr(self, _OLD_STATS_NAMES[name])
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     @property
-    def tokens_per_second(self) -> float:
-        return 1000.0 * self.n_generated / self.t_generate_ms if self.t_generate_ms > 0 else 0.0
+    def prompt_per_token_ms(self) -> float:
+        return self.prompt_ms / self.prompt_n if self.prompt_n else 0.0
+
+    @property
+    def prompt_per_second(self) -> float:
+        return 1000.0 * self.prompt_n / self.prompt_ms if self.prompt_ms > 0 else 0.0
+
+    @property
+    def predicted_per_token_ms(self) -> float:
+        return self.predicted_ms / self.predicted_n if self.predicted_n else 0.0
+
+    @property
+    def predicted_per_second(self) -> float:
+        return 1000.0 * self.predicted_n / self.predicted_ms if self.predicted_ms > 0 else 0.0
+
+    @property
+    def draft_n_accepted(self) -> int:
+        """Draft tokens that reached the output: matched or kept by the arbiter."""
+        return self.draft_n_matched + self.arbiter_keeps
 
     @property
     def acceptance_rate(self) -> float:
         """Share of drafted tokens that reached the output (matched or kept)."""
-        return (self.n_accepted + self.n_kept) / self.n_drafted if self.n_drafted else 0.0
+        return self.draft_n_accepted / self.draft_n if self.draft_n else 0.0
 
     @property
     def mean_accepted_per_block(self) -> float:
-        return (self.n_accepted + self.n_kept) / self.n_blocks if self.n_blocks else 0.0
+        return self.draft_n_accepted / self.blocks if self.blocks else 0.0
 
     @property
     def overhead_fraction(self) -> float:
         """Share of generation time spent outside llama.cpp decode calls."""
-        if self.t_generate_ms <= 0:
+        if self.predicted_ms <= 0:
             return 0.0
-        inside = self.t_draft_ms + self.t_verify_ms
-        return max(0.0, self.t_generate_ms - inside) / self.t_generate_ms
+        inside = self.draft_ms + self.verify_ms
+        return max(0.0, self.predicted_ms - inside) / self.predicted_ms
 
     def to_json(self) -> dict:
-        """Keys follow llama-server's `timings` where one exists."""
-        return {
-            "prompt_n": self.n_prompt,
-            "cache_n": self.n_prompt_cached,
-            "prompt_ms": round(self.t_prompt_ms, 3),
-            "prompt_per_token_ms": self.t_prompt_ms / self.n_prompt if self.n_prompt else 0.0,
-            "prompt_per_second": 1000.0 * self.n_prompt / self.t_prompt_ms if self.t_prompt_ms > 0 else 0.0,
-            "predicted_n": self.n_generated,
-            "predicted_ms": round(self.t_generate_ms, 3),
-            "predicted_per_token_ms": self.t_generate_ms / self.n_generated if self.n_generated else 0.0,
-            "predicted_per_second": self.tokens_per_second,
-            "draft_n": self.n_drafted,
-            "draft_n_accepted": self.n_accepted + self.n_kept,
-            "draft_n_matched": self.n_accepted,
-            "blocks": self.n_blocks,
-            "arbiter_keeps": self.n_kept,
-            "target_fallbacks": self.n_fallback,
-            "bonus": self.n_bonus,
-            "plain": self.n_plain,
-            "arbiter_calls": self.n_arbiter_calls,
-            "arbiter_ms": round(self.t_arbiter_ms, 3),
-            "draft_ms": round(self.t_draft_ms, 3),
-            "verify_ms": round(self.t_verify_ms, 3),
-            "sample_ms": round(self.t_sample_ms, 3),
-            "acceptance_rate": self.acceptance_rate,
-            "mean_accepted_per_block": self.mean_accepted_per_block,
-            "arbiter_abstained": self.arbiter_abstained,
-        }
+        """The fields (times rounded to the microsecond) and the derived values, under the same names."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = round(value, 3) if isinstance(value, float) else value
+            for name in self._JSON_DERIVED.get(f.name, ()):
+                out[name] = getattr(self, name)
+        return out
 
 
 @dataclass
@@ -427,7 +472,7 @@ class Engine:
             tokens=list(raw["tokens"]),
             provenance=[PROVENANCE.get(p, "?") for p in raw["provenance"]],
             stop_reason=STOP_REASONS.get(raw["stop_reason"], "error"),
-            stats=Stats(**raw["stats"]),
+            stats=Stats.from_native(raw["stats"]),
             mode=request.params.mode,
             arbiter=request.arbiter_name,
             decisions=[Decision(*d) for d in raw["decisions"]],

@@ -74,8 +74,8 @@ def run_problem(engine: Engine, problem: Problem, run: Run, params: GenerationPa
     engine.reset()
     r = engine.generate(prompt, params, mode=run.mode, arbiter=run.arbiter or "target", stop=stop)
     s = r.stats
-    return Record(problem.id, run.label, bool(score(problem, r.text)), r.text, s.n_generated, s.t_generate_ms,
-                  s.n_drafted, s.n_accepted + s.n_kept, s.n_kept, s.n_blocks, s.t_arbiter_ms)
+    return Record(problem.id, run.label, bool(score(problem, r.text)), r.text, s.predicted_n, s.predicted_ms,
+                  s.draft_n, s.draft_n_accepted, s.arbiter_keeps, s.blocks, s.arbiter_ms)
 
 
 def rotated(runs: Sequence[Run], shift: int) -> list[Run]:

@@ -1,5 +1,7 @@
 """The Python API: results, stats, provenance, streaming, stop strings and
 OpenAI-style chat completions, on the real engine."""
+import dataclasses
+
 import pytest
 
 from cospec_local import Arbiter, Engine, _cospec, arbiter_from_function
@@ -17,28 +19,28 @@ def test_stats_add_up(engine_for, mode):
     r = engine.generate("Explain how photosynthesis works in simple terms.", max_tokens=48, draft_max=4,
                         ignore_eos=True, fly_window=2, adaptive_draft=False, **RUNS[mode])
     s = r.stats
-    assert s.n_generated == len(r.tokens) == len(r.provenance) == 48
-    assert s.n_accepted + s.n_kept + s.n_fallback + s.n_bonus + s.n_plain == s.n_generated
+    assert s.predicted_n == len(r.tokens) == len(r.provenance) == 48
+    assert s.draft_n_matched + s.arbiter_keeps + s.target_fallbacks + s.bonus + s.plain == s.predicted_n
     counts = {p: r.provenance.count(p) for p in set(r.provenance)}
-    assert counts.get("match", 0) == s.n_accepted and counts.get("kept", 0) == s.n_kept
-    assert counts.get("fallback", 0) == s.n_fallback and counts.get("bonus", 0) == s.n_bonus
+    assert counts.get("match", 0) == s.draft_n_matched and counts.get("kept", 0) == s.arbiter_keeps
+    assert counts.get("fallback", 0) == s.target_fallbacks and counts.get("bonus", 0) == s.bonus
     if mode in ("sps", "fly"):
         # a block needs room for a draft token and the target's token after it: when one token of
         # the budget is left, the step is a plain target step (where blocks end decides whether
         # that happens, and it does with some CPUs' rounding)
         assert set(r.provenance[:-1]) <= SPEC_PROVENANCE and r.provenance[-1] in SPEC_PROVENANCE | {"target"}
-        assert s.n_plain == r.provenance.count("target") <= 1
-        assert s.n_drafted >= s.n_accepted + s.n_kept
+        assert s.plain == r.provenance.count("target") <= 1
+        assert s.draft_n >= s.draft_n_matched + s.arbiter_keeps
         # one target token (fallback or bonus) ends every block
-        assert s.n_fallback + s.n_bonus == s.n_blocks
-        assert s.n_drafted <= 4 * s.n_blocks
+        assert s.target_fallbacks + s.bonus == s.blocks
+        assert s.draft_n <= 4 * s.blocks
         j = r.stats.to_json()
-        assert j["draft_n_accepted"] == s.n_accepted + s.n_kept and j["predicted_n"] == 48
+        assert j["draft_n_accepted"] == s.draft_n_matched + s.arbiter_keeps and j["predicted_n"] == 48
     else:
-        assert s.n_plain == 48 and s.n_blocks == 0 and s.n_drafted == 0
+        assert s.plain == 48 and s.blocks == 0 and s.draft_n == 0
         assert set(r.provenance) == {"target" if mode == "target-only" else "draft"}
     if mode == "sps":
-        assert s.n_kept == 0 and s.n_arbiter_calls == 0 and r.decisions == []
+        assert s.arbiter_keeps == 0 and s.arbiter_calls == 0 and r.decisions == []
         assert r.label == "speculative/target"
     if mode == "fly":
         assert r.label == "speculative/fly"
@@ -49,14 +51,37 @@ def test_stats_add_up(engine_for, mode):
         assert rejected == [i for i, p in enumerate(r.provenance) if p == "fallback"]
 
 
+def test_stats_attributes_are_the_json_keys(engine):
+    """Python and JSON (`generate --json`, the server's `timings`) name the stats alike: every key
+    of to_json() is an attribute or property of Stats with that value (times rounded to the
+    microsecond in JSON), and every field is in it. prompt_n + cache_n is the prompt's length."""
+    first = engine.tokenize("Explain how photosynthesis works in simple terms.")
+    second = engine.tokenize("Explain how photosynthesis works in simple terms. Be brief.")
+    runs = [(first, engine.generate(first, max_tokens=24, ignore_eos=True, arbiter="fly", adaptive_draft=False)),
+            (second, engine.generate(second, max_tokens=8, mode="target-only"))]  # reuses the first's cache
+    for prompt, r in runs:
+        s, j = r.stats, r.stats.to_json()
+        assert set(j) >= {f.name for f in dataclasses.fields(s)}
+        for key, value in j.items():
+            assert hasattr(type(s), key), key
+            assert type(value) is type(getattr(s, key)), key
+            if isinstance(value, float):
+                assert value == pytest.approx(getattr(s, key), abs=5e-4), key
+            else:
+                assert value == getattr(s, key), key
+        assert s.predicted_n == len(r.tokens) and s.draft_n_accepted == s.draft_n_matched + s.arbiter_keeps
+        assert s.prompt_n + s.cache_n == len(prompt) and s.prompt_n >= 1
+    assert runs[0][1].stats.draft_n > 0 and runs[1][1].stats.cache_n > 0
+
+
 def test_steps_that_draft_nothing_are_not_blocks(engine):
     """With adaptive drafting a weak draft gets K = 0 steps: plain target steps, not blocks."""
     r = engine.generate("Explain how photosynthesis works in simple terms.", max_tokens=64, ignore_eos=True)
     s = r.stats
-    assert s.n_plain > 0, "the disagreeing draft should make the tuner skip drafting"
-    assert s.n_plain == r.provenance.count("target")
-    assert s.n_fallback + s.n_bonus == s.n_blocks
-    assert s.n_accepted + s.n_kept + s.n_fallback + s.n_bonus + s.n_plain == s.n_generated
+    assert s.plain > 0, "the disagreeing draft should make the tuner skip drafting"
+    assert s.plain == r.provenance.count("target")
+    assert s.target_fallbacks + s.bonus == s.blocks
+    assert s.draft_n_matched + s.arbiter_keeps + s.target_fallbacks + s.bonus + s.plain == s.predicted_n
 
 
 def test_a_draft_that_declines_every_token_leads_to_plain_steps():
@@ -69,11 +94,11 @@ def test_a_draft_that_declines_every_token_leads_to_plain_steps():
         engine.generate(prompt, max_tokens=64, ignore_eos=True)
         declined = engine.generate(prompt, max_tokens=128, ignore_eos=True, draft_p_min=1.0)
         s = declined.stats
-        assert s.n_plain > s.n_generated / 2, f"{s.n_blocks} blocks drafted {s.n_drafted} tokens"
+        assert s.plain > s.predicted_n / 2, f"{s.blocks} blocks drafted {s.draft_n} tokens"
         # Back at p-min 0 the pair drafts again within the first exploring interval (16 steps);
         # with the declined run's estimate kept, the next exploration would be 48 steps away.
         again = engine.generate(prompt, max_tokens=24, ignore_eos=True)
-        assert again.stats.n_drafted > 0
+        assert again.stats.draft_n > 0
 
 
 def test_python_arbiter_sees_the_block(engine):
@@ -92,8 +117,8 @@ def test_python_arbiter_sees_the_block(engine):
                         max_tokens=30, draft_max=4, ignore_eos=True, adaptive_draft=False)
     assert seen and r.mode == "speculative" and r.arbiter == "keep-all"
     # keeping every mismatch: no fallback, every block ends with a bonus token
-    assert r.stats.n_fallback == 0 and r.stats.n_kept == r.provenance.count("kept") > 0
-    assert r.stats.n_arbiter_calls == len(seen)
+    assert r.stats.target_fallbacks == 0 and r.stats.arbiter_keeps == r.provenance.count("kept") > 0
+    assert r.stats.arbiter_calls == len(seen)
 
 
 def test_stream_matches_generate(engine):
@@ -201,8 +226,8 @@ def test_cost_model_settings_steer_timing_free_block_lengths():
     with Engine.open_default(n_ctx=1024, n_threads=1) as engine:
         cheap = engine.generate(prompt, arbiter="fly", max_tokens=96, draft_cost=0.01, verify_cost=0.0)
         dear = engine.generate(prompt, arbiter="fly", max_tokens=96, draft_cost=0.5, verify_cost=3.0)
-        assert cheap.stats.n_drafted / max(1, cheap.stats.n_blocks) > 4
-        assert dear.stats.n_plain > cheap.stats.n_plain
+        assert cheap.stats.draft_n / max(1, cheap.stats.blocks) > 4
+        assert dear.stats.plain > cheap.stats.plain
         again = engine.generate(prompt, arbiter="fly", max_tokens=96, draft_cost=0.01, verify_cost=0.0)
         assert again.tokens == cheap.tokens
         with pytest.raises(InvalidArgumentError, match="draft_cost"):

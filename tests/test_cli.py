@@ -100,7 +100,7 @@ def test_bench_measures_the_verify_cost_on_full_blocks(engine_for):
     measure_costs(RecordingEngine(), prompts, params, {"draft-only": 1.0, "target-only": 1.0}, k=8)
     assert len(seen) == 2  # one run per prompt
     for stats in seen:  # every block but the last (cut at max_tokens) drafted K tokens
-        assert stats.n_blocks >= 2 and stats.n_drafted >= 8 * (stats.n_blocks - 1)
+        assert stats.blocks >= 2 and stats.draft_n >= 8 * (stats.blocks - 1)
 
 
 def spawn_chat(target_path, draft_path):

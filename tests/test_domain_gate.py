@@ -91,7 +91,7 @@ def test_shipped_arbiters_abstain_outside_their_tasks(engine, name):
         gated = engine.generate(problem.prompt, arbiter=name, max_tokens=96, stop=("\n\n",))
         engine.reset()
         plain = engine.generate(problem.prompt, arbiter="target", max_tokens=96, stop=("\n\n",))
-        assert gated.stats.arbiter_abstained and gated.stats.n_kept == 0 and gated.stats.n_arbiter_calls == 0
+        assert gated.stats.arbiter_abstained and gated.stats.arbiter_keeps == 0 and gated.stats.arbiter_calls == 0
         assert gated.tokens == plain.tokens
     arbiter = engine.arbiter(name)
     assert all(arbiter.admits(engine.tokenize(p.prompt)) for f in ("arith", "pyfunc") for p in load_task(f, "test", 200))
@@ -105,8 +105,8 @@ def test_gate_off_decides_every_prompt(engine):
         engine.reset()
         run = engine.generate(problem.prompt, arbiter="demo-lora", arbiter_gate=False, max_tokens=96, stop=("\n\n",))
         assert not run.stats.arbiter_abstained
-        kept += run.stats.n_kept
-        calls += run.stats.n_arbiter_calls
+        kept += run.stats.arbiter_keeps
+        calls += run.stats.arbiter_calls
     assert calls > 0 and kept > 0
 
 
@@ -115,8 +115,8 @@ def keeps_per_1000(engine, name: str, family: str, n: int) -> float:
     for problem in load_task(family, "test", n):
         engine.reset()
         run = engine.generate(problem.prompt, arbiter=name, max_tokens=256, stop=("\n\n",))
-        kept += run.stats.n_kept
-        tokens += run.stats.n_generated
+        kept += run.stats.arbiter_keeps
+        tokens += run.stats.predicted_n
     return 1000 * kept / max(tokens, 1)
 
 

@@ -79,7 +79,7 @@ def test_the_longest_block_is_the_native_limit(engine):
     keep_all = arbiter_from_function(lambda block: [True] * block["n_draft"], "keep-all")  # the whole budget is one block
     longest = engine.generate("Hello", arbiter=keep_all, max_tokens=_cospec.N_DRAFT_MAX + 1, ignore_eos=True,
                               draft_max=_cospec.N_DRAFT_MAX, adaptive_draft=False)
-    assert (longest.stats.n_blocks, longest.stats.n_drafted) == (1, _cospec.N_DRAFT_MAX)
+    assert (longest.stats.blocks, longest.stats.draft_n) == (1, _cospec.N_DRAFT_MAX)
     params = _cospec.GenerateParams()
     params.n_draft = _cospec.N_DRAFT_MAX + 1
     with pytest.raises(_cospec.CospecError, match=rf"n_draft\) must be in \[1, {_cospec.N_DRAFT_MAX}\]"):

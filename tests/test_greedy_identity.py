@@ -86,7 +86,7 @@ def test_prompt_cache_does_not_change_output(exact_engine_for, reference):
     engine.reset()
     first = engine.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True, adaptive_draft=False)
     again = engine.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True, adaptive_draft=False)
-    assert first.stats.n_prompt_cached == 0 and again.stats.n_prompt_cached > 0
+    assert first.stats.cache_n == 0 and again.stats.cache_n > 0
     assert first.tokens == again.tokens == reference("disagreeing", prompt)
 
 
@@ -102,9 +102,9 @@ def test_adaptive_draft_length_is_lossless_and_backs_off(exact_engine_for, refer
         adaptive = engine.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=8, ignore_eos=True,
                                    adaptive_draft=True)
         assert adaptive.tokens == fixed.tokens == reference(kind, prompt)
-        assert adaptive.stats.n_drafted <= 8 * adaptive.stats.n_blocks
-        fixed_drafted += fixed.stats.n_drafted
-        adaptive_drafted += adaptive.stats.n_drafted
+        assert adaptive.stats.draft_n <= 8 * adaptive.stats.blocks
+        fixed_drafted += fixed.stats.draft_n
+        adaptive_drafted += adaptive.stats.draft_n
     if kind == "disagreeing":
         assert adaptive_drafted < fixed_drafted / 3
 
@@ -129,7 +129,7 @@ def test_zero_ffn_blocks_keep_the_function(target_path, model_dir, reference, we
             verified = costly.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True,
                                        adaptive_draft=False)
             assert alone.tokens == verified.tokens == reference("self", prompt)
-            assert verified.stats.n_fallback == 0
+            assert verified.stats.target_fallbacks == 0
 
 
 @pytest.mark.parametrize("pair", ["mixed", "demo"])

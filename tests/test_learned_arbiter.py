@@ -515,7 +515,7 @@ def test_arbiter_is_asked_only_where_the_walk_reaches_a_mismatch(demo_engine):
         stops = FAMILY_STOPS[problem.family]
         r = demo_engine.generate(problem.prompt, arbiter=rejecter, max_tokens=200, stop=stops)
         assert called == sorted({d.block for d in r.decisions}), problem.id
-        assert r.stats.n_arbiter_calls == len(called)
+        assert r.stats.arbiter_calls == len(called)
         # the same tokens as the target arbiter, which never asks (greedy: rejecting is lossless)
         assert r.tokens == demo_engine.generate(problem.prompt, max_tokens=200, stop=stops).tokens
         n_calls += len(called)
@@ -626,14 +626,14 @@ def test_an_arbiter_drafts_under_the_verify_cost_it_was_trained_under(demo_engin
     for problem in load_task("pyfunc", "test", 4):
         run = lambda arbiter, **kw: demo_engine.generate(problem.prompt, arbiter=arbiter, max_tokens=160, **kw)  # noqa: E731
         a, b = run(carried), run(plain, verify_cost=0.6)
-        assert a.tokens == b.tokens and a.stats.n_blocks == b.stats.n_blocks
+        assert a.tokens == b.tokens and a.stats.blocks == b.stats.blocks
         assert [(d.block, d.position) for d in a.decisions] == [(d.block, d.position) for d in b.decisions]
-        differs += run(plain).stats.n_blocks != a.stats.n_blocks  # the default's blocks: 0.25
+        differs += run(plain).stats.blocks != a.stats.blocks  # the default's blocks: 0.25
     assert differs > 0
     # an explicit setting still wins over the arbiter's
     prompt = load_task("pyfunc", "test", 1)[0].prompt
-    assert (demo_engine.generate(prompt, arbiter=carried, max_tokens=160, verify_cost=0.25).stats.n_blocks ==
-            demo_engine.generate(prompt, arbiter=plain, max_tokens=160).stats.n_blocks)
+    assert (demo_engine.generate(prompt, arbiter=carried, max_tokens=160, verify_cost=0.25).stats.blocks ==
+            demo_engine.generate(prompt, arbiter=plain, max_tokens=160).stats.blocks)
     with pytest.raises(ArbiterError, match="verify_cost"):
         demo_engine.arbiter(folder("bad", 1000.0))
     # what the warm-up writes: the collection's verify cost, the default for folders that predate it

@@ -122,12 +122,12 @@ def test_a_draft_lacking_target_tokens_falls_back_to_target_steps(tmp_path):
                 if arbiter == "target":
                     assert spec.tokens == target.tokens  # lossless, whatever the draft lacks
                 assert spec.stop_reason in ("eog", "max_tokens")
-                assert spec.stats.n_blocks == 0, arbiter  # the draft never sees a token it lacks
+                assert spec.stats.blocks == 0, arbiter  # the draft never sees a token it lacks
             # the same pair drafts on the part of the prompt it can read: no drafting above is the fallback
             readable = tokens[:next(i for i, t in enumerate(tokens) if t >= n_draft)]
             assert len(readable) >= 2
             drafted = engine.generate(readable, max_tokens=8, adaptive_draft=False)
-            assert drafted.stats.n_blocks > 0 and drafted.stats.n_drafted > 0, problem.id
+            assert drafted.stats.blocks > 0 and drafted.stats.draft_n > 0, problem.id
         with pytest.raises(InvalidArgumentError, match="outside the draft's vocabulary"):
             engine.generate([1, 500, 3], mode="draft-only", max_tokens=2)
 

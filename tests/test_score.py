@@ -39,4 +39,4 @@ def test_score_rejects_bad_input(engine, target_path):
         with pytest.raises(NoDraftError):
             target_only.score([1, 2, 3], "draft")
         assert target_only.score([1, 2, 3]).shape[0] == 3
-    assert engine.generate("Hello", max_tokens=4).stats.n_generated == 4  # the engine still works
+    assert engine.generate("Hello", max_tokens=4).stats.predicted_n == 4  # the engine still works

@@ -25,8 +25,8 @@ RUNS = [("target-only", dict(mode="target-only")),
         ("sps K=5", dict(arbiter="target", adaptive_draft=False, draft_max=5)),
         ("lora adaptive", dict(arbiter="demo-lora", adaptive_draft=True, draft_max=8)),
         ("lora K=8", dict(arbiter="demo-lora", adaptive_draft=False, draft_max=8))]
-STATS = ("t_generate_ms", "t_draft_ms", "t_verify_ms", "t_sample_ms", "n_blocks", "n_plain", "n_generated",
-         "n_drafted", "n_accepted", "n_kept")
+STATS = ("predicted_ms", "draft_ms", "verify_ms", "sample_ms", "blocks", "plain", "predicted_n", "draft_n",
+         "draft_n_accepted")
 
 
 def main() -> None:
@@ -46,7 +46,7 @@ def main() -> None:
                                         **settings).stats
                 for key in STATS:
                     totals[name][key] += getattr(stats, key)
-    step = totals["target-only"]["t_generate_ms"] / totals["target-only"]["n_generated"]
+    step = totals["target-only"]["predicted_ms"] / totals["target-only"]["predicted_n"]
     print(f"{args.task}, {len(problems)} test problems x {args.repeat}; a target step: {step:.3f} ms")
     print("| run | speed-up | blocks | plain steps | drafted / block | reached the output / block "
           "| per block, in target steps: draft | verify | sampling | rest |")
@@ -54,11 +54,11 @@ def main() -> None:
     for name, t in totals.items():
         if name == "target-only":
             continue
-        blocks = max(1, t["n_blocks"])
-        rest = t["t_generate_ms"] - t["t_draft_ms"] - t["t_verify_ms"] - t["t_sample_ms"]
-        per_block = [x / blocks / step for x in (t["t_draft_ms"], t["t_verify_ms"], t["t_sample_ms"], rest)]
-        print(f"| {name} | {step / (t['t_generate_ms'] / t['n_generated']):.3f}x | {t['n_blocks']} | {t['n_plain']} "
-              f"| {t['n_drafted'] / blocks:.2f} | {(t['n_accepted'] + t['n_kept']) / blocks:.2f} | "
+        blocks = max(1, t["blocks"])
+        rest = t["predicted_ms"] - t["draft_ms"] - t["verify_ms"] - t["sample_ms"]
+        per_block = [x / blocks / step for x in (t["draft_ms"], t["verify_ms"], t["sample_ms"], rest)]
+        print(f"| {name} | {step / (t['predicted_ms'] / t['predicted_n']):.3f}x | {t['blocks']} | {t['plain']} "
+              f"| {t['draft_n'] / blocks:.2f} | {t['draft_n_accepted'] / blocks:.2f} | "
               + " | ".join(f"{x:.2f}" for x in per_block) + " |")
 
 

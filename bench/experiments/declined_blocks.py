@@ -22,11 +22,11 @@ def run(engine, problems, **settings):
         prompt = engine.render_chat([{"role": "user", "content": problem.prompt}])
         engine.reset()  # clears the caches; the tuner's estimates stay, as in a long session
         s = engine.generate(prompt, max_tokens=256, **settings).stats
-        total["tokens"] += s.n_generated
-        total["blocks"] += s.n_blocks
-        total["drafted"] += s.n_drafted
-        total["plain"] += s.n_plain
-        total["ms"] += s.t_generate_ms
+        total["tokens"] += s.predicted_n
+        total["blocks"] += s.blocks
+        total["drafted"] += s.draft_n
+        total["plain"] += s.plain
+        total["ms"] += s.predicted_ms
     total["tok/s"] = round(1000 * total["tokens"] / total["ms"])
     return total
 

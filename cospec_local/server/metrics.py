@@ -40,11 +40,11 @@ class ServerMetrics:
     def generation(self, result: Generation) -> None:
         s = result.stats
         self.prompt_tokens.inc(result.prompt_tokens)
-        self.completion_tokens.inc(s.n_generated)
-        self.drafted.inc(s.n_drafted)
-        self.accepted.inc(s.n_accepted + s.n_kept)
-        self.kept.inc(s.n_kept)
-        self.fallbacks.inc(s.n_fallback)
+        self.completion_tokens.inc(s.predicted_n)
+        self.drafted.inc(s.draft_n)
+        self.accepted.inc(s.draft_n_accepted)
+        self.kept.inc(s.arbiter_keeps)
+        self.fallbacks.inc(s.target_fallbacks)
         if result.stop_reason == "aborted":
             self.aborted.inc()
 

@@ -483,8 +483,8 @@ def engine_check(gguf_path: Path, dev, sp, threads: int) -> dict:
                 tok_mismatch += 1
             r = eng.generate(text, mode="target-only", max_tokens=256, stop=FAMILY_STOPS.get(p.family))
             ok.append(bool(score(p, r.text)))
-            n_tok += r.stats.n_generated
-            ms += r.stats.t_generate_ms
+            n_tok += r.stats.predicted_n
+            ms += r.stats.predicted_ms
     return {"dev_acc": sum(ok) / len(ok), "dev_correct": "".join("1" if o else "0" for o in ok),
             "tokens_per_s": 1000.0 * n_tok / ms if ms else 0.0, "tokenizer_mismatches": tok_mismatch}
 

@@ -227,7 +227,7 @@ class RolloutWorker:
         spec = self._policy(arbiter, threshold) if arbiter not in ("target", "fly") else arbiter
         run = self._generate(problem, arbiter=spec)
         return {"problem_id": problem.id, "family": problem.family, "correct": bool(score(problem, run.text)),
-                "tokens": len(run.tokens), "kept": run.stats.n_kept, "decisions": len(run.decisions)}
+                "tokens": len(run.tokens), "kept": run.stats.arbiter_keeps, "decisions": len(run.decisions)}
 
     def screen(self, problem: Problem) -> dict:
         mismatches = 0
