@@ -89,8 +89,6 @@ NATIVE_STATS_NAMES = {
     "t_sample_ms": "sample_ms",
     "arbiter_abstained": "arbiter_abstained",
 }
-# Names Stats had before it took the JSON names: still readable, with a DeprecationWarning.
-_OLD_STATS_NAMES = {**NATIVE_STATS_NAMES, "tokens_per_second": "predicted_per_second"}
 
 
 @dataclass
@@ -129,13 +127,6 @@ class Stats:
     def from_native(cls, raw: dict) -> Stats:
         """From the binding's dict of cospec_stats under its C names."""
         return cls(**{NATIVE_STATS_NAMES[k]: v for k, v in raw.items()})
-
-    def __getattr__(self, name: str):
-        # only reached for a name that is not an attribute: the old names
-        if name in _OLD_STATS_NAMES:
-            warnings.warn(f"Stats.{name} is now Stats.{_OLD_STATS_NAMES[name]}", DeprecationWarning, stacklevel=2)
-            return getattr(self, _OLD_STATS_NAMES[name])
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def prompt_per_token_ms(self) -> float:

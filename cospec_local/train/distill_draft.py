@@ -509,11 +509,11 @@ def measure(target_gguf: Path, draft_gguf: Path, prompts: list[str], max_new: in
             for label, mode in engine_mode.items():
                 r = engine.generate(prompt, mode=mode, max_tokens=max_new, ignore_eos=True, adaptive_draft=False,
                                     draft_max=3)
-                tps[label][0] += r.stats.n_generated
-                tps[label][1] += r.stats.t_generate_ms
+                tps[label][0] += r.stats.predicted_n
+                tps[label][1] += r.stats.predicted_ms
                 if label == "sps":
-                    drafted += r.stats.n_drafted
-                    accepted += r.stats.n_accepted
+                    drafted += r.stats.draft_n
+                    accepted += r.stats.draft_n_matched
     speed = {m: 1000.0 * n / ms for m, (n, ms) in tps.items()}
     return {"heldout_prompts": len(prompts), "answer_tokens": total, "agreement": hit / total,
             "tokens_per_s": speed, "draft_speedup": speed["draft-only"] / speed["target-only"],
