@@ -214,3 +214,51 @@ def add_ffn_blocks(src: str | Path, dst: str | Path, n_blocks: int, n_ff: int,
             yield f"blk.{i}.ffn_down.weight", zeros(n_ff, n_embd), weight_type
 
     return rewrite_gguf(reader, dst, kv_edit, add_kv=add_kv, add_tensors=extra_tensors(), arch=new_arch)
+
+
+EMBEDDING = "token_embd.weight"
+EMBEDDING_DIGEST_KEY = "cospec.embedding_sha256"
+EMBEDDING_INDEX_KEY = "cospec.embedding_index"  # its place among the tensors: fingerprints follow tensor order
+
+
+def _embedding_digest(tensor) -> str:
+    import hashlib
+
+    return hashlib.sha256(np.ascontiguousarray(tensor.data).tobytes()).hexdigest()
+
+
+def strip_embedding(src: str | Path, dst: str | Path) -> Path:
+    """Write to `dst` the model `src` without its (tied) token embedding, recording the
+    embedding's digest: a draft that shares its target's embedding ships as its blocks alone
+    (a SmolLM2 draft's embedding is 85% of its bytes) and is rebuilt by graft_embedding."""
+    reader = open_gguf(src)
+    names = [t.name for t in reader.tensors]
+    if EMBEDDING not in names:
+        raise ValueError(f"{src} has no {EMBEDDING}")
+    embedding = reader.tensors[names.index(EMBEDDING)]
+    return rewrite_gguf(reader, dst, lambda key, value: None if key in (EMBEDDING_DIGEST_KEY, EMBEDDING_INDEX_KEY) else value,
+                        keep_tensor=lambda name: name != EMBEDDING,
+                        add_kv={EMBEDDING_DIGEST_KEY: (_embedding_digest(embedding), gguf.GGUFValueType.STRING),
+                                EMBEDDING_INDEX_KEY: (names.index(EMBEDDING), gguf.GGUFValueType.UINT32)})
+
+
+def graft_embedding(blocks: str | Path, embedding_source: str | Path, dst: str | Path) -> Path:
+    """Write to `dst` the model of `blocks` (made by strip_embedding) with the token embedding of
+    `embedding_source` (the target it was trained with), byte for byte. Refused when that
+    embedding is not the one the blocks were made with."""
+    reader, source = open_gguf(blocks), open_gguf(embedding_source)
+    field = reader.get_field(EMBEDDING_DIGEST_KEY)
+    if field is None:
+        raise ValueError(f"{blocks} records no embedding ({EMBEDDING_DIGEST_KEY}): not made by strip_embedding")
+    index = reader.get_field(EMBEDDING_INDEX_KEY)
+    index = int(index.contents()) if index is not None else 0
+    if not 0 <= index <= len(reader.tensors):
+        raise ValueError(f"{blocks}: {EMBEDDING_INDEX_KEY} {index} is outside its {len(reader.tensors)} tensors")
+    embedding = next((t for t in source.tensors if t.name == EMBEDDING), None)
+    if embedding is None or _embedding_digest(embedding) != field.contents():
+        raise ValueError(f"{embedding_source} does not hold the embedding {Path(blocks).name} was trained with")
+    # Every tensor in the order the whole model had: the result's fingerprint is the trained draft's.
+    tensors = [(t.name, t.data, t.tensor_type) for t in reader.tensors]
+    tensors.insert(index, (EMBEDDING, embedding.data, embedding.tensor_type))
+    return rewrite_gguf(reader, dst, lambda key, value: None if key in (EMBEDDING_DIGEST_KEY, EMBEDDING_INDEX_KEY) else value,
+                        keep_tensor=lambda name: False, add_tensors=tensors)

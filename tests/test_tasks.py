@@ -370,6 +370,15 @@ def test_plain_answer_rows_score_by_number_exact_text_or_regex(tmp_path):
     assert not score(exact, "paris") and not score(exact, "Paris, of course") and not score(exact, "")
     assert score(regex, "hello there") and score(regex, "Well.\nhi!") and not score(regex, "oh hi")
     assert score(exact_number, "1969") and not score(exact_number, "1969.0")  # exact, though it is a number
+    assert all(p.solution == "" for p in problems)
+
+
+def test_a_plain_rows_worked_solution_is_kept_and_never_scored(tmp_path):
+    rows = [{"prompt": "What is 2 + 3?", "answer": 5, "solution": "2 + 3 = 5"},
+            {"prompt": "What is 4 + 4?", "answer": 8, "solution": "4 + 4 = 9"}]  # a wrong worked reply
+    right, wrong = load_task(_write_jsonl(tmp_path / "worked.jsonl", rows))
+    assert right.solution == "2 + 3 = 5" and score(right, right.solution)
+    assert wrong.solution == "4 + 4 = 9" and not score(wrong, wrong.solution)  # the answer decides, not the solution
 
 
 def test_plain_code_rows_run_their_tests_in_the_sandbox(tmp_path):
@@ -393,6 +402,7 @@ def test_plain_code_rows_run_their_tests_in_the_sandbox(tmp_path):
     (['{"prompt": "a", "answer": "x", "match": "number"}'], r"bad.jsonl:1: 'match' is number"),
     (['{"prompt": "a", "answer": "(", "match": "regex"}'], r"bad.jsonl:1: 'answer' is not a valid regular"),
     (['{"prompt": "a", "tests": []}'], r"bad.jsonl:1: 'tests' must be"),
+    (['{"prompt": "a", "answer": 1, "solution": 1}'], r"bad.jsonl:1: 'solution', when given, must be a string"),
     (['{"question": "a"}'], r"bad.jsonl:1: no task format has the fields"),
 ])
 def test_malformed_rows_are_refused_with_file_and_line(tmp_path, lines, message):

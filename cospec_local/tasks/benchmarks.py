@@ -12,7 +12,8 @@ Nothing is downloaded. Formats (one JSON object per line; `.gz` files are read t
   after the completion's last "####", or else its last number, with the answer; "exact" (the
   default otherwise) compares the text after the last "####", or else the last non-empty line,
   stripped, with the answer; "regex" searches the completion for the answer as a Python regular
-  expression (multi-line).
+  expression (multi-line). An optional `solution` is a worked reply, never scored: a draft can be
+  taught the task with it (train/skill_draft.py).
 - Plain code: {"prompt", "tests"[, "entry_point"][, "id"]}: `tests` is Python (a string, or a list of
   assert lines) run after the completion's program in the sandbox; the program is the
   completion's fenced code block, or else the completion itself.
@@ -295,7 +296,10 @@ class PlainAnswer(Benchmark):
                 re.compile(answer)
             except re.error as exc:
                 raise ValueError(f"'answer' is not a valid regular expression ({exc})") from None
-        return Problem(_row_id(row, self.name, index), self.name, prompt, answer, "", {"match": match})
+        solution = row.get("solution", "")
+        if not isinstance(solution, str):
+            raise ValueError("'solution', when given, must be a string")
+        return Problem(_row_id(row, self.name, index), self.name, prompt, answer, solution, {"match": match})
 
     def score(self, problem: Problem, completion: str) -> bool:
         match = problem.meta["match"]

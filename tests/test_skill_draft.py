@@ -1,0 +1,76 @@
+"""A draft taught one skill (train/skill_draft.py) and shipped as its blocks alone
+(gguf_edit.strip_embedding / graft_embedding): the exchanges it learns are exactly what eval and
+arbiter training give the target, a few real training steps lower its loss on them, and the
+grafted model is the trained one, byte for byte in every tensor."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cospec_local import Engine, _cospec
+from cospec_local.evaluate import task_prompt
+from cospec_local.gguf_edit import graft_embedding
+from cospec_local.models import resolve_model
+from cospec_local.tasks import load_task
+
+ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b), "solution": f"{a} + {b} = {a + b}"}
+        for a in range(11, 41) for b in (12, 27, 35)]
+
+
+@pytest.fixture(scope="module")
+def task_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("skill") / "sums.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return path
+
+
+def test_an_exchange_is_the_eval_prompt_then_the_solution_and_end_of_turn(task_file):
+    from cospec_local.train.skill_draft import exchange_tokens
+
+    problem = load_task(task_file, "train")[0]
+    with Engine("smollm2-135m", n_ctx=256, n_threads=1) as engine:
+        tokens, prompt_len = exchange_tokens(engine, problem.prompt, problem.solution)
+        prompt, _ = task_prompt(engine, problem, as_chat=True)
+        assert tokens[:prompt_len] == prompt  # what the target reads in `eval --chat`
+        assert engine.is_eog(tokens[-1]) and not any(engine.is_eog(t) for t in tokens[prompt_len:-1])
+        assert engine.detokenize(tokens[prompt_len:-1]) == problem.solution
+
+
+def test_training_writes_a_draft_whose_blocks_graft_back_exactly(task_file, tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "cospec_local.train.skill_draft", "--out", str(out), "--task",
+                           str(task_file), "--steps", "6", "--batch", "8", "--dev-problems", "8", "--lr", "1e-3",
+                           "--threads", "1", "--precision", "float32", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    log = json.loads((out / "skill_log.json").read_text())
+    train = log["train"]
+    assert train["steps"] == 6 and train["solutions"] == len(load_task(task_file, "train"))
+    assert train["best_dev_token_accuracy"] > train["initial_dev_token_accuracy"]  # it learned something
+    draft, blocks = out / "draft.gguf", out / "blocks.gguf"
+    assert blocks.stat().st_size < draft.stat().st_size / 3  # the embedding is most of the file
+    target = resolve_model("smollm2-135m")
+    grafted = graft_embedding(blocks, target, tmp_path / "grafted.gguf")
+    assert _cospec.model_fingerprint(str(grafted)) == _cospec.model_fingerprint(str(draft))
+    with Engine(target, grafted, n_ctx=256, n_threads=1) as engine:  # the engine's vocabulary check passes
+        assert engine.has_draft and engine.generate("Hi", mode="draft-only", max_tokens=4).stats.predicted_n > 0
+    # Another model's embedding is refused, and nothing is written.
+    with pytest.raises(ValueError, match="does not hold the embedding"):
+        graft_embedding(blocks, resolve_model("demo-target"), tmp_path / "wrong.gguf")
+    assert not (tmp_path / "wrong.gguf").exists()
+    with pytest.raises(ValueError, match="records no embedding"):
+        graft_embedding(draft, target, tmp_path / "wrong.gguf")
+
+
+def test_a_task_without_worked_solutions_is_refused(tmp_path):
+    path = tmp_path / "bare.jsonl"
+    path.write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in ROWS))
+    done = subprocess.run([sys.executable, "-m", "cospec_local.train.skill_draft", "--out", str(tmp_path / "run"),
+                           "--task", str(path), "--steps", "1", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "no worked solution" in done.stderr
+    assert not (tmp_path / "run" / "draft_blocks.pt").exists()
