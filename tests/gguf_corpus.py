@@ -169,6 +169,20 @@ def metadata_cases(src: Path, d: Path, tag: str) -> list[tuple[str, Path]]:
     return out
 
 
+# Token lists that collide only as llama.cpp's loader reads them (C strings; an empty text named
+# [EMPTY_<id>]): label -> edit of the token list. The "-distinct" ones do not collide and must load.
+EMPTY_NAME_EDITS = {
+    "after": lambda v: v[:300] + ["", "[EMPTY_300]"] + v[302:],
+    "before": lambda v: v[:300] + ["[EMPTY_301]", ""] + v[302:],
+    "far-apart": lambda v: v[:5] + ["[EMPTY_450]"] + v[6:450] + [""] + v[451:],
+    "nul-first": lambda v: v[:300] + ["\x00hidden", "[EMPTY_300]"] + v[302:],
+    "nul-inside": lambda v: v[:300] + [v[299] + "\x00tail"] + v[301:],
+    "two-empties-distinct": lambda v: v[:300] + ["", ""] + v[302:],
+    "zero-padded-distinct": lambda v: v[:300] + ["", "[EMPTY_0300]"] + v[302:],
+    "other-id-distinct": lambda v: v[:300] + ["", "[EMPTY_299]"] + v[302:],
+}
+
+
 def token_cases(src: Path, d: Path, tag: str) -> list[tuple[str, Path]]:
     reader = open_gguf(src)
     n = len(reader.get_field(gguf.Keys.Tokenizer.LIST).data)
@@ -185,6 +199,10 @@ def token_cases(src: Path, d: Path, tag: str) -> list[tuple[str, Path]]:
         "dup-late": tok_edit(lambda v: v[:-2] + [v[-3], v[-1]]),
         "dup-special": tok_edit(lambda v: [v[0], v[0]] + v[2:]),
         "empty-token": tok_edit(lambda v: v[:400] + [""] + v[401:]),
+        # llama.cpp names an empty token text [EMPTY_<id>]; another token spelling that name aborts
+        # its loader unless it is refused first, in either order, and through a text that is empty
+        # only as a C string
+        **{f"empty-named-{label}": tok_edit(change) for label, change in EMPTY_NAME_EDITS.items()},
         "long-token": tok_edit(lambda v: v[:401] + ["y" * 1_000_000] + v[402:]),
         "newline-token": tok_edit(lambda v: v[:402] + ["\n\n\n"] + v[403:]),
         "shorter-tokens": tok_edit(lambda v: v[:-1]),

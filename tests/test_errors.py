@@ -138,3 +138,25 @@ def test_arbiter_returning_wrong_shape(engine):
         engine.generate("The capital of France is", mode="speculative",
                         arbiter=arbiter_from_function(lambda block: [True]), max_tokens=16, draft_max=4,
                         adaptive_draft=False)
+
+
+@pytest.mark.parametrize("label", sorted(__import__("gguf_corpus").EMPTY_NAME_EDITS))
+def test_token_texts_that_collide_as_llama_cpp_names_them_are_refused(tmp_path, label):
+    """llama.cpp reads token texts as C strings and names an empty one [EMPTY_<id>]; two ids with
+    one name abort its loader. Every colliding form is a ModelLoadError before llama.cpp sees it,
+    in a process that goes on; the forms that do not collide load and generate."""
+    import gguf
+
+    from cospec_local.gguf_edit import open_gguf, rewrite_gguf
+    from cospec_local.models import demo_model
+    from gguf_corpus import EMPTY_NAME_EDITS
+
+    change = EMPTY_NAME_EDITS[label]
+    path = rewrite_gguf(open_gguf(demo_model("target")), tmp_path / f"{label}.gguf",
+                        lambda key, v: change(list(v)) if key == gguf.Keys.Tokenizer.LIST else v)
+    if label.endswith("-distinct"):
+        with Engine(path, n_ctx=128, n_threads=1) as engine:
+            assert engine.generate("7 + 5 =", mode="target-only", max_tokens=3).stats.predicted_n > 0
+    else:
+        with pytest.raises(ModelLoadError, match=r"tokens \d+ and \d+ have the same text"):
+            Engine(path, n_ctx=128, n_threads=1)

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace {
@@ -172,17 +173,26 @@ int32_t check_loaded_model_metadata(const std::string & who, const gguf_context 
     if (tokenizer == "bert" || tokenizer == "no_vocab") {
         return bad("tokenizer model '" + tokenizer + "' is not one a generative model can run with");
     }
-    // Token texts must be unique as llama.cpp reads them (C strings: "a\0b" is "a").
+    // Token texts must be unique as llama.cpp's vocabulary loader names them, or it aborts
+    // (GGML_ASSERT(id_to_token.size() == token_to_id.size())): it reads each text as a C string
+    // ("a\0b" is "a") and names an empty one "[EMPTY_<id>]", which another token may spell.
     const int64_t tokens = gguf_find_key(g, "tokenizer.ggml.tokens");
     if (tokens >= 0 && gguf_get_kv_type(g, tokens) == GGUF_TYPE_ARRAY &&
         gguf_get_arr_type(g, tokens) == GGUF_TYPE_STRING) {
         const size_t n = gguf_get_arr_n(g, tokens);
-        std::unordered_set<std::string_view> seen;
+        std::unordered_map<std::string, size_t> seen;
         seen.reserve(n);
         for (size_t i = 0; i < n; ++i) {
-            const char * s = gguf_get_arr_str(g, tokens, i);
-            if (!seen.insert(std::string_view(s, std::strlen(s))).second) {
-                return bad("token " + std::to_string(i) + " repeats the text of an earlier token");
+            std::string word = gguf_get_arr_str(g, tokens, i);  // up to its first NUL, as llama.cpp reads it
+            const bool renamed = word.empty();
+            if (renamed) {
+                word = "[EMPTY_" + std::to_string(i) + "]";
+            }
+            const auto [at, inserted] = seen.emplace(word, i);
+            if (!inserted) {
+                const bool named = renamed || at->first.rfind("[EMPTY_", 0) == 0;
+                return bad("tokens " + std::to_string(at->second) + " and " + std::to_string(i) + " have the same text" +
+                           (named ? " as llama.cpp reads them (it names an empty token text [EMPTY_<id>])" : ""));
             }
         }
     }
