@@ -7,8 +7,9 @@ the standard library is importable) inside bubblewrap (Debian's `bubblewrap` pac
 - new user, PID, network, IPC, UTS and cgroup namespaces: the program runs as nobody (65534), sees
   only its own processes, has no network (not even loopback), and dies with its parent;
 - a private filesystem view: /usr and the Python runtime read-only, its own directory as /work
-  (read-write), a private /tmp, /proc of its own PID namespace, a minimal /dev; no /etc, no /root,
-  no home directory, no other file of this machine;
+  (read-write), a private /tmp, a minimal /dev; no /proc (even its own namespace's would show
+  bubblewrap, the process above it, and its environment), no /etc, no /root, no home directory,
+  no other file of this machine;
 - an environment of PATH, LANG and HOME only; all capabilities dropped; a session of its own;
 - limits it sets on itself, hard, before the program starts (so the program cannot raise them):
   RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE (largest file, stdout/stderr included),
@@ -24,8 +25,10 @@ explicitly allows the unisolated fallback (`allow_unisolated=True`, the CLI's
 `--unsafe-code-execution`, or COSPEC_UNSAFE_CODE_EXECUTION=1): then only the limits and the hook
 apply, which code written to escape walks through.
 
-Pass or fail is not read from the program's exit code or output alone: tasks/code.py compares the
-values the tested calls return, printed by the child, with expectations the child never sees.
+A test's verdict never comes from a process that ran generated code: tasks/code.py either compares
+the values the tested calls return with expectations the child never sees, or runs the tests in a
+second isolated process that reaches the candidate's functions only through values relayed by
+this one (run_split); the candidate cannot write, end early or forge that process's exit status.
 """
 from __future__ import annotations
 
@@ -56,6 +59,8 @@ sys.dont_write_bytecode = True
 _path, _run_name, _root = sys.argv[1:4]
 _mem, _cpu, _fsize = (int(x) for x in sys.argv[4:7])
 os.environ["COSPEC_RESULTS_FD"] = sys.argv[7]  # where tasks/code.py's probes write the values they return
+if sys.argv[8] != "-1":
+    os.environ["COSPEC_REQUESTS_FD"] = sys.argv[8]  # what run_split's other process sends
 for _r, _v in ((resource.RLIMIT_AS, _mem), (resource.RLIMIT_CPU, _cpu), (resource.RLIMIT_FSIZE, _fsize),
                (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0)):
     resource.setrlimit(_r, (_v, _v))  # hard limits: the program cannot raise them again
@@ -128,7 +133,7 @@ def _isolation_args(root: str) -> list[str]:
     args = ["--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
             "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8", "--setenv", "HOME", WORK,
             "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL",
-            "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+            "--ro-bind", "/usr", "/usr", "--dev", "/dev", "--tmpfs", "/tmp"]
     for top in ("/bin", "/lib", "/lib32", "/lib64", "/sbin"):  # merged-/usr links, or real folders
         if os.path.islink(top):
             args += ["--symlink", os.readlink(top), top]
@@ -172,6 +177,83 @@ def _reason(rc: int | None, stderr: str) -> str | None:
     return None
 
 
+class _Child:
+    """One isolated Python process (see the module docstring): its program in a fresh directory,
+    hard limits, stdout/stderr in bounded files, a results pipe it writes (COSPEC_RESULTS_FD) and,
+    with `requests`, a pipe it reads (COSPEC_REQUESTS_FD)."""
+
+    def __init__(self, code: str, *, bwrap: str | None, run_name: str, memory_mb: int, cpu: int,
+                 max_file_bytes: int, audit_hook: bool, requests: bool):
+        self.bwrap = bwrap
+        self.root = os.path.realpath(tempfile.mkdtemp(prefix="cospec-sbx-"))
+        os.chmod(self.root, 0o755)
+        with open(os.path.join(self.root, "main.py"), "w", encoding="utf-8") as f:
+            f.write(code)
+        self.results_read, self.results_write = os.pipe()
+        self.requests_read, self.requests_write = os.pipe() if requests else (-1, -1)
+        work = WORK if bwrap else self.root
+        boot = _BOOT if audit_hook else _BOOT.replace("sys.addaudithook(_hook)", "pass")
+        argv = [os.path.realpath(sys.executable), "-I", "-S", "-c", boot,
+                os.path.join(SRC if bwrap else self.root, "main.py"), run_name, work,
+                str(memory_mb << 20), str(cpu), str(max_file_bytes), str(self.results_write), str(self.requests_read)]
+        self.argv = [bwrap, *_isolation_args(self.root), *argv] if bwrap else argv
+        self.out, self.err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": self.root}
+        # A session of its own: a timeout kills bubblewrap and with it the whole namespace
+        # (or, unisolated, the program's process group).
+        keep = tuple(fd for fd in (self.results_write, self.requests_read) if fd >= 0)
+        self.proc = subprocess.Popen(self.argv, cwd=self.root, env=env, stdin=subprocess.DEVNULL, stdout=self.out,
+                                     stderr=self.err, start_new_session=True, close_fds=True, pass_fds=keep)
+        for fd in keep:  # the child's ends: closed here, so the pipes end when the child does
+            os.close(fd)
+        self.results_write = self.requests_read = -1
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def signalled(self, rc: int) -> int:
+        # bubblewrap exits with 128 + N when the program is killed by signal N
+        return 128 - rc if self.bwrap is not None and rc > 128 else rc
+
+    def close(self) -> None:
+        for fd in (self.results_write, self.requests_read, self.requests_write):
+            if fd >= 0:
+                os.close(fd)
+        self.results_write = self.requests_read = self.requests_write = -1
+        self.out.close()
+        self.err.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _collector(fd: int, limit: int, into: bytearray) -> threading.Thread:
+    """Read `fd` while the child runs (a full pipe would block it), keeping at most limit + 1 bytes."""
+    def collect():
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return
+            if len(into) <= limit:
+                into.extend(chunk[:limit + 1 - len(into)])
+
+    return threading.Thread(target=collect, daemon=True)
+
+
+def _need_isolation(allow_unisolated: bool | None) -> str | None:
+    bwrap = _bwrap()
+    if bwrap is None and not _allowed_unisolated(allow_unisolated):
+        raise SandboxUnavailableError(
+            "generated code runs only inside bubblewrap (install Debian's or your distribution's `bubblewrap`, "
+            "with user namespaces enabled); to run it without isolation anyway, pass --unsafe-code-execution or "
+            f"set {UNSAFE_ENV}=1 (unsafe: the code can then read and change your files)")
+    return bwrap
+
+
 def run_python(code: str, timeout: float = 5.0, memory_mb: int = 256, *, pass_code: int = 0,
                run_name: str = "__main__", max_output: int = 64 << 10, max_file_bytes: int = 1 << 20,
                allow_unisolated: bool | None = None, audit_hook: bool = True) -> SandboxResult:
@@ -179,77 +261,122 @@ def run_python(code: str, timeout: float = 5.0, memory_mb: int = 256, *, pass_co
 
     `run_name` is the program's __name__: scorers use a name other than "__main__" so that
     `if __name__ == "__main__":` blocks in generated code do not run (as in the HumanEval harness).
-    `pass_code` is the exit status that counts as passing. What the program writes to the file
-    descriptor named by its COSPEC_RESULTS_FD variable comes back in `SandboxResult.results`
-    (at most max_file_bytes). `audit_hook=False` leaves out the in-process guard rail (tests of the
-    isolation itself). Raises SandboxUnavailableError when it cannot isolate and the unisolated
-    fallback is not allowed.
+    `pass_code` is the exit status that counts as passing (the program decides it: a verdict only
+    for trusted code; run_split decides a test's verdict where generated code cannot reach it).
+    What the program writes to the file descriptor named by its COSPEC_RESULTS_FD variable comes
+    back in `SandboxResult.results` (at most max_file_bytes). `audit_hook=False` leaves out the
+    in-process guard rail (tests of the isolation itself). Raises SandboxUnavailableError when it
+    cannot isolate and the unisolated fallback is not allowed.
     """
-    bwrap = _bwrap()
-    if bwrap is None and not _allowed_unisolated(allow_unisolated):
-        raise SandboxUnavailableError(
-            "generated code runs only inside bubblewrap (install Debian's or your distribution's `bubblewrap`, "
-            "with user namespaces enabled); to run it without isolation anyway, pass --unsafe-code-execution or "
-            f"set {UNSAFE_ENV}=1 (unsafe: the code can then read and change your files)")
-    root = os.path.realpath(tempfile.mkdtemp(prefix="cospec-sbx-"))
-    os.chmod(root, 0o755)
-    with open(os.path.join(root, "main.py"), "w", encoding="utf-8") as f:
-        f.write(code)
-    work = WORK if bwrap else root
+    bwrap = _need_isolation(allow_unisolated)
     wall = timeout + (1.0 if bwrap else 0.0)  # namespace set-up takes a moment
     cpu = math.ceil(wall) + 1  # backstop for the wall-clock timeout: it must never fire first
-    results_read, results_write = os.pipe()
-    boot = _BOOT if audit_hook else _BOOT.replace("sys.addaudithook(_hook)", "pass")
-    argv = [os.path.realpath(sys.executable), "-I", "-S", "-c", boot,
-            os.path.join(SRC if bwrap else root, "main.py"), run_name, work,
-            str(memory_mb << 20), str(cpu), str(max_file_bytes), str(results_write)]
-    if bwrap:
-        argv = [bwrap, *_isolation_args(root), *argv]
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": root}
-    start = time.monotonic()
+    child = _Child(code, bwrap=bwrap, run_name=run_name, memory_mb=memory_mb, cpu=cpu, max_file_bytes=max_file_bytes,
+                   audit_hook=audit_hook, requests=False)
     collected = bytearray()
-
-    def collect():  # read while it runs: a full pipe would block the program
-        while True:
-            chunk = os.read(results_read, 1 << 16)
-            if not chunk:
-                return
-            if len(collected) <= max_file_bytes:
-                collected.extend(chunk[:max_file_bytes + 1 - len(collected)])
-
-    reader = threading.Thread(target=collect, daemon=True)
+    reader = _collector(child.results_read, max_file_bytes, collected)
+    start = time.monotonic()
     try:
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            # A session of its own: a timeout kills bubblewrap and with it the whole namespace
-            # (or, unisolated, the program's process group).
-            proc = subprocess.Popen(argv, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                    start_new_session=True, close_fds=True, pass_fds=(results_write,))
-            os.close(results_write)
-            results_write = -1
-            reader.start()
-            timed_out = False
-            try:
-                proc.wait(timeout=wall)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            rc = proc.wait()
-            reader.join(5)  # every writer is gone once the namespace is
-            elapsed = time.monotonic() - start
-            stdout, stderr = _read_capped(out, max_output), _read_capped(err, max_output)
+        child.start()
+        reader.start()
+        timed_out = False
+        try:
+            child.proc.wait(timeout=wall)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        child.kill()
+        rc = child.proc.wait()
+        reader.join(5)  # every writer is gone once the namespace is
+        elapsed = time.monotonic() - start
+        stdout, stderr = _read_capped(child.out, max_output), _read_capped(child.err, max_output)
     finally:
-        if results_write >= 0:
-            os.close(results_write)
         if not reader.is_alive():  # (a reader still blocked keeps its descriptor: never close under it)
-            os.close(results_read)
-        shutil.rmtree(root, ignore_errors=True)
-    # bubblewrap exits with 128 + N when the program is killed by signal N
-    signalled = 128 - rc if bwrap is not None and rc > 128 else rc
-    reason = "timeout" if timed_out else _reason(signalled, stderr)
+            os.close(child.results_read)
+        child.close()
+    reason = "timeout" if timed_out else _reason(child.signalled(rc), stderr)
     return SandboxResult(passed=not timed_out and rc == pass_code, returncode=rc, stdout=stdout, stderr=stderr,
                          timed_out=timed_out, killed_reason=reason, elapsed=elapsed,
                          results=bytes(collected[:max_file_bytes]) if len(collected) <= max_file_bytes else None,
+                         isolated=bwrap is not None)
+
+
+MAX_MESSAGE = 1 << 20  # one call or reply between the two processes of run_split
+
+
+def _relay(src: int, dst: int, budget: list[int]) -> threading.Thread:
+    """Copy newline-ended messages from fd src to fd dst until src ends or a message (or the run's
+    total, budget[0]) grows too large; then close dst, so the reader there sees the end."""
+    def relay():
+        pending = b""
+        try:
+            while True:
+                chunk = os.read(src, 1 << 16)
+                if not chunk:
+                    return
+                budget[0] -= len(chunk)
+                pending += chunk
+                if budget[0] < 0 or (b"\n" not in pending and len(pending) > MAX_MESSAGE):
+                    return
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if len(line) > MAX_MESSAGE:
+                        return
+                    os.write(dst, line + b"\n")
+        except OSError:  # the other side is gone
+            return
+        finally:
+            os.close(dst)
+
+    return threading.Thread(target=relay, daemon=True)
+
+
+def run_split(candidate: str, checker: str, timeout: float = 5.0, memory_mb: int = 256, *, pass_code: int,
+              max_output: int = 64 << 10, allow_unisolated: bool | None = None, audit_hook: bool = True,
+              max_traffic: int = 16 << 20) -> SandboxResult:
+    """Run untrusted `candidate` and trusted `checker` as two isolated processes that share
+    nothing but a line channel this process relays: the checker sends calls, the candidate answers
+    them. The verdict is the checker's exit status (`pass_code`): no code of the candidate's ever
+    runs in the process that decides it, so an early exit, a forged status, rewritten output or a
+    disabled guard in the candidate only ever fails the test. (tasks/code.py writes both programs:
+    its calls and answers carry values, never code.) stdout/stderr are the candidate's, the
+    checker's stderr follows them for a failing test's traceback."""
+    bwrap = _need_isolation(allow_unisolated)
+    wall = timeout + (2.0 if bwrap else 0.0)
+    cpu = math.ceil(wall) + 1
+    common = dict(bwrap=bwrap, memory_mb=memory_mb, cpu=cpu, max_file_bytes=1 << 20, audit_hook=audit_hook,
+                  requests=True)
+    cand = _Child(candidate, run_name="__candidate__", **common)
+    check = _Child(checker, run_name="__checker__", **common)
+    budget = [max_traffic]
+    relays = [_relay(check.results_read, cand.requests_write, budget),
+              _relay(cand.results_read, check.requests_write, budget)]
+    cand.requests_write = check.requests_write = -1  # the relays own them now
+    start = time.monotonic()
+    try:
+        cand.start()
+        check.start()
+        for r in relays:
+            r.start()
+        timed_out = False
+        try:
+            check.proc.wait(timeout=wall)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        for child in (cand, check):
+            child.kill()
+        rc = check.proc.wait()
+        cand.proc.wait()
+        for r in relays:
+            r.join(5)
+        elapsed = time.monotonic() - start
+        stdout = _read_capped(cand.out, max_output)
+        stderr = _read_capped(cand.err, max_output // 2) + _read_capped(check.err, max_output // 2)
+    finally:
+        for child, r in ((cand, relays[1]), (check, relays[0])):
+            if not r.is_alive():
+                os.close(child.results_read)
+            child.close()
+    reason = "timeout" if timed_out else _reason(check.signalled(rc), stderr)
+    return SandboxResult(passed=not timed_out and rc == pass_code, returncode=rc, stdout=stdout, stderr=stderr,
+                         timed_out=timed_out, killed_reason=reason, elapsed=elapsed, results=b"",
                          isolated=bwrap is not None)

@@ -62,7 +62,7 @@ for p in ['/etc/shadow', '/etc/passwd', '/root/.bashrc', '/root/.ssh', '/proc/1/
         out.append((p, open(p).read()[:200] if os.path.isfile(p) else os.listdir(p)))
     except Exception as e:
         out.append((p, type(e).__name__))
-for pid in os.listdir('/proc'):
+for pid in (os.listdir('/proc') if os.path.isdir('/proc') else []):  # no /proc at all, today
     if pid.isdigit():
         try:
             out.append((pid, open(f'/proc/{pid}/environ', 'rb').read()[:500]))
@@ -204,3 +204,52 @@ def test_humaneval_checks_are_decided_outside_too():
     assert run_tests("def add(xs, k):\n    return [x + k for x in xs]\n", tests).passed
     assert not run_tests("def add(xs, k):\n    return xs\nimport os\nos._exit(86)\n", tests).passed
     assert not run_tests("def add(xs, k):\n    return xs\nraise SystemExit(86)\n", tests).passed
+
+
+TOLERANCE_TESTS = "assert abs(half(3) - 1.5) < 1e-9\nassert abs(half(-1) + 0.5) < 1e-9\n"  # not `CALL == LITERAL`
+
+
+@pytest.mark.parametrize("label, program", [
+    ("exit with the pass code", "def half(x):\n    return x\nimport os\nos._exit(86)\n"),
+    ("exit inside the tested call", "def half(x):\n    import os\n    os._exit(86)\n"),
+    ("SystemExit with the pass code", "def half(x):\n    raise SystemExit(86)\n"),
+    ("stdout and stderr reopened onto its own files, then the pass code",
+     "import os\ndef half(x):\n    return 0\nos.close(1)\nos.close(2)\nopen('/work/out', 'w')\nopen('/work/err', 'w')\n"
+     "os._exit(86)\n"),
+    ("printed output rewritten with lseek and ftruncate",
+     "import os\nprint('FAILED', flush=True)\nos.lseek(1, 0, os.SEEK_SET)\nos.ftruncate(1, 0)\nprint('PASSED')\n"
+     "def half(x):\n    return 1\n"),
+    ("answers written ahead of the calls", "import os\nos.write(int(os.environ['COSPEC_RESULTS_FD']), "
+     "b'[\"ok\", \"1.5\"]\\n' * 8)\ndef half(x):\n    return 0\n"),
+    ("an object equal to anything", "class Any:\n    def __sub__(self, o): return 0\n    def __add__(self, o): return 0\n"
+     "    def __abs__(self): return 0\n    def __lt__(self, o): return True\n    def __repr__(self): return '0'\n"
+     "def half(x):\n    return Any()\n"),
+    ("the guard rail switched off, then the pass code",
+     "import sys, os\nsys.addaudithook = None\ndef half(x):\n    return x\nos._exit(86)\n"),
+])
+def test_a_verdict_the_candidate_cannot_forge(label, program):
+    """Tests that are not `CALL == LITERAL` run in a process of their own; nothing the candidate
+    does to its own process (exit codes, its output, the results channel) passes them."""
+    assert run_tests("def half(x):\n    return x / 2\n", TOLERANCE_TESTS).passed  # the same tests can pass
+    r = run_tests(program, TOLERANCE_TESTS)
+    assert not r.passed, label
+
+
+def test_humaneval_style_tolerance_checks_pass_right_answers_through_the_split_run():
+    tests = ("import math\n\ndef check(candidate):\n    assert math.isclose(candidate([1.0, 2.0]), 1.5)\n"
+             "    assert abs(candidate([3.0]) - 3.0) < 1e-6\n    try:\n        candidate([])\n    except ValueError:\n"
+             "        pass\n    else:\n        assert False\n\ncheck(mean)\n")
+    right = "def mean(xs):\n    if not xs:\n        raise ValueError('empty')\n    return sum(xs) / len(xs)\n"
+    assert run_tests(right, tests).passed
+    assert not run_tests(right.replace("raise ValueError('empty')", "return 0.0"), tests).passed
+    assert not run_tests("def mean(xs):\n    return float('inf')\n", tests).passed
+
+
+def test_no_other_process_is_visible_not_even_the_one_above(monkeypatch):
+    """No /proc inside: /proc/<ppid>/environ (bubblewrap's, which holds what this process passed
+    it) cannot be read, and neither can any process list."""
+    r = escape("import os\nfor path in ('/proc/1/environ', f'/proc/{os.getppid()}/environ', '/proc/self/environ'):\n"
+               "    try:\n        print(path, open(path, 'rb').read())\n    except OSError as e:\n"
+               "        print(path, type(e).__name__)\nprint('proc' in os.listdir('/'))\n")
+    assert r.passed, r.stderr
+    assert r.stdout.count("FileNotFoundError") == 3 and r.stdout.strip().endswith("False")

@@ -14,8 +14,10 @@ those) are decided outside the child: the child only
 evaluates each CALL and hands repr() of its value back through a pipe; this process compares those
 values with the LITERALs, which the child never sees, so no trick inside the child (a forged exit
 code, rewritten output, a disabled guard) can turn a wrong answer into a pass. Other tests (e.g.
-`assert abs(f(x) - y) < 1e-6`) run as written and pass when the program reaches the final
-`raise SystemExit(PASS_CODE)`: that verdict comes from inside the child.
+`assert abs(f(x) - y) < 1e-6`) run as written in a second isolated process that holds no code of
+the completion's: its calls to the completion's functions go, as values, to the completion's own
+process and back (split_programs, sandbox.run_split); the test passes when that second process
+reaches its final `raise SystemExit(PASS_CODE)`.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import re
 import textwrap
 from dataclasses import replace
 
-from ..sandbox import SandboxResult, run_python
+from ..sandbox import SandboxResult, run_python, run_split
 
 PASS_CODE = 86  # not 0, so that a stray sys.exit(0) in generated code cannot pass
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.S | re.I)
@@ -142,11 +144,102 @@ def _values_match(results_json: bytes | None, expected: list) -> bool:
     return True
 
 
+# Values cross between the two processes of a split run as Python literals (repr, then
+# literal_eval), with inf and nan spelled as repr spells them; both programs carry this decoder.
+_DECODER = """
+import ast as _cospec_ast
+def _cospec_decode(text):
+    tree = _cospec_ast.parse(text, mode="eval")
+    class _Floats(_cospec_ast.NodeTransformer):
+        def visit_Name(self, node):
+            if node.id in ("inf", "nan"):
+                return _cospec_ast.copy_location(_cospec_ast.Constant(float(node.id)), node)
+            return node
+    return _cospec_ast.literal_eval(_Floats().visit(tree).body)
+"""
+
+_SERVE = """
+def _cospec_serve():
+    import json as _j, os as _o
+    _in = _o.fdopen(int(_o.environ["COSPEC_REQUESTS_FD"]), "rb")
+    _out = _o.fdopen(int(_o.environ["COSPEC_RESULTS_FD"]), "wb")
+    _names = globals()
+    for _line in _in:
+        try:
+            _name, _args, _kwargs = _j.loads(_line)
+            _reply = ["ok", repr(_names[_name](*_cospec_decode(_args), **_cospec_decode(_kwargs)))]
+        except BaseException as _e:
+            _reply = ["error", type(_e).__name__]
+        _out.write((_j.dumps(_reply) + "\\n").encode())
+        _out.flush()
+_cospec_serve()
+"""
+
+_CALLER = """
+import builtins as _cospec_builtins, json as _cospec_json, os as _cospec_os
+_cospec_in = _cospec_os.fdopen(int(_cospec_os.environ["COSPEC_REQUESTS_FD"]), "rb")
+_cospec_out = _cospec_os.fdopen(int(_cospec_os.environ["COSPEC_RESULTS_FD"]), "wb")
+
+class _CospecCandidate:
+    \"\"\"A function of the candidate's, called in the candidate's process with these values.\"\"\"
+    def __init__(self, name):
+        self.__name__ = name
+    def __call__(self, *args, **kwargs):
+        _cospec_out.write((_cospec_json.dumps([self.__name__, repr(args), repr(kwargs)]) + "\\n").encode())
+        _cospec_out.flush()
+        line = _cospec_in.readline()
+        if not line:
+            raise RuntimeError("the candidate's process ended")
+        status, value = _cospec_json.loads(line)
+        if status == "ok":
+            return _cospec_decode(value)
+        error = getattr(_cospec_builtins, value, None)
+        raise (error if isinstance(error, type) and issubclass(error, Exception) else RuntimeError)(value)
+"""
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+def split_programs(program: str, tests: str) -> tuple[str, str]:
+    """(candidate, checker) for run_split: the candidate's program followed by a loop that answers
+    calls; the tests, preceded by the program's imports and by stand-ins for the names the tests
+    use that the program defines, which call into the candidate's process. Arguments and results
+    travel as literals, so a result that is not one (an object, a generator) fails the test."""
+    try:
+        defined = _top_level_names(ast.parse(program))
+        imports = [ast.unparse(n) for n in ast.parse(program).body if isinstance(n, (ast.Import, ast.ImportFrom))
+                   and not (isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names))]
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        defined, imports = set(), []  # the candidate fails as it starts; its names stay undefined
+    used = {n.id for n in ast.walk(ast.parse(tests)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    stand_ins = sorted((used & defined) - _top_level_names(ast.parse(tests)))
+    candidate = f"{program}\n\n{_DECODER}\n{_SERVE}"
+    checker = "\n".join([_DECODER, _CALLER, *imports, *(f"{name} = _CospecCandidate({name!r})" for name in stand_ins),
+                         "", tests, "", f"raise SystemExit({PASS_CODE})", ""])
+    return candidate, checker
+
+
 def run_tests(program: str, tests: str, timeout: float = 5.0, memory_mb: int = 256) -> SandboxResult:
+    """Run the tests against the program. The verdict never comes from a process that ran the
+    program: `assert CALL == LITERAL` tests compare, here, the values the calls return with
+    literals the program never sees; other tests run in a process of their own that reaches the
+    program's functions only through values (sandbox.run_split)."""
     checks = value_checks(tests)
     if checks is None:
-        source = f"{program}\n\n{tests}\n\nraise SystemExit({PASS_CODE})\n"
-        return run_python(source, timeout=timeout, memory_mb=memory_mb, pass_code=PASS_CODE, run_name="__candidate__")
+        try:
+            candidate, checker = split_programs(program, tests)
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:  # the tests themselves do not parse
+            return SandboxResult(False, 1, "", f"the tests do not parse: {exc}", False, "tests do not parse")
+        return run_split(candidate, checker, timeout=timeout, memory_mb=memory_mb, pass_code=PASS_CODE)
     r = run_python(_probe_program(program, [call for call, _ in checks]), timeout=timeout, memory_mb=memory_mb,
                    run_name="__candidate__")
     passed = not r.timed_out and _values_match(r.results, [want for _, want in checks])
