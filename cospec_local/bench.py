@@ -195,14 +195,11 @@ def markdown_table(report: dict) -> str:
     sampling = f"temperature {temperature:g}, seed {report.get('seed')}" if temperature > 0 else "greedy"
     lines = [
         f"target: {report['target']}  ",
-        f"draft: {report['draft']}  ",
-        f"c (draft/target time per token): {_fmt(report.get('c'), '.3f')}; bound = (1-a^(K+1))/((1-a)(Kc+v(K))) "
-        f"with the measured per-token acceptance a and verify cost v(K); none (-) with adaptive lengths or "
-        "--draft-p-min, whose blocks are shorter than K  ",
-        f"{report['prompts']} prompts x {report['max_tokens']} tokens x {report['repeat']} repeat(s), {sampling}, EOS "
-        f"ignored, draft_p_min {report['draft_p_min']}, {'adaptive' if report['adaptive_draft'] else 'fixed'} draft "
-        "length; target-only measured once per prompt and repeat, interleaved with the others; speed-up (range over "
-        "repeats)",
+        f"draft: {report['draft']} (one draft token costs {_fmt(report.get('c'), '.3f')} target tokens' time)  ",
+        f"{report['prompts']} prompts x {report['max_tokens']} tokens (end of text ignored) x {report['repeat']} "
+        f"repeat(s), {sampling}, {'adaptive' if report['adaptive_draft'] else 'fixed'} block length"
+        + (f", draft_p_min {report['draft_p_min']}" if report['draft_p_min'] else "")
+        + "; every run in this one process, interleaved prompt by prompt",
     ]
     if report.get("costs"):
         c = report["costs"]
@@ -230,6 +227,15 @@ def markdown_table(report: dict) -> str:
             f"| {_fmt(r['acceptance_rate'], '.1%')} | {_fmt(r['mean_accepted_per_block'], '.2f')} "
             f"| {r['arbiter_keeps']} | {_fmt(r['arbiter_share'], '.1%')} | {_fmt(r['overhead_fraction'], '.1%')} "
             f"| {same} |")
+    lines += ["", "Columns: **speed-up**, tokens/s over target-only's on the same prompts in this run (in brackets "
+                  "its range over the repeats); **bound**, the speed-up the standard model predicts from this run's "
+                  "acceptance a, draft cost c and verify cost v(K): (1-a^(K+1)) / ((1-a)(Kc+v(K))), blank (-) where "
+                  "blocks are shorter than K (adaptive lengths, --draft-p-min); **acceptance**, the share of drafted "
+                  "tokens that reached the output (matched or kept); **accepted/block**, those tokens per block; "
+                  "**arbiter keeps**, mismatches settled for the draft; **arbiter time**, the share of generation "
+                  "time in the learned arbiter's own pass; **outside llama.cpp**, the share spent outside llama.cpp's "
+                  "decode calls (sampling, bookkeeping); **same as target**, prompts whose output is token for "
+                  "token target-only's."]
     if noisy:
         lines += ["", "noisy: half the range of the repeats' speed-ups is wider than the speed-up's distance from 1.0x, "
                       "so this run does not establish which side of 1.0x the run is on; repeat more (--repeat) on an "

@@ -479,8 +479,10 @@ def parse_runs_option(text: str | None, draft: str | None, default: str = ""):
               help="Runs of each prompt per run and K; the speed-up's range over them is shown.")
 @click.option("--chat", "as_chat", is_flag=True, help="Wrap each prompt in the chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write the results to this folder: bench.json (with the command line) and bench.md.")
 def bench(load, params, draft_max_list, runs_text, prompts_file,
-          task_families, n_prompts, repeat, as_chat, as_json):
+          task_families, n_prompts, repeat, as_chat, as_json, out_dir):
     """Measure runs (target-only, sps, fly, learned arbiters) on the same prompts, in one process."""
     from .bench import BUILTIN_PROMPTS, markdown_table, run_bench, task_prompts
     from .models import prompt_style
@@ -514,6 +516,17 @@ def bench(load, params, draft_max_list, runs_text, prompts_file,
                                progress=None if as_json else lambda msg: click.echo(msg, err=True))
         except (CospecError, FileNotFoundError, ChatTemplateError) as exc:
             raise click.ClickException(str(exc)) from None
+    if out_dir:
+        import os
+
+        os.makedirs(out_dir, exist_ok=True)
+        report_file = os.path.join(out_dir, "bench.json")
+        with open(report_file, "w", encoding="utf-8") as f:
+            json.dump({"command": ["cospec-local", *sys.argv[1:]], **report}, f, indent=2)
+        with open(os.path.join(out_dir, "bench.md"), "w", encoding="utf-8") as f:
+            f.write(f"`cospec-local {' '.join(sys.argv[1:])}`\n\n{markdown_table(report)}\n")
+        if not as_json:
+            click.echo(f"written: {report_file}, {os.path.join(out_dir, 'bench.md')}", err=True)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:

@@ -42,9 +42,12 @@ def test_bench_json(target_path, draft_paths, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("The capital of France is\nWrite a poem about rain.\n")
     out = run_cli("bench", "-m", target_path, "-md", draft_paths["disagreeing"], "--prompts", prompts,
-                  "--draft-max", "1,3", "-n", 16, "--repeat", 2, "--json")
+                  "--draft-max", "1,3", "-n", 16, "--repeat", 2, "--json", "--out", tmp_path / "bench")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
+    written = json.loads((tmp_path / "bench" / "bench.json").read_text())  # the record, with its command
+    assert written["results"] == report["results"] and written["command"][:2] == ["cospec-local", "bench"]
+    assert "| K | run |" in (tmp_path / "bench" / "bench.md").read_text()
     rows = report["results"]
     # target-only has no K: measured once (per prompt and repeat), the baseline of every row
     assert [(r["draft_max"], r["run"]) for r in rows] == [(None, "target-only")] + [
@@ -331,9 +334,11 @@ def test_bench_table_shows_the_spread_and_flags_noise():
     assert "| 4 | sps | 100.0 | 1.05x (0.82-1.42) noisy |" in table
     assert "| 4 | fly | 100.0 | 1.30x (1.25-1.36) |" in table
     assert "noisy: half the range of the repeats' speed-ups" in table
-    assert "repeat(s), greedy, EOS ignored" in table
+    assert "repeat(s), greedy, adaptive block length;" in table
+    for column in ("speed-up", "bound", "acceptance", "arbiter time", "outside llama.cpp", "same as target"):
+        assert f"**{column}**" in table  # every column is explained under the table
     sampled = markdown_table(dict(report, temperature=0.7, seed=5))
-    assert "repeat(s), temperature 0.7, seed 5, EOS ignored" in sampled and "greedy" not in sampled
+    assert "repeat(s), temperature 0.7, seed 5, adaptive" in sampled and "greedy" not in sampled
 
 
 def test_chat_in_a_terminal_samples_by_default_and_validates_settings(tmp_path):

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -48,10 +49,20 @@ KINDS = ("lora", "features")
 COLLECT_TARGET_RATIO = 2.0
 # The warm-up's time scale: 6.5 ms per decisive state and epoch for the demo draft (468 kB, Q8_0) on 2 cores.
 DEMO_DRAFT_BYTES = 468_224
+PILOT_PROBLEMS = 6  # dev problems collected once in the headroom stage, to time collection on this pair
 
 
 def _opt(default, help: str, **extra):
     return field(default=default, metadata={"help": help, **extra})
+
+
+def _die_with_parent() -> None:
+    """In a stage's process, before it starts: end it if the recipe's process dies, even by SIGKILL
+    (Linux's PR_SET_PDEATHSIG; elsewhere the finally in run_module covers a clean stop)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -210,18 +221,22 @@ def headroom_report(room: dict) -> str:
 # ---------------------------------------------------------------- estimates
 
 def estimate_seconds(room: dict, settings: RecipeSettings, n_train: int) -> dict:
-    """Rough stage times from the headroom stage's timings. Collection (a recorded speculative run,
-    then the keep branch of each decision state to the end) took COLLECT_TARGET_RATIO times the
-    target's own time per problem on the demo pair; the warm-up is timed per decisive state and
-    epoch on the demo pair and scaled by the draft's size."""
+    """Rough stage times from the headroom stage's timings: collection (a recorded speculative run,
+    then the keep branch of each decision state to the end) and its decisive states from the
+    headroom stage's pilot collection; the warm-up is timed per decisive state and epoch on the
+    demo pair and scaled by the draft's size."""
     per_task = len(settings.tasks)
     t_target = room["target_ms_per_problem"] / 1000
     t_draft = room["draft_ms_per_problem"] / 1000
     t_spec = max(t_draft, 0.8 * t_target)  # speculative decoding runs near the target's speed on a CPU
-    states_per_problem = 0.4  # decisive and not, per problem: the demo pair on arith
-    collect = (n_train + settings.dev) * per_task * t_target * COLLECT_TARGET_RATIO
+    pilot = room.get("collect_pilot")
+    if pilot and pilot["problems"]:  # measured on this pair
+        collect = (n_train + settings.dev) * per_task * pilot["seconds_per_problem"]
+        decisive = pilot["decisive_per_problem"] * n_train * per_task
+    else:  # the demo pair's ratios (a headroom recorded before the pilot existed)
+        collect = (n_train + settings.dev) * per_task * t_target * COLLECT_TARGET_RATIO
+        decisive = 0.4 * 0.4 * n_train * per_task
     evaluate = settings.test * per_task * (t_target + t_draft + t_spec * (1 + len(settings.kinds)))
-    decisive = 0.4 * states_per_problem * n_train * per_task
     warmup = 0.0
     if "lora" in settings.kinds:
         warmup += decisive * 12 * 0.0065 * max(1.0, room["draft_bytes"] / DEMO_DRAFT_BYTES) ** 0.8
@@ -298,7 +313,24 @@ class RecipeRun:
                                      "headroom (dev)")
         room = headroom(summary)
         room["draft_bytes"] = os.path.getsize(engine.draft_path)
+        room["collect_pilot"] = self.collect_pilot(engine, dev[:PILOT_PROBLEMS])
         return self.stages.finish("headroom", inputs, room)
+
+    def collect_pilot(self, engine, problems) -> dict:
+        """Collection's cost and yield on a few dev problems, for the estimates: both vary by far more
+        between pairs than the target's own time does (0.4 states a problem on the demo pair, 25 on
+        SmolLM2 with its arithmetic draft, whose answers part ways at nearly every block)."""
+        from ..params import GenerationParams
+        from .collect import Collector
+
+        collector = Collector(engine, GenerationParams(max_tokens=self.settings.max_tokens), chat=self.settings.chat)
+        start, states = time.perf_counter(), []
+        for problem in problems:
+            states += collector.problem(problem, "dev")[1]
+        n = max(len(problems), 1)
+        return {"problems": len(problems), "seconds_per_problem": (time.perf_counter() - start) / n,
+                "states_per_problem": len(states) / n,
+                "decisive_per_problem": sum(s.label >= 0 for s in states) / n}
 
     def plan_stage(self, room: dict) -> dict:
         """How many train problems: --train, or what fits --minutes; decided once, so a resumed run
@@ -317,11 +349,17 @@ class RecipeRun:
     def run_module(self, module: str, *args: str) -> None:
         """A training step in its own process (llama.cpp and torch never share one)."""
         command = [self.python, "-m", module, *args]
-        done = subprocess.run(command)
-        if done.returncode == 130 or done.returncode == -2:
+        child = subprocess.Popen(command, preexec_fn=_die_with_parent)
+        try:
+            returncode = child.wait()
+        finally:  # this process stopped (Ctrl-C, SIGTERM): the stage stops with it, resumable as ever
+            if child.poll() is None:
+                child.terminate()
+                child.wait()
+        if returncode == 130 or returncode == -2:
             raise KeyboardInterrupt
-        if done.returncode != 0:
-            raise RecipeStop(f"{module} failed (exit {done.returncode}); rerun the same command to resume: "
+        if returncode != 0:
+            raise RecipeStop(f"{module} failed (exit {returncode}); rerun the same command to resume: "
                              f"{' '.join(command)}")
 
     def collect_stage(self, n_train: int) -> dict:
