@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from .jsonl import keep_complete_lines, write_atomic
 from .arbiter_bundle import TRAINED_UNDER
 from .arbiters import arbiter_identity
 from .engine import Engine
@@ -86,13 +87,12 @@ def rotated(runs: Sequence[Run], shift: int) -> list[Run]:
 
 
 def load_records(path: Path) -> dict[tuple[str, str], Record]:
+    """The records of an earlier (perhaps killed) run; the log is cut back to its whole lines, so
+    that records appended next start on a line of their own."""
     done = {}
-    if path.is_file():
-        with path.open(encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    rec = Record(**json.loads(line))
-                    done[rec.problem_id, rec.run] = rec
+    for line in keep_complete_lines(path):
+        rec = Record(**json.loads(line))
+        done[rec.problem_id, rec.run] = rec
     return done
 
 
@@ -270,7 +270,7 @@ def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], s
         if config_path.is_file():
             config = merged_config(json.loads(config_path.read_text()), config, out_dir)
             labels = [label for label in config["runs"] if label != "settings"]  # earlier runs stay in the results
-        config_path.write_text(json.dumps(config, indent=1))
+        write_atomic(config_path, json.dumps(config, indent=1))
         records = load_records(out_dir / "records.jsonl")
         log = (out_dir / "records.jsonl").open("a", encoding="utf-8")
     # Each problem runs every run back to back, in an order that rotates with the problem.
@@ -290,8 +290,8 @@ def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], s
     summary["models"] = {"target": Path(engine.target_path).name,
                          "draft": Path(engine.draft_path).name if engine.draft_path else None}
     if out_dir is not None:
-        (out_dir / "results.json").write_text(json.dumps(summary, indent=1))
-        (out_dir / "results.md").write_text(markdown(summary, title) + "\n")
+        write_atomic(out_dir / "results.json", json.dumps(summary, indent=1))
+        write_atomic(out_dir / "results.md", markdown(summary, title) + "\n")
         plotted = plot(summary, out_dir / "accuracy_vs_speedup.png", title)
         summary["written"] = [str(out_dir / name) for name in ("records.jsonl", "config.json", "results.json",
                                                                "results.md")] + ([str(plotted)] if plotted else [])

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ from .. import _cospec
 from ..arbiters import ARBITER_FILE, arbiter_dir, arbiter_from_function, arbiter_identity, resolve_arbiter_path
 from ..engine import Engine
 from ..evaluate import model_identity
+from ..jsonl import keep_complete_lines
 from ..params import GenerationParams
 from ..tasks import Problem, load_task
 from .branch_oracle import BranchOracle
@@ -101,28 +101,13 @@ class Collector:
         return summary, states
 
 
-def complete_lines(path: Path) -> list[str]:
-    """The lines of a log that were written whole: a process killed mid-write leaves a last line
-    without its newline, which is not data."""
-    if not path.is_file():
-        return []
-    text = path.read_text(encoding="utf-8")
-    return text.splitlines()[:text.count("\n")] if text else []
-
-
 def resume_point(out: Path) -> set[str]:
     """The problems a previous run finished (problems.jsonl), with both logs cut back to them: a
     problem whose states were written but whose summary was not is collected again, so its states
     must not stay behind twice. Both files are rewritten whole (atomically) before appending."""
-    problems = [line for line in complete_lines(out / "problems.jsonl") if line.strip()]
+    problems = keep_complete_lines(out / "problems.jsonl")
     done = {json.loads(line)["problem_id"] for line in problems}
-    states = [line for line in complete_lines(out / "states.jsonl")
-              if line.strip() and json.loads(line)["problem_id"] in done]
-    for name, lines in (("problems.jsonl", problems), ("states.jsonl", states)):
-        if (out / name).is_file():
-            tmp = out / (name + ".tmp")
-            tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-            os.replace(tmp, out / name)
+    keep_complete_lines(out / "states.jsonl", lambda line: json.loads(line)["problem_id"] in done)
     return done
 
 
