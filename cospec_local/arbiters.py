@@ -26,6 +26,7 @@ Arbiter = _cospec.Arbiter
 
 
 DEMO_ARBITERS_DIR = Path(__file__).parent / "data" / "demo" / "arbiters"
+SMOLLM2_ARITH_ARBITERS_DIR = Path(__file__).parent / "data" / "smollm2-arith" / "arbiters"
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,11 @@ class NamedArbiter:
     description: str
     path: Path
     draft: str  # the named draft model it was trained for
+    target: str = "demo-target"  # the named target it was trained with
+    # What its reference.jsonl was generated on (train/bundle.py): task families or files, and
+    # whether through the target's chat template.
+    reference_tasks: tuple[str, ...] = ("arith", "pyfunc")
+    reference_chat: bool = False
 
 
 NAMED_ARBITERS = {
@@ -43,6 +49,10 @@ NAMED_ARBITERS = {
                                   "features (warm-up on branch-oracle labels)", DEMO_ARBITERS_DIR / "lora", "demo-draft"),
         NamedArbiter("demo-features", "an MLP over the block's features (probabilities, entropies, margins, "
                                       "positions), no extra forward pass", DEMO_ARBITERS_DIR / "features", "demo-draft"),
+        NamedArbiter("smollm2-arith", "SmolLM2-135M with its arithmetic draft: an MLP over the block's features, "
+                                      "trained by `cospec-local arbiter train` on one-operation arithmetic, with a "
+                                      "domain gate", SMOLLM2_ARITH_ARBITERS_DIR / "features", "smollm2-135m-arith-draft",
+                     "smollm2-135m", (str(SMOLLM2_ARITH_ARBITERS_DIR.parent / "arithmetic.jsonl"),), True),
     )
 }
 
@@ -53,13 +63,13 @@ AUTO = "auto"  # the bundled learned arbiter made for the engine's draft, else t
 def bundled_arbiter_for(draft_path: str | os.PathLike | None) -> str | None:
     """The named arbiter trained for this draft file (the first listed for a draft is its
     default), or None."""
-    from .models import resolve_model
+    from .models import NAMED_MODELS
 
     if draft_path is None:
         return None
     for arbiter in NAMED_ARBITERS.values():
-        try:
-            if Path(resolve_model(arbiter.draft)).resolve() == Path(draft_path).resolve():
+        try:  # where the draft is or would be: asking must not make a derived draft
+            if Path(NAMED_MODELS[arbiter.draft].path_without_making()).resolve() == Path(draft_path).resolve():
                 return arbiter.name
         except (FileNotFoundError, OSError):
             continue

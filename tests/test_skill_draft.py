@@ -74,3 +74,26 @@ def test_a_task_without_worked_solutions_is_refused(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "no worked solution" in done.stderr
     assert not (tmp_path / "run" / "draft_blocks.pt").exists()
+
+
+def test_the_shipped_arithmetic_arbiter_stays_out_of_general_chat():
+    """SmolLM2 with its arithmetic draft and arbiter: general chat prompts get the target's own
+    greedy reply, the domain gate abstaining; an arithmetic question is admitted
+    (bench/chat_identity.py measures 100 prompts)."""
+    from pathlib import Path
+
+    from cospec_local.params import GenerationParams
+
+    prompts = Path(__file__).parents[1].joinpath("bench", "heldout_chat_prompts.txt").read_text().splitlines()[:5]
+    params = GenerationParams(temperature=0.0, max_tokens=32, repeat_penalty=1.0)
+    with Engine("smollm2-135m", "smollm2-135m-arith-draft", n_ctx=512, n_threads=2) as engine:
+        for prompt in prompts:
+            tokens = engine.render_chat([{"role": "user", "content": prompt}])
+            engine.reset()
+            target = engine.generate(tokens, params, mode="target-only")
+            engine.reset()
+            cospec = engine.generate(tokens, params, arbiter="smollm2-arith")
+            assert cospec.stats.arbiter_abstained and cospec.tokens == target.tokens, prompt
+        engine.reset()
+        sum_prompt = engine.render_chat([{"role": "user", "content": "What is 47 + 38?"}])
+        assert not engine.generate(sum_prompt, params, arbiter="smollm2-arith").stats.arbiter_abstained

@@ -1,9 +1,11 @@
 """Ship a trained arbiter: copy its folder and record what it generates on a fixed subset.
 
     python -m cospec_local.train.bundle --arbiter runs/grpo-lora/best --out cospec_local/data/demo/arbiters/lora
+    python -m cospec_local.train.bundle --arbiter ARBITER --out cospec_local/data/smollm2-arith/arbiters/features \
+        -m smollm2-135m -md smollm2-135m-arith-draft --tasks cospec_local/data/smollm2-arith/arithmetic.jsonl --chat
 
 Writes OUT (the arbiter's files) and OUT/reference.jsonl: greedy CoSpec generations of the first
-problems of each family's test split (text, tokens, provenance, decisions), each from a clean
+problems of each task's test split (text, tokens, provenance, decisions), each from a clean
 cache. A test regenerates them: the shipped files, the engine and the export agree exactly.
 Runs the engine only: never import torch here.
 """
@@ -17,22 +19,24 @@ from pathlib import Path
 from ..arbiter_bundle import BUNDLE_FILES, REFERENCE_FILE
 from ..engine import Engine
 from ..params import GenerationParams
-from ..tasks import FAMILY_STOPS, load_task
+from ..evaluate import task_prompt
+from ..tasks import load_task
 from .config import HelpFormatter
 
 # Per family: the shipped arbiters keep a draft token only past the 8th test problem.
 REFERENCE_PROBLEMS = 16
 
 
-def reference_runs(engine: Engine, arbiter: str, families=("arith", "pyfunc"), n: int = REFERENCE_PROBLEMS,
-                   max_tokens: int = 256) -> list[dict]:
+def reference_runs(engine: Engine, arbiter: str, tasks=("arith", "pyfunc"), n: int = REFERENCE_PROBLEMS,
+                   max_tokens: int = 256, chat: bool = False) -> list[dict]:
     params = GenerationParams(max_tokens=max_tokens, arbiter=arbiter)
     rows = []
-    for family in families:
-        for problem in load_task(family, "test", n):
+    for task in tasks:
+        for problem in load_task(task, "test", n):
+            prompt, stop = task_prompt(engine, problem, chat)
             engine.reset()
-            run = engine.generate(problem.prompt, params, stop=tuple(FAMILY_STOPS.get(family, ())))
-            rows.append({"problem_id": problem.id, "family": family, "text": run.text, "tokens": run.tokens,
+            run = engine.generate(prompt, params, stop=stop)
+            rows.append({"problem_id": problem.id, "family": problem.family, "text": run.text, "tokens": run.tokens,
                          "provenance": run.provenance,
                          "decisions": [[d.block, d.position, d.token_index, d.keep] for d in run.decisions]})
     return rows
@@ -44,14 +48,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, type=Path, help="Where the arbiter ships.")
     ap.add_argument("-m", "--model", default="demo-target", help="Target model (named or GGUF path).")
     ap.add_argument("-md", "--model-draft", default="demo-draft", help="Draft model (named or GGUF path).")
-    ap.add_argument("--n", type=int, default=REFERENCE_PROBLEMS, help="Reference problems per family.")
+    ap.add_argument("--n", type=int, default=REFERENCE_PROBLEMS, help="Reference problems per task.")
+    ap.add_argument("--tasks", default="arith,pyfunc", help="Task families or files, comma-separated.")
+    ap.add_argument("--chat", action="store_true", help="Through the target's chat template.")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     for name in BUNDLE_FILES:
         if (args.arbiter / name).is_file() and args.arbiter.resolve() != args.out.resolve():
             shutil.copyfile(args.arbiter / name, args.out / name)
     with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=1) as engine:
-        rows = reference_runs(engine, str(args.out), n=args.n)
+        rows = reference_runs(engine, str(args.out), [t for t in args.tasks.split(",") if t], args.n, chat=args.chat)
     (args.out / REFERENCE_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     kept = sum(p == "kept" for r in rows for p in r["provenance"])
     print(f"{args.out}: {len(rows)} reference generations, {kept} draft tokens kept")
