@@ -56,7 +56,9 @@ def test_list_and_show_the_bundled_arbiters(tmp_path):
     out = run_cli("arbiter", "list", "--json", env=env)
     assert out.returncode == 0, out.stderr
     rows = {r["name"]: r for r in json.loads(out.stdout)}
-    assert set(rows) == {"demo-lora", "demo-features"}
+    assert set(rows) == {"demo-lora", "demo-features", "smollm2-arith"}
+    arith = rows["smollm2-arith"]  # its draft is derived on first use: listed without being made
+    assert arith["where"] == "bundled" and arith["kind"] == "features" and arith["evaluation"] is not None
     lora = rows["demo-lora"]
     assert lora["where"] == "bundled" and lora["kind"] == "lora" and lora["draft_file"] == "demo-draft-q8_0.gguf"
     assert lora["trained_under"]["draft_max"] == 8 and 0.5 < lora["threshold"] < 0.6

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -80,8 +81,6 @@ def test_the_shipped_arithmetic_arbiter_stays_out_of_general_chat():
     """SmolLM2 with its arithmetic draft and arbiter: general chat prompts get the target's own
     greedy reply, the domain gate abstaining; an arithmetic question is admitted
     (bench/chat_identity.py measures 100 prompts)."""
-    from pathlib import Path
-
     from cospec_local.params import GenerationParams
 
     prompts = Path(__file__).parents[1].joinpath("bench", "heldout_chat_prompts.txt").read_text().splitlines()[:5]
@@ -97,3 +96,27 @@ def test_the_shipped_arithmetic_arbiter_stays_out_of_general_chat():
         engine.reset()
         sum_prompt = engine.render_chat([{"role": "user", "content": "What is 47 + 38?"}])
         assert not engine.generate(sum_prompt, params, arbiter="smollm2-arith").stats.arbiter_abstained
+
+
+def test_policy_states_through_the_chat_template():
+    """collect --policy --chat: the arbiter's own run on a chat-rendered problem, its states'
+    contexts starting with that prompt, the run deciding exactly as the engine does natively."""
+    from cospec_local.params import GenerationParams
+    from cospec_local.train.rollout import RolloutWorker, WorkerConfig
+
+    path = Path(__file__).parents[1] / "cospec_local" / "data" / "smollm2-arith" / "arithmetic.jsonl"
+    worker = RolloutWorker(WorkerConfig("smollm2-135m", "smollm2-135m-arith-draft", 2, 40, chat=True))
+    try:
+        states = 0
+        for problem in load_task(path, "train", 4):
+            got = worker.policy_states(problem, "smollm2-arith", "train")
+            prompt, stop = task_prompt(worker.engine, problem, as_chat=True)
+            worker.engine.reset()
+            native = worker.engine.generate(prompt, GenerationParams(max_tokens=40), arbiter="smollm2-arith", stop=stop)
+            assert got["summary"]["tokens"] == len(native.tokens) and len(got["states"]) == len(native.decisions)
+            for st in got["states"]:
+                assert list(st.state.context[:len(prompt)]) == prompt
+            states += len(got["states"])
+        assert states > 0
+    finally:
+        worker.close()

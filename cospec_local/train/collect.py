@@ -143,8 +143,6 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.policy is not None and args.verify_cost >= 0:
         sys.exit("--verify-cost: a --policy collection drafts under its policy's own verify cost")
-    if args.policy is not None and args.chat:
-        sys.exit("--chat: a --policy collection sends raw prompts only")
     params = GenerationParams(max_tokens=args.max_tokens, verify_cost=args.verify_cost)
     with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=args.threads) as engine:
         manifest = {"target": model_identity(engine.target_path), "draft": model_identity(engine.draft_path),
@@ -173,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
             from .rollout import PolicyStatesTask, RolloutPool, WorkerConfig
 
             worker = WorkerConfig(str(engine.target_path), str(engine.draft_path), max(1, args.threads // args.workers),
-                                  args.max_tokens)
+                                  args.max_tokens, chat=args.chat)
             engine.close()  # the workers hold their own engines; this one only named the models
             pool = RolloutPool(worker, args.workers)
             results = ((r["summary"], r["states"]) for r in

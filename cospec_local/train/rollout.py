@@ -41,6 +41,7 @@ class WorkerConfig:
     threads: int
     max_tokens: int
     n_ctx: int = 1024
+    chat: bool = False  # problems go through the target's chat template (policy_states; BranchOracle)
 
 
 def _softmax_at(logits: np.ndarray, token: int) -> float:
@@ -194,7 +195,7 @@ class RolloutWorker:
         it runs."""
         policy = self._policy(arbiter_path)
         threshold = policy.threshold
-        oracle = BranchOracle(self.engine, problem, self.params.max_tokens)
+        oracle = BranchOracle(self.engine, problem, self.params.max_tokens, self.cfg.chat)
         seen: dict[int, tuple[DecisionState, np.ndarray]] = {}
         decisions: list[tuple] = []
 
