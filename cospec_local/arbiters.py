@@ -50,8 +50,8 @@ NAMED_ARBITERS = {
         NamedArbiter("demo-features", "an MLP over the block's features (probabilities, entropies, margins, "
                                       "positions), no extra forward pass", DEMO_ARBITERS_DIR / "features", "demo-draft"),
         NamedArbiter("smollm2-arith", "SmolLM2-135M with its arithmetic draft: an MLP over the block's features, "
-                                      "trained by `cospec-local arbiter train` on one-operation arithmetic, with a "
-                                      "domain gate", SMOLLM2_ARITH_ARBITERS_DIR / "features", "smollm2-135m-arith-draft",
+                                      "trained by `cospec-local arbiter train` on one-operation arithmetic and a "
+                                      "second round of the states it meets itself, with a domain gate", SMOLLM2_ARITH_ARBITERS_DIR / "features", "smollm2-135m-arith-draft",
                      "smollm2-135m", (str(SMOLLM2_ARITH_ARBITERS_DIR.parent / "arithmetic.jsonl"),), True),
     )
 }
