@@ -38,7 +38,7 @@ def compare(engine: Engine, prompts: list[str], arbiter: str, max_tokens: int) -
         engine.reset()
         cospec = engine.generate(tokens, params, mode="speculative", arbiter=arbiter)
         rows.append({"prompt": prompt, "identical": list(target.tokens) == list(cospec.tokens),
-                     "kept": cospec.stats.to_json()["arbiter_keeps"],
+                     "kept": cospec.stats.arbiter_keeps,
                      "abstained": cospec.stats.arbiter_abstained, "target_tokens": len(target.tokens)})
     same = sum(r["identical"] for r in rows)
     return {"prompts": len(rows), "identical": same, "identical_share": same / len(rows) if rows else 0.0,

@@ -221,6 +221,10 @@ EMBEDDING_DIGEST_KEY = "cospec.embedding_sha256"
 EMBEDDING_INDEX_KEY = "cospec.embedding_index"  # its place among the tensors: fingerprints follow tensor order
 
 
+def _drop_embedding_keys(key: str, value: Any) -> Any:
+    return None if key in (EMBEDDING_DIGEST_KEY, EMBEDDING_INDEX_KEY) else value
+
+
 def _embedding_digest(tensor) -> str:
     import hashlib
 
@@ -236,7 +240,7 @@ def strip_embedding(src: str | Path, dst: str | Path) -> Path:
     if EMBEDDING not in names:
         raise ValueError(f"{src} has no {EMBEDDING}")
     embedding = reader.tensors[names.index(EMBEDDING)]
-    return rewrite_gguf(reader, dst, lambda key, value: None if key in (EMBEDDING_DIGEST_KEY, EMBEDDING_INDEX_KEY) else value,
+    return rewrite_gguf(reader, dst, _drop_embedding_keys,
                         keep_tensor=lambda name: name != EMBEDDING,
                         add_kv={EMBEDDING_DIGEST_KEY: (_embedding_digest(embedding), gguf.GGUFValueType.STRING),
                                 EMBEDDING_INDEX_KEY: (names.index(EMBEDDING), gguf.GGUFValueType.UINT32)})
@@ -260,5 +264,5 @@ def graft_embedding(blocks: str | Path, embedding_source: str | Path, dst: str |
     # Every tensor in the order the whole model had: the result's fingerprint is the trained draft's.
     tensors = [(t.name, t.data, t.tensor_type) for t in reader.tensors]
     tensors.insert(index, (EMBEDDING, embedding.data, embedding.tensor_type))
-    return rewrite_gguf(reader, dst, lambda key, value: None if key in (EMBEDDING_DIGEST_KEY, EMBEDDING_INDEX_KEY) else value,
+    return rewrite_gguf(reader, dst, _drop_embedding_keys,
                         keep_tensor=lambda name: False, add_tensors=tensors)

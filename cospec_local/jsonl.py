@@ -10,11 +10,8 @@ import os
 from pathlib import Path
 
 
-def complete_lines(path: Path) -> list[str]:
-    """The lines of a log that were written whole (each ended by its newline)."""
-    if not path.is_file():
-        return []
-    text = path.read_text(encoding="utf-8", errors="replace")
+def _whole_lines(text: str) -> list[str]:
+    """The lines written whole (each ended by its newline)."""
     return text.splitlines()[:text.count("\n")] if text else []
 
 
@@ -28,7 +25,11 @@ def write_atomic(path: Path, text: str) -> None:
 def keep_complete_lines(path: Path, keep=lambda line: True) -> list[str]:
     """Cut the log at `path` back to its complete, non-empty lines that `keep` accepts (rewritten
     atomically when anything goes); returns them."""
-    lines = [line for line in complete_lines(path) if line.strip() and keep(line)]
-    if path.is_file() and path.read_text(encoding="utf-8", errors="replace") != "".join(l + "\n" for l in lines):
-        write_atomic(path, "".join(line + "\n" for line in lines))
+    if not path.is_file():
+        return []
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = [line for line in _whole_lines(text) if line.strip() and keep(line)]
+    kept = "".join(line + "\n" for line in lines)
+    if kept != text:
+        write_atomic(path, kept)
     return lines

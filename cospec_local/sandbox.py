@@ -211,6 +211,14 @@ class _Child:
             os.close(fd)
         self.results_write = self.requests_read = -1
 
+    def wait_or_time_out(self, wall: float) -> bool:
+        """Wait for the program up to `wall` seconds; True when it was still running."""
+        try:
+            self.proc.wait(timeout=wall)
+            return False
+        except subprocess.TimeoutExpired:
+            return True
+
     def kill(self) -> None:
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -244,6 +252,13 @@ def _collector(fd: int, limit: int, into: bytearray) -> threading.Thread:
     return threading.Thread(target=collect, daemon=True)
 
 
+def _time_limits(bwrap: str | None, timeout: float, setup: float) -> tuple[float, int]:
+    """(wall-clock limit, CPU seconds limit): namespace set-up takes a moment, and the CPU limit
+    is a backstop for the wall-clock timeout that must never fire first."""
+    wall = timeout + (setup if bwrap else 0.0)
+    return wall, math.ceil(wall) + 1
+
+
 def _need_isolation(allow_unisolated: bool | None) -> str | None:
     bwrap = _bwrap()
     if bwrap is None and not _allowed_unisolated(allow_unisolated):
@@ -269,8 +284,7 @@ def run_python(code: str, timeout: float = 5.0, memory_mb: int = 256, *, pass_co
     cannot isolate and the unisolated fallback is not allowed.
     """
     bwrap = _need_isolation(allow_unisolated)
-    wall = timeout + (1.0 if bwrap else 0.0)  # namespace set-up takes a moment
-    cpu = math.ceil(wall) + 1  # backstop for the wall-clock timeout: it must never fire first
+    wall, cpu = _time_limits(bwrap, timeout, setup=1.0)
     child = _Child(code, bwrap=bwrap, run_name=run_name, memory_mb=memory_mb, cpu=cpu, max_file_bytes=max_file_bytes,
                    audit_hook=audit_hook, requests=False)
     collected = bytearray()
@@ -279,11 +293,7 @@ def run_python(code: str, timeout: float = 5.0, memory_mb: int = 256, *, pass_co
     try:
         child.start()
         reader.start()
-        timed_out = False
-        try:
-            child.proc.wait(timeout=wall)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        timed_out = child.wait_or_time_out(wall)
         child.kill()
         rc = child.proc.wait()
         reader.join(5)  # every writer is gone once the namespace is
@@ -341,8 +351,7 @@ def run_split(candidate: str, checker: str, timeout: float = 5.0, memory_mb: int
     its calls and answers carry values, never code.) stdout/stderr are the candidate's, the
     checker's stderr follows them for a failing test's traceback."""
     bwrap = _need_isolation(allow_unisolated)
-    wall = timeout + (2.0 if bwrap else 0.0)
-    cpu = math.ceil(wall) + 1
+    wall, cpu = _time_limits(bwrap, timeout, setup=2.0)  # two namespaces
     common = dict(bwrap=bwrap, memory_mb=memory_mb, cpu=cpu, max_file_bytes=1 << 20, audit_hook=audit_hook,
                   requests=True)
     cand = _Child(candidate, run_name="__candidate__", **common)
@@ -350,18 +359,14 @@ def run_split(candidate: str, checker: str, timeout: float = 5.0, memory_mb: int
     budget = [max_traffic]
     relays = [_relay(check.results_read, cand.requests_write, budget),
               _relay(cand.results_read, check.requests_write, budget)]
-    cand.requests_write = check.requests_write = -1  # the relays own them now
     start = time.monotonic()
     try:
         cand.start()
         check.start()
         for r in relays:
             r.start()
-        timed_out = False
-        try:
-            check.proc.wait(timeout=wall)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        cand.requests_write = check.requests_write = -1  # the running relays own them now
+        timed_out = check.wait_or_time_out(wall)
         for child in (cand, check):
             child.kill()
         rc = check.proc.wait()

@@ -47,38 +47,38 @@ def half_written(path: Path) -> None:
         f.write('{"problem_id": "arith-te')
 
 
-def test_eval_killed_at_random_points_resumes_to_the_same_records(tmp_path):
-    whole = subprocess.run([*EVAL, "--out", str(tmp_path / "whole")], capture_output=True, text=True, timeout=600)
+def whole_then_killed_then_resumed(command: list[str], tmp_path: Path, seed: int, last_point: int, watched: str,
+                                   torn: tuple[str, ...], timeout: float):
+    """An uninterrupted run into tmp_path/whole; a run into tmp_path/killed, SIGKILLed once `watched`
+    holds N lines for KILL_POINTS seeded N below last_point, a half-written line left in each of
+    `torn` after every kill, then rerun to its end. Returns (whole, resumed) results."""
+    whole = subprocess.run([*command, "--out", str(tmp_path / "whole")], capture_output=True, text=True, timeout=timeout)
     assert whole.returncode == 0, whole.stderr[-2000:]
     out = tmp_path / "killed"
-    rng = random.Random(39)
-    points = sorted(rng.sample(range(1, 19), KILL_POINTS))
-    for at in points:
-        assert run_killed([*EVAL, "--out", str(out)], out / "records.jsonl", at)
-        half_written(out / "records.jsonl")
-    resumed = subprocess.run([*EVAL, "--out", str(out)], capture_output=True, text=True, timeout=600)
+    for at in sorted(random.Random(seed).sample(range(1, last_point), KILL_POINTS)):
+        assert run_killed([*command, "--out", str(out)], out / watched, at)
+        for name in torn:
+            half_written(out / name)
+    resumed = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, timeout=timeout)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    return whole, resumed
+
+
+def test_eval_killed_at_random_points_resumes_to_the_same_records(tmp_path):
+    whole, resumed = whole_then_killed_then_resumed(EVAL, tmp_path, 39, 19, "records.jsonl", ("records.jsonl",), 600)
 
     def records(folder: Path) -> list[tuple]:
         rows = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
         return sorted((r["problem_id"], r["run"], r["correct"], r["completion"], r["tokens"], r["drafted"],
                        r["accepted"], r["kept"], r["blocks"]) for r in rows)  # all but the times
 
+    out = tmp_path / "killed"
     assert len(records(out)) == 20 and records(out) == records(tmp_path / "whole")
     assert json.loads(resumed.stdout)["runs"].keys() == json.loads(whole.stdout)["runs"].keys()
 
 
 def test_collection_killed_at_random_points_resumes_to_the_same_states(tmp_path):
-    whole = subprocess.run([*COLLECT, "--out", str(tmp_path / "whole")], capture_output=True, text=True, timeout=900)
-    assert whole.returncode == 0, whole.stderr[-2000:]
-    out = tmp_path / "killed"
-    rng = random.Random(4)
-    points = sorted(rng.sample(range(1, 17), KILL_POINTS))
-    for at in points:
-        assert run_killed([*COLLECT, "--out", str(out)], out / "problems.jsonl", at)
-        half_written(out / "states.jsonl")
-        half_written(out / "problems.jsonl")
-    resumed = subprocess.run([*COLLECT, "--out", str(out)], capture_output=True, text=True, timeout=900)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    whole_then_killed_then_resumed(COLLECT, tmp_path, 4, 17, "problems.jsonl", ("states.jsonl", "problems.jsonl"), 900)
     for name in ("states.jsonl", "problems.jsonl"):
-        assert sorted((out / name).read_text().splitlines()) == sorted((tmp_path / "whole" / name).read_text().splitlines())
+        assert sorted((tmp_path / "killed" / name).read_text().splitlines()) == \
+            sorted((tmp_path / "whole" / name).read_text().splitlines())

@@ -215,13 +215,15 @@ def split_programs(program: str, tests: str) -> tuple[str, str]:
     use that the program defines, which call into the candidate's process. Arguments and results
     travel as literals, so a result that is not one (an object, a generator) fails the test."""
     try:
-        defined = _top_level_names(ast.parse(program))
-        imports = [ast.unparse(n) for n in ast.parse(program).body if isinstance(n, (ast.Import, ast.ImportFrom))
+        tree = ast.parse(program)
+        defined = _top_level_names(tree)
+        imports = [ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
                    and not (isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names))]
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         defined, imports = set(), []  # the candidate fails as it starts; its names stay undefined
-    used = {n.id for n in ast.walk(ast.parse(tests)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    stand_ins = sorted((used & defined) - _top_level_names(ast.parse(tests)))
+    test_tree = ast.parse(tests)
+    used = {n.id for n in ast.walk(test_tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    stand_ins = sorted((used & defined) - _top_level_names(test_tree))
     candidate = f"{program}\n\n{_DECODER}\n{_SERVE}"
     checker = "\n".join([_DECODER, _CALLER, *imports, *(f"{name} = _CospecCandidate({name!r})" for name in stand_ins),
                          "", tests, "", f"raise SystemExit({PASS_CODE})", ""])

@@ -354,6 +354,45 @@ def agreement(model, items, torch, batch: int = 16) -> float:
     return hit / total
 
 
+def _is_embedding(name: str) -> bool:
+    return "embed_tokens" in name or "lm_head" in name
+
+
+def load_blocks(model, init: Path, what: str) -> None:
+    """Go on from an earlier run's draft_blocks.pt (blocks and final norm; the embedding stays the
+    target's), refusing blocks of another shape."""
+    import torch
+
+    missing, unexpected = model.load_state_dict(torch.load(init, map_location="cpu", weights_only=True), strict=False)
+    untrained = [k for k in missing if not _is_embedding(k)]
+    if untrained or unexpected:
+        raise SystemExit(f"{init} does not fit {what}: missing {untrained[:3]}, unexpected {unexpected[:3]}")
+
+
+def block_optimizer(model, lr: float):
+    """(trainable parameters, AdamW over them) with the embedding and output head frozen: a draft
+    GGUF takes both from the target (tied in SmolLM2; an untied head trained here would be thrown
+    away when the GGUF is written)."""
+    import torch
+
+    model.model.embed_tokens.weight.requires_grad_(False)
+    model.lm_head.weight.requires_grad_(False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return params, torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+
+def lr_at(lr: float, step: int, steps: int, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to a tenth of the peak."""
+    return lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * step / steps)))
+
+
+def save_blocks(model, path: Path) -> None:
+    """The trained part of a draft (blocks and final norm), which write_draft_gguf reads."""
+    import torch
+
+    torch.save({k: v.cpu() for k, v in model.state_dict().items() if not _is_embedding(k)}, path)
+
+
 def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: float, batch: int, seed: int,
                 precision: str, init: Path | None = None, more_data: list[Path] = (), device=None) -> dict:
     """float32 master weights; with precision "bf16" the forward runs under bf16 autocast.
@@ -378,18 +417,8 @@ def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: fl
     rng = np.random.default_rng(seed)  # the training order
     model = load_llama_gguf(target_gguf, n_layers=layers).to(device or "cpu")
     if init is not None:
-        blocks = torch.load(init, map_location="cpu", weights_only=True)
-        missing, unexpected = model.load_state_dict(blocks, strict=False)
-        untrained = [k for k in missing if "embed_tokens" not in k and "lm_head" not in k]
-        if untrained or unexpected:
-            raise SystemExit(f"{init} does not fit a {layers}-block draft of {target_gguf.name}: "
-                             f"missing {untrained[:3]}, unexpected {unexpected[:3]}")
-    # The draft GGUF takes its embedding and output head from the target, so both stay frozen here
-    # (tied in SmolLM2; an untied head trained here would be thrown away when the GGUF is written).
-    model.model.embed_tokens.weight.requires_grad_(False)
-    model.lm_head.weight.requires_grad_(False)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+        load_blocks(model, init, f"a {layers}-block draft of {target_gguf.name}")
+    params, opt = block_optimizer(model, lr)
     steps = int(epochs * len(train) / batch)
     warmup = max(1, steps // 20)
     start = agreement(model, dev, torch)
@@ -405,9 +434,8 @@ def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: fl
         if not order:
             order = list(rng.permutation(len(train)))
         chunk = [train[order.pop()] for _ in range(min(batch, len(order)))]
-        lr_now = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * step / steps)))
         for g in opt.param_groups:
-            g["lr"] = lr_now
+            g["lr"] = lr_at(lr, step, steps, warmup)
         x, mask, pos, hard, soft_v, soft_i = make_batch(chunk, torch, model.device)
         with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             logits = answer_logits(model, x, mask, pos, torch)  # .float() inside: the losses in float32
@@ -427,8 +455,7 @@ def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: fl
             if acc > best:
                 best, best_state = acc, {k: v.detach().clone() for k, v in model.state_dict().items()}
     model.load_state_dict(best_state)
-    torch.save({k: v.cpu() for k, v in model.state_dict().items() if "embed_tokens" not in k and "lm_head" not in k},
-               out / "draft_blocks.pt")
+    save_blocks(model, out / "draft_blocks.pt")
     return {"layers": layers, "sequences": len(train), "dev_sequences": n_dev, "steps": steps, "batch": batch, "lr": lr,
             "epochs": epochs, "precision": precision, "device": model.device.type, "init": str(init) if init else None,
             "more_data": [str(d) for d in more_data], "dev_digests": digests, "initial_dev_agreement": start, "best_dev_agreement": best, "curve": curve,

@@ -29,7 +29,7 @@ import numpy as np
 
 from .config import HelpFormatter
 from .device import resolve_device
-from .distill_draft import log_update, resolve_precision
+from .distill_draft import block_optimizer, load_blocks, log_update, lr_at, resolve_precision, save_blocks
 
 LOG = "skill_log.json"
 
@@ -110,14 +110,9 @@ def train(draft_gguf: Path, train_rows, dev_rows, out: Path, steps: int, lr: flo
     from cospec_local.convert.gguf_to_torch import load_llama_gguf
 
     model = load_llama_gguf(draft_gguf).to(device)
-    if init is not None:  # blocks and norm of an earlier run; the embedding stays the target's
-        missing, unexpected = model.load_state_dict(torch.load(init, map_location="cpu", weights_only=True), strict=False)
-        if unexpected or [k for k in missing if "embed_tokens" not in k and "lm_head" not in k]:
-            raise SystemExit(f"{init} does not fit {draft_gguf.name}: unexpected {unexpected[:3]}")
-    model.model.embed_tokens.weight.requires_grad_(False)
-    model.lm_head.weight.requires_grad_(False)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    if init is not None:
+        load_blocks(model, init, draft_gguf.name)
+    params, opt = block_optimizer(model, lr)
     rng = np.random.default_rng(seed)
     warmup = max(1, steps // 20)
     start = token_accuracy(model, dev_rows, torch)
@@ -130,9 +125,8 @@ def train(draft_gguf: Path, train_rows, dev_rows, out: Path, steps: int, lr: flo
         if len(order) < batch:
             order = list(rng.permutation(len(train_rows)))
         chunk = [train_rows[order.pop()] for _ in range(batch)]
-        lr_now = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * step / steps)))
         for g in opt.param_groups:
-            g["lr"] = lr_now
+            g["lr"] = lr_at(lr, step, steps, warmup)
         x, mask, pos, labels = make_batch(chunk, torch, model.device)
         with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             logits = answer_logits(model, x, mask, pos)
@@ -150,9 +144,7 @@ def train(draft_gguf: Path, train_rows, dev_rows, out: Path, steps: int, lr: flo
             if acc > best:
                 best, best_state = acc, {k: v.detach().clone() for k, v in model.state_dict().items()}
     model.load_state_dict(best_state)
-    # The file name write_draft_gguf reads: blocks and final norm, not the frozen embedding.
-    torch.save({k: v.cpu() for k, v in model.state_dict().items() if "embed_tokens" not in k and "lm_head" not in k},
-               out / "draft_blocks.pt")
+    save_blocks(model, out / "draft_blocks.pt")
     return {"steps": steps, "batch": batch, "lr": lr, "precision": precision, "device": model.device.type,
             "init": str(init) if init else None, "solutions": len(train_rows), "dev_solutions": len(dev_rows),
             "initial_dev_token_accuracy": start, "best_dev_token_accuracy": best, "curve": curve,
