@@ -660,6 +660,7 @@ def _recipe_option(name: str, *flags: str, **extra):
 @_recipe_option("max_tokens", "-n", "--max-tokens", type=click.IntRange(1, None))
 @_recipe_option("threads", "-t", "--threads", type=click.IntRange(1, MAX_THREADS))
 @_recipe_option("device", "--device", type=click.Choice(["auto", "cpu", "cuda"]))
+@_recipe_option("rounds", "--rounds", type=click.IntRange(1, 5))
 @_recipe_option("grpo", "--grpo")
 @_recipe_option("grpo_steps", "--grpo-steps", type=click.IntRange(1, None))
 @_recipe_option("ignore_headroom", "--ignore-headroom")

@@ -180,3 +180,22 @@ def test_eval_and_bench_run_cospec_by_default_where_an_arbiter_ships(tmp_path):
     assert {r["run"] for r in json.loads(out.stdout)["results"]} == {"target-only", "sps", "fly", "cospec"}
     out = run_cli("bench", "-m", "smollm2-135m", "-md", "smollm2-135m-first4", "--n-prompts", 2)
     assert out.returncode == 2 and "--n-prompts counts task prompts: give --task too" in out.stderr
+
+
+def test_a_second_round_learns_from_the_states_its_arbiter_meets(trained):
+    """--rounds 2 on the same work folder: round one's stages are reused, round two collects the
+    states round one's chosen arbiter meets (each choice continued by it), warms up on both
+    rounds' states, and the installed record tells the rounds apart."""
+    env = trained["env"]
+    work = trained["work"]
+    out = run_cli("arbiter", "train", "mine", "--work", work, *TRAIN_ARGS, "--rounds", 2, "--force", env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "round 2 decision states:" in out.stderr and "installed mine" in out.stderr
+    assert len(list(work.glob("collect-*/states.jsonl"))) == 2  # round one's collection was reused
+    [policy_manifest] = work.glob("collect-2-*/manifest.json")
+    assert json.loads(policy_manifest.read_text())["policy"]["kind"] == "learned"
+    record = json.loads((trained["root"] / "arbiters" / "mine" / "evaluation.json").read_text())
+    first, second = record["states"]["rounds"]
+    assert (first["round"], second["round"]) == (1, 2) and second["states"] > 0
+    assert first["folder"] != second["folder"] and record["recipe"]["rounds"] == 2
+    assert record["evaluation"]["arith"]["runs"]["target-only"]["n"] == 30

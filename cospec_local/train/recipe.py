@@ -12,6 +12,12 @@ was interrupted, which collection and evaluation do problem by problem):
 2. collect    branch-oracle decision states on train and dev problems (collect.py, its own process).
 3. warmup     the LoRA and/or features arbiters on those states, their keep threshold on dev
               (warmup.py, its own process: torch).
+   (--rounds N) rounds 2..N: collect-R gathers the states the last round's chosen arbiter meets
+              as it runs, each choice continued by that arbiter (collect.py --policy), and
+              warmup-R trains afresh on every round's states. Round one's states are plain
+              speculative decoding's first mismatches, so it never learns what follows its own
+              keeps: a correction that needs several kept tokens in a row (a two-digit number)
+              is credited one token at a time and rarely finished.
 4. grpo       (--grpo) GRPO from the warm-up LoRA arbiter (grpo.py); reported beside the warm-up,
               never replacing it.
 5. evaluate   target-only, draft-only, sps and every trained arbiter on held-out test problems.
@@ -89,6 +95,10 @@ class RecipeSettings:
     grpo: bool = _opt(False, "After the warm-up, GRPO from the LoRA arbiter; reported beside it, never "
                              "installed in its place.")
     grpo_steps: int = _opt(40, "GRPO steps (with --grpo).")
+    rounds: int = _opt(1, "Rounds of decision states: from round 2 on, the states the last round's arbiter meets "
+                          "as it runs (its own keeps continued), each round's warm-up on all of them. Worth it where "
+                          "round one recovers few of the draft's wins: corrections that need several kept tokens in "
+                          "a row (one more collection each).")
     ignore_headroom: bool = _opt(False, "Go on where the headroom check finds too little for an arbiter to win.")
     seed: int = _opt(0, "Seed of the warm-up (and GRPO).")
 
@@ -243,7 +253,11 @@ def estimate_seconds(room: dict, settings: RecipeSettings, n_train: int) -> dict
     if "features" in settings.kinds:
         warmup += 30.0
     grpo = settings.grpo_steps * 14.0 * max(1.0, t_spec / 0.1) if settings.grpo else 0.0
-    return {"collect": collect, "warmup": warmup, "grpo": grpo, "evaluate": evaluate}
+    # A later round collects about as many states again, and warms up on all rounds' (SmolLM2's arithmetic
+    # pair: round two's collection took as long as round one's).
+    rounds = settings.rounds
+    return {"collect": collect * rounds, "warmup": warmup * rounds * (rounds + 1) / 2, "grpo": grpo,
+            "evaluate": evaluate}
 
 
 def train_problems_for_budget(room: dict, settings: RecipeSettings, spent: float) -> int:
@@ -336,6 +350,8 @@ class RecipeRun:
         """How many train problems: --train, or what fits --minutes; decided once, so a resumed run
         (whose clock starts again) keeps to the same plan."""
         inputs = self.inputs("train", "minutes", "test", "kinds", "grpo", "grpo_steps", headroom=room)
+        if self.settings.rounds > 1:  # only where set: runs planned before rounds existed stay resumable
+            inputs["rounds"] = self.settings.rounds
         if (done := self.stages.done("plan", inputs)) is not None:
             return done
         n_train = train_problems_for_budget(room, self.settings, time.time() - self.t0)
@@ -373,34 +389,52 @@ class RecipeRun:
         if self.settings.chat:
             args.append("--chat")
         self.run_module("cospec_local.train.collect", *args)
-        states = [LabelledState.from_json(json.loads(line))
-                  for line in (out / "states.jsonl").read_text().splitlines() if line.strip()]
-        result = {"folder": str(out), "states": len(states), "decisive": sum(s.label >= 0 for s in states),
-                  "keep_better": sum(s.label == 1 for s in states),
-                  "train_decisive": sum(s.label >= 0 and s.split == "train" for s in states),
-                  "train_keep_better": sum(s.label == 1 and s.split == "train" for s in states),
-                  "dev_decisive": sum(s.label >= 0 and s.split == "dev" for s in states)}
+        result = _count_states(out) | {"round": 1, "how": "plain speculative decoding's first mismatches"}
         return self.stages.finish("collect", inputs, result)
 
-    def warmup_stage(self, collected: dict) -> dict:
-        inputs = self.inputs("kinds", "seed", "device", "name", collect=collected)
-        if (done := self.stages.done("warmup", inputs)) is not None:
+    def policy_collect_stage(self, round_: int, n_train: int, warmed: dict) -> dict:
+        """Round `round_`'s states: those the last round's chosen arbiter meets as it runs, each
+        choice continued by that arbiter (collect.py --policy, two engine processes)."""
+        policy = Path(warmed["folder"]) / self.choose(warmed)
+        inputs = self.inputs("target", "draft", "tasks", "chat", "dev", "max_tokens", train=n_train, policy=warmed)
+        name = f"collect-{round_}"
+        if (done := self.stages.done(name, inputs)) is not None:
             return done
-        if (collected["train_decisive"] < MIN_DECISIVE_STATES or collected["train_keep_better"] == 0
-                or collected["dev_decisive"] == 0):
-            raise RecipeStop(f"{collected['train_decisive']} decisive train states ({collected['train_keep_better']} "
-                             f"where keeping the draft's token was better) and {collected['dev_decisive']} decisive "
+        out = self.stages.folder(name, inputs)
+        args = ["--out", str(out), "--policy", str(policy), "-m", self.settings.target, "-md", self.settings.draft,
+                "--families", ",".join(self.settings.tasks), "--train", str(n_train), "--dev", str(self.settings.dev),
+                "--threads", str(self.settings.threads), "--max-tokens", str(self.settings.max_tokens),
+                "--workers", str(max(1, min(2, self.settings.threads)))]
+        if self.settings.chat:
+            args.append("--chat")
+        self.run_module("cospec_local.train.collect", *args)
+        result = _count_states(out) | {"round": round_, "how": f"the states the round-{round_ - 1} "
+                                                                f"{policy.name} arbiter meets, each choice "
+                                                                f"continued by it"}
+        return self.stages.finish(name, inputs, result)
+
+    def warmup_stage(self, rounds: list[dict]) -> dict:
+        """The arbiters on every round's states so far (round one alone: the stage named warmup)."""
+        name = "warmup" if len(rounds) == 1 else f"warmup-{len(rounds)}"
+        inputs = self.inputs("kinds", "seed", "device", "name", collect=rounds[0] if len(rounds) == 1 else rounds)
+        if (done := self.stages.done(name, inputs)) is not None:
+            return done
+        counts = {key: sum(r[key] for r in rounds) for key in ("train_decisive", "train_keep_better", "dev_decisive")}
+        if (counts["train_decisive"] < MIN_DECISIVE_STATES or counts["train_keep_better"] == 0
+                or counts["dev_decisive"] == 0):
+            raise RecipeStop(f"{counts['train_decisive']} decisive train states ({counts['train_keep_better']} "
+                             f"where keeping the draft's token was better) and {counts['dev_decisive']} decisive "
                              f"dev states: too few to learn a keep decision from (at least {MIN_DECISIVE_STATES} "
                              f"train states, some of them keeps, and one dev state); more train or dev problems "
                              f"(--train, --dev, --minutes) or a task where the draft wins more")
-        out = self.stages.folder("warmup", inputs)
+        out = self.stages.folder(name, inputs)
         shutil.rmtree(out, ignore_errors=True)  # a warm-up interrupted half-way starts again: same seed, same result
-        self.run_module("cospec_local.train.warmup", "--data", collected["folder"], "--out", str(out),
+        self.run_module("cospec_local.train.warmup", "--data", ",".join(r["folder"] for r in rounds), "--out", str(out),
                         "--draft", self.settings.draft, "--arbiters", ",".join(self.settings.kinds),
                         "--threads", str(self.settings.threads), "--seed", str(self.settings.seed),
                         "--device", self.settings.device, "--name", self.settings.name)
         log = json.loads((out / "warmup_log.json").read_text())
-        return self.stages.finish("warmup", inputs, {"folder": str(out), "dev": {
+        return self.stages.finish(name, inputs, {"folder": str(out), "dev": {
             kind: log["arbiters"][kind]["dev"] for kind in self.settings.kinds}})
 
     def grpo_stage(self, warmed: dict) -> dict | None:
@@ -447,7 +481,7 @@ class RecipeRun:
         dev = warmed["dev"]
         return max(self.settings.kinds, key=lambda k: (dev[k]["right_keeps"] - dev[k]["wrong_keeps"], k == "lora"))
 
-    def install(self, kind: str, source: Path, evaluation: dict, collected: dict, room: dict) -> Path:
+    def install(self, kind: str, source: Path, evaluation: dict, rounds: list[dict], room: dict) -> Path:
         from ..arbiter_bundle import BUNDLE_FILES, set_name
         from ..arbiters import EVALUATION_FILE
 
@@ -460,7 +494,9 @@ class RecipeRun:
                 shutil.copyfile(source / name, tmp / name)
         set_name(tmp, self.settings.name)
         record = {"name": self.settings.name, "kind": kind, "recipe": self.settings.recorded(),
-                  "headroom": room, "states": collected,
+                  "headroom": room,
+                  "states": rounds[0] if len(rounds) == 1 else {"rounds": [{"round": i + 1} | r
+                                                                           for i, r in enumerate(rounds)]},
                   "evaluation": {task: {"problems": r["problems"], "union": r["union"],
                                         "draft_only_solves": r["draft_only_solves"],
                                         "runs": {label: row for label, row in r["runs"].items()
@@ -488,23 +524,47 @@ class RecipeRun:
         n_train = plan["train"]
         self.say(f"plan: {n_train} train, {s.dev} dev and {s.test} test problems per task; estimated "
                  f"{_minutes(sum(plan['estimate'].values()))} ({_estimates_text(plan['estimate'])})")
-        collected = self.collect_stage(n_train)
-        self.say(f"decision states: {collected['states']}, {collected['decisive']} decisive "
-                 f"({collected['keep_better']} where keeping the draft's token was better)")
-        warmed = self.warmup_stage(collected)
-        for kind, dev in warmed["dev"].items():
-            quiet = " (it never keeps: nothing it learned beats the target on dev)" if dev["threshold"] >= 1.0 else ""
-            self.say(f"{kind} arbiter on dev states: threshold {dev['threshold']:.3f}, {dev['right_keeps']} right "
-                     f"keeps, {dev['wrong_keeps']} wrong{quiet}")
+        rounds = [self.collect_stage(n_train)]
+        self._say_states(rounds[-1])
+        warmed = self.warmup_stage(rounds)
+        self._say_dev(warmed)
+        for round_ in range(2, s.rounds + 1):
+            rounds.append(self.policy_collect_stage(round_, n_train, warmed))
+            self._say_states(rounds[-1])
+            warmed = self.warmup_stage(rounds)
+            self._say_dev(warmed)
         grpo = self.grpo_stage(warmed)
         with self.open_engine() as engine:
             evaluation = self.evaluate_stage(engine, self.candidates(warmed, grpo), {"warmup": warmed, "grpo": grpo})
         kind = self.choose(warmed)
-        dest = self.install(kind, Path(warmed["folder"]) / kind, evaluation, collected, room)
+        dest = self.install(kind, Path(warmed["folder"]) / kind, evaluation, rounds, room)
         self.say(evaluation_report(evaluation, kind))
         self.say(f"installed {s.name} ({kind}) in {dest}: use it as --arbiter {s.name} "
                  f"(work files in {self.work}; {_minutes(time.time() - self.t0)} in this run)")
         return dest
+
+
+    def _say_states(self, collected: dict) -> None:
+        prefix = f"round {collected.get('round', 1)} " if self.settings.rounds > 1 else ""
+        self.say(f"{prefix}decision states: {collected['states']}, {collected['decisive']} decisive "
+                 f"({collected['keep_better']} where keeping the draft's token was better)")
+
+    def _say_dev(self, warmed: dict) -> None:
+        for kind, dev in warmed["dev"].items():
+            quiet = " (it never keeps: nothing it learned beats the target on dev)" if dev["threshold"] >= 1.0 else ""
+            self.say(f"{kind} arbiter on dev states: threshold {dev['threshold']:.3f}, {dev['right_keeps']} right "
+                     f"keeps, {dev['wrong_keeps']} wrong{quiet}")
+
+
+def _count_states(folder: Path) -> dict:
+    """A collection's states, decisive ones (one branch right) and keeps, overall and per split."""
+    states = [LabelledState.from_json(json.loads(line))
+              for line in (folder / "states.jsonl").read_text().splitlines() if line.strip()]
+    return {"folder": str(folder), "states": len(states), "decisive": sum(s.label >= 0 for s in states),
+            "keep_better": sum(s.label == 1 for s in states),
+            "train_decisive": sum(s.label >= 0 and s.split == "train" for s in states),
+            "train_keep_better": sum(s.label == 1 and s.split == "train" for s in states),
+            "dev_decisive": sum(s.label >= 0 and s.split == "dev" for s in states)}
 
 
 def _slug(task: str) -> str:
