@@ -16,7 +16,7 @@ bench/arbiter_ceiling.py --states):
 torch only (no engine); about 2 min for the demo draft and 12 min for the demo target on 2 cores
 (6 epochs of arith states).
 
-Run 2026-12-01 (cospec_local/data/demo/README.md, "A second warm-up round on the arbiter's own
+Run 2026-12-01 (cospec_local/data/demo/HISTORY.md, "A second warm-up round on the arbiter's own
 states": the first command) and 2026-12-02 with --eval and --seeds (bench/RESULTS.md, "What one
 kept token could recover, and how well the arbiters rank": the second command).
 Kept as the record of those measurements, frozen: it is not maintained or tested and may not run

@@ -6,6 +6,6 @@
     python -m cospec_local.train.distill_draft ...  SmolLM2's distilled draft
 
 Data collection runs the native engine in its own process: in a process where torch has run a
-multi-threaded op, llama.cpp decodes about 8x slower (README). Nothing here imports torch at
-package import time.
+multi-threaded op, llama.cpp decodes about 8x slower (docs/python-api.md, "Threads"). Nothing
+here imports torch at package import time.
 """
