@@ -4,41 +4,13 @@ outlives an RPC server dying mid-generation."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 
 from cospec_local import Engine, InvalidArgumentError, ModelLoadError
-from cospec_local.server.process import ServerProcess
-
-CLI = [sys.executable, "-m", "cospec_local.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_rpc_server(port: int | None = None) -> tuple[subprocess.Popen, str]:
-    port = port or free_port()
-    proc = subprocess.Popen([*CLI, "rpc-server", "-p", str(port), "-t", "1"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("rpc-server exited: " + proc.stderr.read())
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, f"127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("rpc-server did not listen")
+from cospec_local.server.process import CLI, ServerProcess, start_rpc_server
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +78,7 @@ def test_serve_survives_an_rpc_server_dying_mid_generation(target_path):
                 rpc.wait()
                 data += [line for line in lines if line.startswith("data:")]
             error = json.loads(data[-1][5:])["error"]
-            assert error["code"] == "generation_failed" and "engine process ended" in error["message"], data[-1]
+            assert error["code"] == "engine_died" and "engine process ended" in error["message"], data[-1]
             assert json.loads(srv.get("/health")[1])["status"] == "ok"
             down = http.post("/v1/completions", json=dict(body, max_tokens=4))
             assert down.status_code == 503 and down.json()["error"]["code"] == "engine_unavailable"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import re
+import signal
 import threading
 import time
 
@@ -273,6 +275,53 @@ def test_a_full_queue_answers_503_then_serves_again(long_server):
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0
         # a general model gets no task-pair scope note in the web chat
         assert http.get("/v1/models").json()["data"][0]["cospec"]["about"] is None
+
+
+def requests_counted(server) -> dict[tuple[str, str], float]:
+    """cospec_requests_total by (endpoint, status)."""
+    _, text = server.get("/metrics")
+    return {(m.group(1), m.group(2)): float(m.group(3)) for m in
+            re.finditer(r'^cospec_requests_total\{endpoint="([^"]+)",status="(\d+)"\} (\S+)$', text.decode(), re.M)}
+
+
+def test_an_engine_killed_mid_generation_is_a_503_counted_once(long_server):
+    """An engine process that dies mid-request (SIGKILL here; llama.cpp aborts the process when its
+    RPC server goes away) starts again for the next request: its request gets 503 engine_died with
+    Retry-After (a stream, whose 200 is sent, gets it as its last event), /metrics counts that
+    request once, with the status the client saw, and the next request is served."""
+    body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True,
+            "mode": "target-only"}
+    path = "/v1/completions"
+    before = requests_counted(long_server)
+
+    def kill_the_engine_once_busy():
+        deadline = time.monotonic() + 30
+        while not json.loads(long_server.get("/health")[1])["engines_busy"]:
+            assert time.monotonic() < deadline, "the request never reached the engine"
+            time.sleep(0.05)
+        time.sleep(0.5)  # into the generation, which runs for many seconds
+        os.kill(long_server.engine_pids()[0], signal.SIGKILL)
+
+    with httpx.Client(base_url=long_server.url, timeout=60) as http, \
+            concurrent.futures.ThreadPoolExecutor(1) as pool:
+        killing = pool.submit(kill_the_engine_once_busy)
+        whole = http.post(path, json=body)
+        killing.result()
+        assert whole.status_code == 503 and whole.headers["retry-after"] == "1", whole.text
+        assert whole.json()["error"]["code"] == "engine_died"
+        assert "engine process ended" in whole.json()["error"]["message"]
+        with http.stream("POST", path, json=dict(body, stream=True)) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data:"))
+            os.kill(long_server.engine_pids()[0], signal.SIGKILL)
+            last = [line for line in lines if line.startswith("data:")][-1]
+        assert json.loads(last[5:])["error"]["code"] == "engine_died", last
+        again = http.post(path, json=dict(body, max_tokens=4))
+        assert again.status_code == 200 and again.json()["usage"]["completion_tokens"] == 4
+    after = requests_counted(long_server)
+    grew = {key: after[key] - before.get(key, 0) for key in after if key[0] == path}
+    assert grew == {(path, "503"): 1, (path, "200"): 2}, grew  # the stream's 200 and the last request's
 
 
 def test_concurrent_streams_for_a_minute_lose_and_duplicate_nothing():

@@ -259,18 +259,20 @@ class CospecServer:
                 raise APIError(503, f"no engine: {exc}", "server_error", code="engine_unavailable",
                                headers={"Retry-After": str(RETRY_AFTER_S)}) from None
             if isinstance(exc, EngineDied):
-                raise APIError(500, str(exc), "server_error", code="engine_died") from None
+                raise _engine_died(exc) from None
             raise
         job = lease.start(prompt, params)
         # Counted when the generation ends, however it ends (a stream whose client left included).
         job.future.add_done_callback(lambda _: job.result is not None and self.metrics.generation(job.result))
         reply = _Reply(chat, "chatcmpl-" if chat else "cmpl-", req.model, len(prompt), params, req.provenance)
-        self._count(request, 200)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            self._count(request, 200)  # a stream's status is sent before its generation ends
             return EventSourceResponse(self._stream(job, reply, started, include_usage), ping=15,
                                        headers={"Cache-Control": "no-store"})
-        return JSONResponse(await self._whole(request, job, reply, started))
+        body = await self._whole(request, job, reply, started)
+        self._count(request, 200)  # only now: a generation that fails is counted once, with its error's status
+        return JSONResponse(body)
 
     async def _whole(self, request: Request, job: Job, reply: "_Reply", started: float) -> dict:
         first = None
@@ -282,7 +284,9 @@ class CospecServer:
                 job.cancel()  # nobody is waiting for the answer
         try:
             result = await job.finish()
-        except (GenerationFailed, EngineDied) as exc:
+        except EngineDied as exc:
+            raise _engine_died(exc) from None
+        except GenerationFailed as exc:
             raise APIError(500, f"generation failed: {exc}", "server_error", code="generation_failed") from None
         except RequestRefused as exc:
             raise _refused(exc) from None
@@ -306,7 +310,10 @@ class CospecServer:
                     pending = []
             try:
                 result = await job.finish()
-            except (GenerationFailed, EngineDied, RequestRefused) as exc:
+            except EngineDied as exc:
+                yield json.dumps(_engine_died(exc).body())
+                return
+            except (GenerationFailed, RequestRefused) as exc:
                 yield json.dumps(APIError(500, f"generation failed: {exc}", "server_error",
                                           code="generation_failed").body())
                 return
@@ -323,6 +330,11 @@ class CospecServer:
         self.metrics.latency.observe(now - started)
         if first is not None:
             self.metrics.first_token.observe(first - started)
+
+
+def _engine_died(exc: EngineDied) -> APIError:
+    # The engine starts again for the next request: like a full queue, a retry is the remedy (503).
+    return APIError(503, str(exc), "server_error", code="engine_died", headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def _refused(exc: RequestRefused) -> APIError:

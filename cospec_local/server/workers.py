@@ -5,7 +5,8 @@ the compute thread in native/python/bindings.cpp: OpenMP teams slow each other d
 so engines in one process would take turns; in their own processes they run side by side
 (`--parallel N`). And an engine that dies takes only its process along: llama.cpp aborts the
 process when an RPC server goes away mid-generation, for one. The server then answers that
-request with an error and starts the engine again for the next one.
+request with 503 engine_died (a stream gets it as its last event) and starts the engine again
+for the next one.
 
 The protocol on the pipe is (kind, args) from the server; from the engine process "ready",
 "ok", "token" (one TokenEvent, in order), "done" (the Generation) and "failed" / "refused" (an
