@@ -14,6 +14,7 @@ RUNS = {"sps": dict(mode="speculative", arbiter="target"), "fly": dict(mode="spe
 
 
 @pytest.mark.parametrize("mode", list(RUNS))
+@pytest.mark.slow
 def test_stats_add_up(engine_for, mode):
     engine = engine_for("mixed")
     r = engine.generate("Explain how photosynthesis works in simple terms.", max_tokens=48, draft_max=4,
@@ -51,6 +52,7 @@ def test_stats_add_up(engine_for, mode):
         assert rejected == [i for i, p in enumerate(r.provenance) if p == "fallback"]
 
 
+@pytest.mark.slow
 def test_stats_attributes_are_the_json_keys(engine):
     """Python and JSON (`generate --json`, the server's `timings`) name the stats alike: every key
     of to_json() is an attribute or property of Stats with that value (times rounded to the

@@ -101,6 +101,7 @@ def trained(tmp_path_factory):
     return dict(root=root, env=env, work=work, out=out, interrupted=child.returncode, interrupted_err=interrupted_err)
 
 
+@pytest.mark.slow
 def test_train_interrupted_then_resumed_installs_a_working_arbiter(trained):
     out = trained["out"]
     assert trained["interrupted"] == 130, trained["interrupted_err"][-2000:]
@@ -115,6 +116,7 @@ def test_train_interrupted_then_resumed_installs_a_working_arbiter(trained):
     assert runs["target-only"]["n"] == 30
 
 
+@pytest.mark.slow
 def test_resumed_collection_equals_an_uninterrupted_one(trained, tmp_path):
     """The interrupted run's states are those a run without interruption collects."""
     command = ["--out", tmp_path / "states", "--families", "arith", "--train", 120, "--dev", 30, "--threads", 2,
@@ -127,6 +129,7 @@ def test_resumed_collection_equals_an_uninterrupted_one(trained, tmp_path):
     assert resumed == sorted((tmp_path / "states" / "states.jsonl").read_text().splitlines())
 
 
+@pytest.mark.slow
 def test_the_installed_arbiter_is_found_by_name_everywhere(trained):
     env = trained["env"]
     out = run_cli("arbiter", "list", env=env)
@@ -139,6 +142,7 @@ def test_the_installed_arbiter_is_found_by_name_everywhere(trained):
     assert json.loads(out.stdout)["arbiter"] == "mine"
 
 
+@pytest.mark.slow
 def test_refusals_are_one_clear_line_and_write_nothing(trained, tmp_path):
     env = trained["env"]
     out = run_cli("arbiter", "train", "mine", "--work", tmp_path / "w", *TRAIN_ARGS, env=env)
@@ -158,6 +162,7 @@ def test_refusals_are_one_clear_line_and_write_nothing(trained, tmp_path):
     assert not (trained["root"] / "arbiters" / "other").exists()
 
 
+@pytest.mark.slow
 def test_no_headroom_reports_and_stops(trained, tmp_path):
     """Where the draft solves nothing the target misses (the target as its own draft), the run
     prints the headroom and stops before collecting."""
@@ -182,6 +187,7 @@ def test_eval_and_bench_run_cospec_by_default_where_an_arbiter_ships(tmp_path):
     assert out.returncode == 2 and "--n-prompts counts task prompts: give --task too" in out.stderr
 
 
+@pytest.mark.slow
 def test_a_second_round_learns_from_the_states_its_arbiter_meets(trained):
     """--rounds 2 on the same work folder: round one's stages are reused, round two collects the
     states round one's chosen arbiter meets (each choice continued by it), warms up on both

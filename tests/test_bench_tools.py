@@ -122,6 +122,7 @@ def test_arbiter_ceiling_agrees_with_its_own_rows_and_the_recorded_eval(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_arbiter_heldout_counts_add_up_and_a_never_keeping_threshold_is_the_target(tmp_path):
     """At threshold 1 demo-features keeps nothing on these problems: its answers are the target's."""
     cache = tmp_path / "screen.json"
@@ -145,6 +146,7 @@ def test_arbiter_heldout_counts_add_up_and_a_never_keeping_threshold_is_the_targ
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_serve_load_reports_each_level(tmp_path):
     ran = bench("serve_load.py", "--clients", "1,2", "--seconds", 1, "--warmup", 0, "--max-tokens", 8,
                 "--", "-c", 512)
@@ -159,6 +161,7 @@ def test_serve_load_reports_each_level(tmp_path):
     assert [int(line.split("|")[1]) for line in table] == [1, 2]
 
 
+@pytest.mark.slow
 def test_costly_target_writes_the_sources_function_at_a_larger_cost(tmp_path):
     out = tmp_path / "draft-as-1b.gguf"
     ran = bench("costly_target.py", "demo-draft", out, "--size", "1b")

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+import pytest
 import pexpect
 
 from cospec_local import Engine
@@ -89,6 +90,7 @@ def test_show_names_model_sizes_and_a_threshold_only_where_there_is_one(tmp_path
     assert "is not a saved conversation (it holds no list of messages)" in text and "KeyError" not in text
 
 
+@pytest.mark.slow
 def test_the_draft_all_but_off_is_said_once_in_plain_words():
     """SmolLM2 with a draft that disagrees: the tuner stops drafting, and chat says why once."""
     env = dict(os.environ, TERM="dumb", PYTHONUNBUFFERED="1")

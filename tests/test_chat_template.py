@@ -85,6 +85,7 @@ def test_trim_blocks_and_special_tokens_and_extra_variables():
     assert t.render(CONVERSATION, sep="|") == "<s>\nsystem:You are terse.|\nuser:Hi!|\n</s>"
 
 
+@pytest.mark.slow
 def test_smollm2_template_from_gguf(smollm2):
     source, bos, eos = smollm2
     assert "<|im_start|>" in source

@@ -38,6 +38,7 @@ def test_generate_reports_bad_model_without_traceback(target_path, tmp_path):
     assert "file not found" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_bench_json(target_path, draft_paths, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("The capital of France is\nWrite a poem about rain.\n")
@@ -68,6 +69,7 @@ def test_bench_json(target_path, draft_paths, tmp_path):
     assert report["costs"]["draft_cost"] == pytest.approx(report["c"], abs=1e-4) and report["costs"]["verify_cost"] >= 0
 
 
+@pytest.mark.slow
 def test_bench_gives_no_bound_for_blocks_shorter_than_k(target_path, draft_paths):
     """The speed bound models blocks of exactly K tokens: with --draft-p-min (blocks end early)
     and with adaptive lengths a row has none, rather than a bound of another loop. The target
@@ -114,6 +116,7 @@ def spawn_chat(target_path, draft_path):
     return child
 
 
+@pytest.mark.slow
 def test_chat_session(target_path, draft_paths):
     child = spawn_chat(target_path, draft_paths["disagreeing"])
     child.sendline("/?")
@@ -138,6 +141,7 @@ def test_chat_session(target_path, draft_paths):
     assert child.exitstatus == 0
 
 
+@pytest.mark.slow
 def test_chat_ctrl_c_stops_reply_then_keeps_the_conversation(target_path, draft_paths):
     child = spawn_chat(target_path, draft_paths["disagreeing"])
     child.sendline("Write a very long story about the sea.")
@@ -202,6 +206,7 @@ def test_chat_with_the_learned_arbiter_colours_kept_tokens():
     child.expect(pexpect.EOF)
 
 
+@pytest.mark.slow
 def test_gguf_header_reader_matches_the_gguf_package(target_path, draft_paths, tmp_path):
     """`models` reads only the header keys it shows; the values are those of the gguf package's
     full reader, and a damaged header is a ValueError."""
@@ -230,6 +235,7 @@ def test_gguf_header_reader_matches_the_gguf_package(target_path, draft_paths, t
             describe_gguf(broken)
 
 
+@pytest.mark.slow
 def test_a_target_alone_gets_a_draft_with_its_vocabulary_or_runs_target_only(target_path, tmp_path):
     """`-m` without `-md`: the bundled draft made for a named target, a smaller named model with the
     target's vocabulary for a file, else target-only decoding; each said in one line."""
@@ -296,6 +302,7 @@ def test_chat_commands_validate_show_save_and_load(tmp_path):
     assert "\x1b[" not in text  # --color writes no escape codes where the output is not a terminal
 
 
+@pytest.mark.slow
 def test_chat_drops_the_oldest_turns_when_the_context_fills(target_path, draft_paths):
     """SmolLM2's template renders the whole conversation: a small context fills within a few turns,
     and the oldest turns go (the system message stays) instead of an error."""
@@ -377,6 +384,7 @@ def test_chat_in_a_terminal_samples_by_default_and_validates_settings(tmp_path):
     assert [m["role"] for m in turns] == ["user", "assistant"] and turns[1]["content"].strip()
 
 
+@pytest.mark.slow
 def test_gpu_flags_warn_once_on_a_cpu_build():
     from cospec_local import _cospec
 

@@ -116,6 +116,7 @@ def compare(blocks, reference_model) -> dict:
 # ------------------------------------------------------------------ tokenizer
 
 
+@pytest.mark.slow
 def test_tokenizer_pieces(art):
     sp = art["sp"]
     pieces = read_pieces(art["tok"])
@@ -301,6 +302,7 @@ def run_entry_point(*args: str) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_entry_points_convert_both_ways(art, tmp_path):
     """converters.llama_to_gguf writes the same tensors as the library call, and
     converters.gguf_to_torch reads them back into a folder whose weights equal the torch model's."""
@@ -319,6 +321,7 @@ def test_entry_points_convert_both_ways(art, tmp_path):
     assert max(float(np.abs(back[k] - expected[k]).max()) for k in expected) < 1e-6
 
 
+@pytest.mark.slow
 def test_arbiter_export_entry_point_writes_the_head_as_onnx(tmp_path):
     """converters.arbiter_export rebuilds head.onnx from arbiter.gguf, and the engine's ONNX head
     then gives the shipped arbiter's native P(keep)."""

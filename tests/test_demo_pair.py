@@ -106,6 +106,7 @@ def test_llama_cpp_logits_match_torch_on_task_prompts(role):
     assert agree >= 0.97 * total
 
 
+@pytest.mark.slow
 def test_pair_solves_tasks_and_sps_is_lossless():
     """On 24 arith and 8 pyfunc test problems: the target solves most, sps writes exactly the
     target's text, and the draft, weaker, still solves some (speeds are measured in bench/)."""

@@ -112,6 +112,7 @@ def test_training_goes_on_from_init_and_rejects_blocks_of_another_shape(tmp_path
         train_draft(target, 2, tmp_path, epochs=1.0, lr=1e-3, batch=2, seed=0, precision="float32", init=saved)
 
 
+@pytest.mark.slow
 def test_self_written_prompts_resume_and_skip_known_ones(tmp_path):
     from cospec_local.train.distill_draft import self_prompts
 

@@ -37,6 +37,7 @@ def test_directory_instead_of_file(tmp_path):
         Engine(tmp_path)
 
 
+@pytest.mark.slow
 def test_incompatible_vocabularies(target_path, draft_paths, tmp_path):
     bad = corrupt_vocab(draft_paths["disagreeing"], tmp_path / "bad-vocab.gguf")
     with pytest.raises(VocabMismatchError, match=r"token texts differ, first at id 1000"):
@@ -53,6 +54,7 @@ def test_prompt_longer_than_context(target_path, draft_paths):
         assert engine.generate("Hello", max_tokens=4, ignore_eos=True).tokens
 
 
+@pytest.mark.slow
 def test_context_filling_up_stops_cleanly(target_path, draft_paths):
     with Engine(target_path, draft_paths["disagreeing"], n_ctx=64) as engine:
         for run in (dict(mode="speculative"), dict(mode="target-only"), dict(mode="speculative", arbiter="fly")):
@@ -105,6 +107,7 @@ def test_modes_needing_a_draft(target_path):
             engine.generate("Hi", mode="speculative", max_tokens=2)
 
 
+@pytest.mark.slow
 def test_abort_returns_text_so_far(engine):
     result = {}
 

@@ -31,6 +31,7 @@ def check_consistent(summary, n_problems):
     assert modes["sps"]["accuracy"] == modes["target-only"]["accuracy"] and modes["sps"]["losses"] == 0
 
 
+@pytest.mark.slow
 def test_eval_summary_is_consistent(engine):
     problems = load_task("arith", "test", limit=3) + load_task("pyfunc", "test", limit=2)
     summary = evaluate(engine, problems, parse_runs(",".join(MODES)), score, params=GenerationParams(max_tokens=48),
@@ -38,6 +39,7 @@ def test_eval_summary_is_consistent(engine):
     check_consistent(summary, 5)
 
 
+@pytest.mark.slow
 def test_eval_cli_writes_results_and_resumes(target_path, draft_paths, tmp_path):
     out = tmp_path / "run"
     draft = shutil.copyfile(draft_paths["disagreeing"], tmp_path / "draft.gguf")
@@ -109,6 +111,7 @@ def reproducible_part(record: dict) -> dict:
     return {k: v for k, v in record.items() if k not in timing}
 
 
+@pytest.mark.slow
 def test_runs_that_keep_mismatches_are_reproducible(tmp_path):
     """The same eval twice, and resumed after an interruption, gives identical records for runs
     whose arbiter keeps mismatches: no block length or decision depends on timing or on what
@@ -149,6 +152,7 @@ def test_a_run_with_the_auto_arbiter_records_the_arbiter_that_ran(target_path):
     assert run.arbiter == "target" and arbiter_identity(run.arbiter) == {"name": "target", "kind": "builtin"}
 
 
+@pytest.mark.slow
 def test_an_arbiter_for_another_draft_fails_before_any_record(target_path, draft_paths, tmp_path):
     """The bundled demo arbiter on SmolLM2's pair is refused up front: no record of the runs
     before it is written, so the folder does not hold a half run under a config nobody can rerun."""
@@ -166,6 +170,7 @@ def test_an_arbiter_for_another_draft_fails_before_any_record(target_path, draft
     assert len((out / "records.jsonl").read_text().splitlines()) == 4
 
 
+@pytest.mark.slow
 def test_an_evaluation_takes_more_runs_and_names_what_differs(tmp_path):
     """More runs of the same evaluation go into its folder beside the earlier ones (which are not
     run again); other settings are refused naming the setting."""

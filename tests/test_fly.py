@@ -146,6 +146,7 @@ def python_fly(window, threshold):
 
 
 @pytest.mark.parametrize("k", [4, 8])
+@pytest.mark.slow
 def test_native_fly_matches_reference_in_the_engine(engine_for, k):
     engine = engine_for("mixed")
     window, threshold = 2, 0.3

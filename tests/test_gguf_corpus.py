@@ -1,6 +1,8 @@
 """No model file may abort, hang or exhaust the process: the corpus of structured corruptions of
 the demo pair (tests/gguf_corpus.py, over 1,000 cases) ends, case by case, in a clean typed error
 with a short, valid message, or in a correct run with finite logits."""
+import pytest
+
 from cospec_local.models import demo_model
 from gguf_corpus import arbiter_cases, build, run, shipped_arbiters, verdict
 
@@ -17,6 +19,7 @@ def assert_clean(cases, error_classes: set[str]) -> None:
     assert classes <= error_classes, classes
 
 
+@pytest.mark.slow
 def test_every_corrupted_model_is_a_clean_error_or_a_correct_run(tmp_path):
     cases = build(tmp_path, demo_model("target"), demo_model("draft"))
     assert len(cases) >= 1000
@@ -24,6 +27,7 @@ def test_every_corrupted_model_is_a_clean_error_or_a_correct_run(tmp_path):
                          "ContextFullError"})  # (a context_length of 1: the prompt does not fit)
 
 
+@pytest.mark.slow
 def test_every_corrupted_arbiter_is_a_clean_error_or_a_correct_run(tmp_path):
     """The shipped arbiters' files (the LoRA adapter, the head and its metadata) corrupted one at a
     time: loading and asking the arbiter ends in a typed error or a run with finite P(keep)."""

@@ -59,6 +59,7 @@ def test_default_flash_attention_follows_the_models_size(target_path, draft_path
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 @pytest.mark.parametrize("kind", ["disagreeing", "mixed", "self"])
+@pytest.mark.slow
 def test_sps_matches_target_only(exact_engine_for, reference, kind, k):
     engine = exact_engine_for(kind)
     totals = {"match": 0, "fallback": 0, "bonus": 0, "target": 0}  # target: the last token, when no room is left to draft
@@ -79,6 +80,7 @@ def test_sps_matches_target_only(exact_engine_for, reference, kind, k):
         assert totals["match"] > 0 and totals["fallback"] > 0 and totals["bonus"] > 0
 
 
+@pytest.mark.slow
 def test_prompt_cache_does_not_change_output(exact_engine_for, reference):
     """The second call reuses the cached prompt prefix; results must not change."""
     engine = exact_engine_for("disagreeing")
@@ -91,6 +93,7 @@ def test_prompt_cache_does_not_change_output(exact_engine_for, reference):
 
 
 @pytest.mark.parametrize("kind", ["disagreeing", "mixed"])
+@pytest.mark.slow
 def test_adaptive_draft_length_is_lossless_and_backs_off(exact_engine_for, reference, kind):
     """Adaptive drafting picks each block's length in [0, K]; output stays the target's,
     and a draft that rarely agrees gets short blocks (often none)."""
@@ -110,6 +113,7 @@ def test_adaptive_draft_length_is_lossless_and_backs_off(exact_engine_for, refer
 
 
 @pytest.mark.parametrize("weight_type", ["Q8_0", "Q4_0"])
+@pytest.mark.slow
 def test_zero_ffn_blocks_keep_the_function(target_path, model_dir, reference, weight_type):
     """A target made costlier by zero feed-forward blocks (the realistic-size benchmark's models)
     computes the source's function exactly: the same greedy tokens, alone and verifying the
@@ -133,6 +137,7 @@ def test_zero_ffn_blocks_keep_the_function(target_path, model_dir, reference, we
 
 
 @pytest.mark.parametrize("pair", ["mixed", "demo"])
+@pytest.mark.slow
 def test_blocks_with_a_mismatch_emit_the_verify_passs_choices(request, pair):
     """The invariant that holds on every backend: in each block with a mismatch (the blocks an
     arbiter sees), the tokens sps emits are the target's greedy choices at their positions in that

@@ -228,6 +228,7 @@ def recorded(worker, mismatch_problems, tmp_path_factory):
     return folder, runs
 
 
+@pytest.mark.slow
 def test_rollouts_are_seeded_and_recorded_as_decided(worker, mismatch_problems, recorded):
     folder, runs = recorded
     n_keep = n_reject = 0
@@ -252,6 +253,7 @@ def test_rollouts_are_seeded_and_recorded_as_decided(worker, mismatch_problems, 
     assert any(runs[p.id][0] != runs[p.id][1] for p in mismatch_problems)  # seeds matter
 
 
+@pytest.mark.slow
 def test_branches_try_both_choices_at_decision_states(worker, mismatch_problems, recorded):
     """credit=state: the states are decisions of a policy rollout (mismatches), each choice is
     continued and scored, and the same seed gives the same states and outcomes."""
@@ -271,6 +273,7 @@ def test_branches_try_both_choices_at_decision_states(worker, mismatch_problems,
 
 
 @pytest.mark.parametrize("arbiter", ["lenient-features", "demo-lora"])
+@pytest.mark.slow
 def test_policy_states_are_the_policys_own_decisions_with_both_branches_scored(worker, mismatch_problems, recorded,
                                                                                arbiter):
     """collect --policy: the run decides as the arbiter does natively (same tokens and answer), its
@@ -301,6 +304,7 @@ def test_policy_states_are_the_policys_own_decisions_with_both_branches_scored(w
     assert sum(same_as_run) >= 0.8 * len(same_as_run)
 
 
+@pytest.mark.slow
 def test_recorded_blocks_give_the_engines_probabilities(worker, recorded):
     """The recorded state reproduces P(keep) when scored again: what the update trains on is what
     the engine decided on."""
@@ -365,6 +369,7 @@ def read_log(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_trainer_runs_resumes_and_writes_a_loadable_arbiter(tmp_path):
     out = tmp_path / "grpo"
     first = run_trainer(out, "--steps", "1")
@@ -408,6 +413,7 @@ def test_trainer_runs_resumes_and_writes_a_loadable_arbiter(tmp_path):
     assert solved / len(dev) == pytest.approx(accuracy[sweep["chosen"]])
 
 
+@pytest.mark.slow
 def test_trainer_under_torchrun_with_two_processes(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():

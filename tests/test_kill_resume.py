@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 EVAL = [sys.executable, "-m", "cospec_local.cli", "eval", "--task", "arith", "--limit", "10",
         "--runs", "target-only,sps", "-t", "1", "--json", "--fixed-draft"]  # block lengths that never depend on timing
 COLLECT = [sys.executable, "-m", "cospec_local.train.collect", "--families", "arith", "--train", "14", "--dev", "4",
@@ -64,6 +66,7 @@ def whole_then_killed_then_resumed(command: list[str], tmp_path: Path, seed: int
     return whole, resumed
 
 
+@pytest.mark.slow
 def test_eval_killed_at_random_points_resumes_to_the_same_records(tmp_path):
     whole, resumed = whole_then_killed_then_resumed(EVAL, tmp_path, 39, 19, "records.jsonl", ("records.jsonl",), 600)
 
@@ -77,6 +80,7 @@ def test_eval_killed_at_random_points_resumes_to_the_same_records(tmp_path):
     assert json.loads(resumed.stdout)["runs"].keys() == json.loads(whole.stdout)["runs"].keys()
 
 
+@pytest.mark.slow
 def test_collection_killed_at_random_points_resumes_to_the_same_states(tmp_path):
     whole_then_killed_then_resumed(COLLECT, tmp_path, 4, 17, "problems.jsonl", ("states.jsonl", "problems.jsonl"), 900)
     for name in ("states.jsonl", "problems.jsonl"):

@@ -225,6 +225,7 @@ def test_collector_shows_observers_every_decided_block(demo_engine):
 
 
 @pytest.mark.parametrize("lora_context", ["draft", "adapter"])
+@pytest.mark.slow
 def test_lora_hidden_states_match_torch(f32_draft, states, tmp_path, lora_context):
     """The engine's region pass (prefix causal, region one non-causal batch) is the torch model's
     hybrid mask: same hidden states for every d_i and t_i of real blocks, with the adapter on the
@@ -258,6 +259,7 @@ def test_lora_hidden_states_match_torch(f32_draft, states, tmp_path, lora_contex
 
 
 @pytest.mark.parametrize("lora_context", ["draft", "adapter"])
+@pytest.mark.slow
 def test_folded_adapter_reads_what_the_adapter_does(f32_draft, states, tmp_path, lora_context):
     """By default a LoRA arbiter runs a private copy of its (small) draft with the adapter folded
     into the weights, W + s BA in F32, instead of applying the adapter at every decode. With an
@@ -379,6 +381,7 @@ def test_onnx_head_matches_torch_and_native(tmp_path, demo_engine, states):
     assert np.allclose([d.p_keep for d in a.decisions], [d.p_keep for d in b.decisions], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_lora_head_can_start_as_the_features_arbiter(demo_engine, states, tmp_path):
     """warmup --lora-from-features: a LoRA arbiter whose head starts from a features arbiter's
     (its own input standardisation kept) scores every mismatch as that arbiter does, natively."""
@@ -446,6 +449,7 @@ def test_shipped_arbiter_runs_and_records_decisions(demo_engine, name):
     assert n_decisions > 0
 
 
+@pytest.mark.slow
 def test_draft_context_arbiter_reads_the_drafts_cache(demo_engine, tmp_path):
     """A lora_context "draft" arbiter takes the block's context from the draft's cache. In a
     generation the draft holds it already; a block scored afterwards, with the draft's cache moved
@@ -550,6 +554,7 @@ def test_sampled_decisions_follow_the_seed(demo_engine, tmp_path):
     assert kept.decisions and all(d.keep for d in kept.decisions)
 
 
+@pytest.mark.slow
 def test_bad_arbiter_files_are_clear_errors(demo_engine, f32_draft, tmp_path):
     good = export(random_lora_arbiter(demo_model("draft")), tmp_path / "good", demo_model("draft"))
     assert demo_engine.arbiter(str(good)).name == "test-lora"
@@ -653,6 +658,7 @@ def test_arbiter_is_closed_with_its_engine(f32_draft, tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(NAMED_ARBITERS))
+@pytest.mark.slow
 def test_shipped_arbiter_reproduces_its_reference_generations(demo_engine, f32_draft, name):
     """Each bundled arbiter ships with the generations it made on the first test problems of each
     family (cospec_local/train/bundle.py): the same text, tokens, provenance and decisions here, and

@@ -39,6 +39,7 @@ def start(engine, **kw):
 
 
 @pytest.mark.parametrize("attempt", range(5))
+@pytest.mark.slow
 def test_close_during_generation_stops_it_and_frees_after(attempt, target_path, draft_paths):
     engine = Engine(target_path, draft_paths["mixed"], n_ctx=4096, n_threads=1)
     worker, box = start(engine, arbiter="fly" if attempt % 2 else "target")
@@ -54,6 +55,7 @@ def test_close_during_generation_stops_it_and_frees_after(attempt, target_path, 
     engine.close()  # twice is fine
 
 
+@pytest.mark.slow
 def test_reset_during_generation_stops_it_and_keeps_the_engine(target_path, draft_paths):
     with Engine(target_path, draft_paths["mixed"], n_ctx=4096, n_threads=1) as engine:
         for _ in range(3):
@@ -157,6 +159,7 @@ def test_cli_refuses_out_of_range_values_before_loading(args, flag, tmp_path):
     assert time.time() - t0 < 60
 
 
+@pytest.mark.slow
 def test_cli_json_interrupt_prints_the_partial_result():
     child = subprocess.Popen([*CLI, "generate", "-m", "smollm2-135m", "-md", "smollm2-135m-draft", "-p",
                               "Write a very long story about the sea.", "-n", "3000", "--ignore-eos", "--json", "-t", "1"],
@@ -195,6 +198,7 @@ def target_with_template(tmp_path, name, template):
                         kv_edit=lambda key, value: template if key == gguf.Keys.Tokenizer.CHAT_TEMPLATE else value)
 
 
+@pytest.mark.slow
 def test_hostile_chat_templates_are_stopped_by_the_renderer_process(tmp_path):
     """A render that would run for minutes or take gigabytes ends within the renderer's limits,
     in its own process: this one's memory does not grow, and the engine goes on."""

@@ -47,17 +47,20 @@ def samples(engine):
     return target, sps
 
 
+@pytest.mark.slow
 def test_sps_first_token_distribution_matches_target(samples):
     (t_first, _), (s_first, _) = samples
     assert len(t_first) >= 5, "the prompt should spread probability over several tokens"
     assert p_value(t_first, s_first) > 1e-3
 
 
+@pytest.mark.slow
 def test_sps_second_token_distribution_matches_target(samples):
     (_, t_pair), (_, s_pair) = samples
     assert p_value(t_pair, s_pair) > 1e-3
 
 
+@pytest.mark.slow
 def test_the_statistical_test_detects_a_different_distribution(engine, samples):
     """The same test rejects draft-only sampling, so it has the power to catch a biased engine."""
     (t_first, _), _ = samples
@@ -72,6 +75,7 @@ def chat_samples(engine):
     return target, sps
 
 
+@pytest.mark.slow
 def test_sps_with_chat_samplers_matches_target(engine, chat_samples):
     """top-k, top-p, min-p and the repeat penalty keep speculative sampling lossless."""
     (t_first, t_pair), (s_first, s_pair) = chat_samples
@@ -84,6 +88,7 @@ def test_sps_with_chat_samplers_matches_target(engine, chat_samples):
     assert p_value(t_first, u_first) < 1e-6
 
 
+@pytest.mark.slow
 def test_min_p_keeps_only_tokens_near_the_top(engine):
     """Every sampled token has at least min_p x the top token's probability, measured on the
     model's own distribution as llama.cpp does (temperature after the cut: at 2.0 a cut on the
@@ -122,6 +127,7 @@ def test_repeat_penalty_follows_llama_cpp(engine):
         assert int(np.argmax(row)) == r.tokens[i], f"step {i}"
 
 
+@pytest.mark.slow
 def test_greedy_sps_with_repeat_penalty_is_lossless(engine_for):
     """The draft and the target see the same penalised history, in and across blocks."""
     kw = dict(max_tokens=40, ignore_eos=True, repeat_penalty=1.3, repeat_last_n=16)
@@ -133,6 +139,7 @@ def test_greedy_sps_with_repeat_penalty_is_lossless(engine_for):
             assert r.tokens == reference, (kind, k)
 
 
+@pytest.mark.slow
 def test_sampling_does_not_depend_on_timing(engine):
     """With sampling, block lengths steer the random stream, so adaptive drafting chooses them
     from this call's counts and cost settings, never clocks: a run repeated after other work
@@ -144,6 +151,7 @@ def test_sampling_does_not_depend_on_timing(engine):
     assert engine.generate(PROMPT, **kw).tokens == first
 
 
+@pytest.mark.slow
 def test_sampling_is_reproducible_per_seed(engine):
     kw = dict(mode="speculative", max_tokens=24, temperature=0.9, draft_max=4, adaptive_draft=False)
     a = engine.generate(PROMPT, seed=7, **kw)

@@ -7,6 +7,8 @@ import time
 import tokenize
 from pathlib import Path
 
+import pytest
+
 import cospec_local.sandbox as sandbox_module
 from cospec_local.sandbox import run_python
 
@@ -25,6 +27,7 @@ def test_failing_assert_fails_with_traceback():
     assert "AssertionError: bad sum" in r.stderr
 
 
+@pytest.mark.slow
 def test_infinite_loop_is_killed_within_timeout():
     start = time.monotonic()
     r = run_python("while True:\n    pass\n", timeout=1.0)
@@ -40,6 +43,7 @@ def test_a_program_killed_by_a_signal_is_reported_by_it():
     assert not r.passed and not r.timed_out and r.killed_reason == "signal SIGKILL", r
 
 
+@pytest.mark.slow
 def test_sleeping_program_is_killed_within_timeout():
     start = time.monotonic()
     r = run_python("import time\ntime.sleep(60)\n", timeout=1.0)

@@ -127,6 +127,7 @@ print('signalled', hits)
         victim.wait()
 
 
+@pytest.mark.slow
 def test_a_detached_child_does_not_outlive_the_run():
     marker = f"cospec-escape-marker-{os.getpid()}"
     r = escape(f"""

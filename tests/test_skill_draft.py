@@ -40,6 +40,7 @@ def test_an_exchange_is_the_eval_prompt_then_the_solution_and_end_of_turn(task_f
         assert engine.detokenize(tokens[prompt_len:-1]) == problem.solution
 
 
+@pytest.mark.slow
 def test_training_writes_a_draft_whose_blocks_graft_back_exactly(task_file, tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "run"
@@ -67,6 +68,7 @@ def test_training_writes_a_draft_whose_blocks_graft_back_exactly(task_file, tmp_
         graft_embedding(draft, target, tmp_path / "wrong.gguf")
 
 
+@pytest.mark.slow
 def test_a_task_without_worked_solutions_is_refused(tmp_path):
     path = tmp_path / "bare.jsonl"
     path.write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in ROWS))
@@ -77,6 +79,7 @@ def test_a_task_without_worked_solutions_is_refused(tmp_path):
     assert not (tmp_path / "run" / "draft_blocks.pt").exists()
 
 
+@pytest.mark.slow
 def test_the_shipped_arithmetic_arbiter_stays_out_of_general_chat():
     """SmolLM2 with its arithmetic draft and arbiter: general chat prompts get the target's own
     greedy reply, the domain gate abstaining; an arithmetic question is admitted
@@ -98,6 +101,7 @@ def test_the_shipped_arithmetic_arbiter_stays_out_of_general_chat():
         assert not engine.generate(sum_prompt, params, arbiter="smollm2-arith").stats.arbiter_abstained
 
 
+@pytest.mark.slow
 def test_policy_states_through_the_chat_template():
     """collect --policy --chat: the arbiter's own run on a chat-rendered problem, its states'
     contexts starting with that prompt, the run deciding exactly as the engine does natively."""

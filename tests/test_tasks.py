@@ -177,6 +177,7 @@ def test_pyfunc_prompts_are_valid_stubs_with_hidden_tests():
         compile(p.prompt + p.solution, "<reference>", "exec")  # syntax only: nothing is run in-process
 
 
+@pytest.mark.slow
 def test_pyfunc_scorer_accepts_solutions_and_rejects_buggy_bodies():
     task = TASKS["pyfunc"]
     problems = _pyfunc_problems()
@@ -185,6 +186,7 @@ def test_pyfunc_scorer_accepts_solutions_and_rejects_buggy_bodies():
     assert not task.score(problems[0], "    pass\n")
 
 
+@pytest.mark.slow
 def test_pyfunc_completion_conventions():
     task = TASKS["pyfunc"]
     p = task.generate("dev", 1, {"level": 2})[0]

@@ -54,6 +54,7 @@ def send(browser, text: str) -> None:
     browser.find_element(By.ID, "send").click()
 
 
+@pytest.mark.slow
 def test_the_page_streams_a_reply_coloured_by_provenance(server, browser, tmp_path):
     browser.get(server.url + "/")
     wait = WebDriverWait(browser, 60)
@@ -86,6 +87,7 @@ def test_the_page_streams_a_reply_coloured_by_provenance(server, browser, tmp_pa
     browser.save_screenshot(os.environ.get("COSPEC_WEB_CHAT_SCREENSHOT", str(tmp_path / "web-chat.png")))
 
 
+@pytest.mark.slow
 def test_the_stop_button_ends_a_reply_and_the_chat_goes_on(target_path, draft_paths, browser):
     """SmolLM2 writes long replies (seconds here): Stop ends one mid-way, the server's engine is free
     again at once, and the next message gets its reply."""
