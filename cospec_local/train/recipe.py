@@ -33,7 +33,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
+from ..child_processes import die_with_parent
 from .states import LabelledState
 
 # Headroom: below these, the draft solves too few of the target's misses for an arbiter to matter.
@@ -60,15 +60,6 @@ PILOT_PROBLEMS = 6  # dev problems collected once in the headroom stage, to time
 
 def _opt(default, help: str, **extra):
     return field(default=default, metadata={"help": help, **extra})
-
-
-def _die_with_parent() -> None:
-    """In a stage's process, before it starts: end it if the recipe's process dies, even by SIGKILL
-    (Linux's PR_SET_PDEATHSIG; elsewhere the finally in run_module covers a clean stop)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -365,7 +356,9 @@ class RecipeRun:
     def run_module(self, module: str, *args: str) -> None:
         """A training step in its own process (llama.cpp and torch never share one)."""
         command = [self.python, "-m", module, *args]
-        child = subprocess.Popen(command, preexec_fn=_die_with_parent)
+        # The stage ends if this process dies, even by SIGKILL; elsewhere than Linux the finally below
+        # covers a clean stop.
+        child = subprocess.Popen(command, preexec_fn=die_with_parent)
         try:
             returncode = child.wait()
         finally:  # this process stopped (Ctrl-C, SIGTERM): the stage stops with it, resumable as ever

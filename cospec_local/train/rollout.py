@@ -20,6 +20,7 @@ the end: a problem, the folder of the policy, settings) and gets back plain reco
 from __future__ import annotations
 
 import multiprocessing
+import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable, Iterator
@@ -27,6 +28,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from ..arbiters import arbiter_from_function
+from ..child_processes import die_with_parent
 from ..engine import Engine
 from ..params import GenerationParams
 from ..tasks import FAMILY_STOPS, Problem, score
@@ -310,8 +312,9 @@ Task = ScreenTask | GreedyTask | RolloutsTask | BranchesTask | PolicyStatesTask
 _WORKER: RolloutWorker | None = None
 
 
-def _init(cfg: WorkerConfig) -> None:
+def _init(cfg: WorkerConfig, parent_pid: int) -> None:
     global _WORKER
+    die_with_parent(parent_pid)  # a collection or GRPO run killed outright takes its workers with it
     _WORKER = RolloutWorker(cfg)
 
 
@@ -327,7 +330,7 @@ class RolloutPool:
         if workers < 1:
             raise ValueError("rollouts need at least one worker process")
         self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init,
-                                         initargs=(cfg,))
+                                         initargs=(cfg, os.getpid()))
 
     def map(self, tasks: Iterable[Task]) -> Iterator:
         """Results in task order, as they complete."""
