@@ -21,6 +21,7 @@ def rpc_server():
     proc.wait()
 
 
+@pytest.mark.slow
 def test_greedy_output_through_the_rpc_server_equals_the_local_run(target_path, draft_paths, rpc_server):
     prompt = "The three primary colors are"
     with Engine(target_path, draft_paths["mixed"], n_ctx=512, n_threads=1) as local:
@@ -39,6 +40,7 @@ def test_greedy_output_through_the_rpc_server_equals_the_local_run(target_path, 
     assert json.loads(out.stdout)["tokens"] == expected["speculative"]
 
 
+@pytest.mark.slow
 def test_one_server_serves_engines_of_one_process_not_of_two(target_path, rpc_server):
     """llama.cpp keeps one connection per server in a process, and an rpc-server serves one client
     at a time: a second engine here shares the connection; one in another process (`serve -np 2`)
@@ -61,6 +63,7 @@ def test_a_server_that_is_not_there_is_a_clear_error(target_path):
     assert out.returncode == 1 and "cannot reach the RPC server" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_serve_survives_an_rpc_server_dying_mid_generation(target_path):
     """llama.cpp's RPC client aborts its process when the server goes away mid-generation; `serve`
     runs each engine in a process of its own, so the request gets an error, the server lives on,

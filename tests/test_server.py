@@ -57,6 +57,7 @@ def metric(server, name: str) -> float:
 
 # ---------------------------------------------------------------- the API through the openai client
 
+@pytest.mark.slow
 def test_chat_completion_equals_the_engine_in_process(client):
     for arbiter in ("target", "demo-lora"):
         reply = chat(client, CHLOE, max_tokens=96, temperature=0, extra_body={"repeat_penalty": 1.0, "arbiter": arbiter})
@@ -158,6 +159,7 @@ def test_models_health_and_metrics(client, server):
 
 # ---------------------------------------------------------------- bad requests
 
+@pytest.mark.slow
 def test_bad_requests_get_openai_errors_and_the_server_lives_on(client, server):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
@@ -206,6 +208,7 @@ def test_bad_requests_get_openai_errors_and_the_server_lives_on(client, server):
     assert chat(client, CHLOE, max_tokens=16).choices[0].message.content  # still serving
 
 
+@pytest.mark.slow
 def test_api_key_and_strict_fields():
     srv = ServerProcess("-c", "512", "--api-key", "s3cret", "--strict")
     try:
@@ -227,6 +230,7 @@ def test_api_key_and_strict_fields():
 
 # ---------------------------------------------------------------- engines, queue and disconnects
 
+@pytest.mark.slow
 def test_a_client_that_disconnects_aborts_its_generation(long_server):
     body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 1500,
             "stream": True, "ignore_eos": True, "mode": "target-only"}
@@ -284,6 +288,7 @@ def requests_counted(server) -> dict[tuple[str, str], float]:
             re.finditer(r'^cospec_requests_total\{endpoint="([^"]+)",status="(\d+)"\} (\S+)$', text.decode(), re.M)}
 
 
+@pytest.mark.slow
 def test_an_engine_killed_mid_generation_is_a_503_counted_once(long_server):
     """An engine process that dies mid-request (SIGKILL here; llama.cpp aborts the process when its
     RPC server goes away) starts again for the next request: its request gets 503 engine_died with
@@ -324,6 +329,7 @@ def test_an_engine_killed_mid_generation_is_a_503_counted_once(long_server):
     assert grew == {(path, "503"): 1, (path, "200"): 2}, grew  # the stream's 200 and the last request's
 
 
+@pytest.mark.slow
 def test_concurrent_streams_for_a_minute_lose_and_duplicate_nothing():
     """Load: 8 streaming clients on 2 engines with 3 waiting places, for about a minute. Each stream
     must equal the prompt's whole greedy answer, or be a clean 503; the server's memory stays flat."""
