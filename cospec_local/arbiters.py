@@ -129,8 +129,33 @@ def resolve_arbiter_path(spec: str | os.PathLike) -> Path:
     return path
 
 
-def missing_arbiter_hint(spec: str | os.PathLike) -> str | None:
-    """Why `spec` names no arbiter, in words a user can act on, or None when it does name one."""
+def arbiters_for_draft(draft_path: str | os.PathLike | None) -> list[str]:
+    """What --arbiter can name with this draft: auto, the built-in rules, and the bundled and
+    installed learned arbiters made for it (the draft fingerprint each records is this file's)."""
+    from .arbiter_bundle import read_meta
+
+    names = [AUTO, *BUILTIN_NAMES]
+    if draft_path is None or not Path(draft_path).is_file():
+        return names
+    fingerprint = _cospec.model_fingerprint(os.fspath(draft_path))
+    for name, path in [(n, a.path) for n, a in NAMED_ARBITERS.items()] + list(installed_arbiters().items()):
+        try:
+            if read_meta(path).get("draft_fingerprint") == fingerprint:
+                names.append(name)
+        except (OSError, ValueError):  # an unreadable arbiter is not offered
+            continue
+    return names
+
+
+def another_draft_fix(draft_path: str | os.PathLike | None) -> str:
+    """The fix line for an arbiter made for another draft: what fits this one."""
+    return (f"fix: --arbiter {', '.join(arbiters_for_draft(draft_path))} (those fit this draft), or train one "
+            f"for this pair: cospec-local arbiter train NAME -m TARGET -md DRAFT --task TASKS")
+
+
+def missing_arbiter_hint(spec: str | os.PathLike, draft_path: str | os.PathLike | None = None) -> str | None:
+    """Why `spec` names no arbiter, in words a user can act on, or None when it does name one; with
+    draft_path, the names offered are those that fit that draft."""
     path = resolve_arbiter_path(spec)
     if path.is_file() or (path / ARBITER_FILE).is_file():
         return None
@@ -139,6 +164,9 @@ def missing_arbiter_hint(spec: str | os.PathLike) -> str | None:
         if inside:
             return f"{path} holds arbiters in {', '.join(name + '/' for name in inside)}: pass one of those folders"
         return f"{path} holds no {ARBITER_FILE}"
+    if draft_path is not None:
+        return (f"no arbiter {os.fspath(spec)!r}: not a folder, nor a name that fits this draft "
+                f"({', '.join(arbiters_for_draft(draft_path))}; installed ones live in {user_arbiters_dir()})")
     names = sorted(NAMED_ARBITERS) + sorted(installed_arbiters())
     return (f"no arbiter {os.fspath(spec)!r}: not a folder, nor one of the arbiters by name "
             f"({', '.join(names)}; installed ones live in {user_arbiters_dir()})")

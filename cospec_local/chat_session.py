@@ -24,7 +24,8 @@ HELP = """Commands:
   /load FILE         read a conversation written by /save
   /bye               leave
 Multi-line input: end a line with \\ to go on, or put the text between triple quotes (\"\"\").
-Ctrl-C stops a reply and keeps the conversation; Ctrl-C at the prompt (or Ctrl-D) leaves.
+Ctrl-C stops a reply and keeps the conversation (at the prompt it clears the line); Ctrl-D or
+/bye leaves.
 When the conversation outgrows the context, the oldest turns are dropped (the system message stays)."""
 
 def _on_off(value: str) -> bool:

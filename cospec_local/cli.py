@@ -116,10 +116,11 @@ def model_options(fn):
     return wrapper
 
 
-def generation_options(exclude: tuple[str, ...] = (), **defaults):
+def generation_options(exclude: tuple[str, ...] = (), fresh_seed: bool = False, **defaults):
     """Click options for GenerationParams' fields: flags, help and defaults come from the
     dataclass (a command may change a default, e.g. chat's longer replies); the command
-    receives one `params` object."""
+    receives one `params` object. fresh_seed: the command draws a new seed for each reply unless
+    --seed is given (chat), which its help says instead of a default."""
     chosen = [f for f in fields(GenerationParams) if f.name not in exclude]
 
     def decorate(fn):
@@ -153,8 +154,10 @@ def generation_options(exclude: tuple[str, ...] = (), **defaults):
                 extra["type"] = click.IntRange(0, 2**64 - 1)
             elif isinstance(default, bool) and "/" not in meta["flags"][0]:
                 extra["is_flag"] = True
-            wrapper = click.option(*meta["flags"], f.name, default=default, show_default=default is not None,
-                                   help=meta["help"], **extra)(wrapper)
+            fresh = fresh_seed and f.name == "seed"
+            wrapper = click.option(*meta["flags"], f.name, default=default, show_default=default is not None and not fresh,
+                                   help=meta["help"] + (" Default: a fresh one for each reply (/show gives it)."
+                                                        if fresh else ""), **extra)(wrapper)
         return wrapper
 
     return decorate
@@ -305,7 +308,7 @@ def generate(load, params, prompt, prompt_file, as_chat, as_json, color):
 
 @main.command()
 @model_options
-@generation_options(max_tokens=512, arbiter="auto", **CHAT_SAMPLING)
+@generation_options(max_tokens=512, arbiter="auto", fresh_seed=True, **CHAT_SAMPLING)
 @click.option("--system", default=None, help="System message.")
 @click.option("--color", is_flag=True, help="Colour draft tokens: green matched, magenta kept by the arbiter.")
 def chat(load, params, system, color):

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, fields
 from typing import Callable, ClassVar, Iterator, Sequence
 
 from . import _cospec
-from .arbiters import (AUTO, NAMED_ARBITERS, Arbiter, missing_arbiter_hint, onnx_head, resolve_arbiter_path,
-                       resolve_auto)
+from .arbiters import (AUTO, NAMED_ARBITERS, Arbiter, another_draft_fix, missing_arbiter_hint, onnx_head,
+                       resolve_arbiter_path, resolve_auto)
 from .chat_template import CHATML_TEMPLATE, ChatTemplate, from_gguf_metadata
 from .template_process import IsolatedChatTemplate
 from .errors import ArbiterError, ArbiterSettingsWarning, GenerationError, InvalidArgumentError, from_native
@@ -424,14 +424,17 @@ class Engine:
         threshold = -1.0 if params.arbiter_threshold is None else params.arbiter_threshold
         key = (os.path.abspath(path), threshold, params.arbiter_head, params.arbiter_gate)
         if key not in self._learned:
-            if (hint := missing_arbiter_hint(path)) is not None:
+            if (hint := missing_arbiter_hint(path, self.draft_path)) is not None:
                 raise ArbiterError(hint)
             head = onnx_head(path) if params.arbiter_head == "onnx" else None
             try:
                 self._learned[key] = Arbiter.load(self._native, os.fspath(path), threshold, head,
                                                   use_gate=params.arbiter_gate)
             except _cospec.CospecError as exc:
-                raise from_native(exc) from None
+                error = from_native(exc)
+                if isinstance(error, ArbiterError) and "made for another draft model" in str(error):
+                    raise ArbiterError(f"{error}\n{another_draft_fix(self.draft_path)}") from None
+                raise error from None
         arbiter = self._learned[key]
         return arbiter, str(spec) if str(spec) in NAMED_ARBITERS else arbiter.name
 

@@ -233,13 +233,23 @@ _CONFIG_WORDS = {"title": "task or split", "target": "target model", "draft": "d
                  "chat": "chat setting", "problems": "problems (task, split or --limit)"}
 
 
+def _flag(setting: str) -> str:
+    """The command-line flag of a generation setting (max_tokens: -n/--n-predict), as --help names it."""
+    from dataclasses import fields
+
+    from .params import GenerationParams
+
+    flags = next((f.metadata.get("flags") for f in fields(GenerationParams) if f.name == setting), None)
+    return "/".join(flags) if flags else f"--{setting.replace('_', '-')}"
+
+
 def merged_config(saved: dict, new: dict, out_dir: Path) -> dict:
     """An evaluation folder takes more runs of the same evaluation (models, problems and settings):
     the config then lists the earlier runs and the new ones. Anything else that differs is named."""
     differ = [_CONFIG_WORDS.get(key, key) for key in new if key != "runs" and saved.get(key) != new[key]]
     old_runs, new_runs = saved.get("runs", {}), new["runs"]
     old_settings, new_settings = old_runs.get("settings", {}), new_runs["settings"]
-    differ += [f"--{key.replace('_', '-')} ({old_settings.get(key)!r} there, {new_settings.get(key)!r} here)"
+    differ += [f"{_flag(key)} ({old_settings.get(key)!r} there, {new_settings.get(key)!r} here)"
                for key in sorted(set(old_settings) | set(new_settings)) if old_settings.get(key) != new_settings.get(key)]
     differ += [f"run {label} (another arbiter or mode)" for label in new_runs
                if label != "settings" and label in old_runs and old_runs[label] != new_runs[label]]

@@ -160,7 +160,8 @@ NAMED_MODELS = {
 
 # What a user is told the task-only pair can do (chat's banner, the web chat).
 TASK_PAIR_SCOPE = ("The demo pair knows only what it was trained on: arithmetic word problems and small Python "
-                   "functions (ask one of those).")
+                   "functions (ask one of those). Each question stands alone: its chat template sends only the "
+                   "latest message.")
 
 DEFAULT_TARGET = "demo-target"
 DEFAULT_DRAFT = "demo-draft"

@@ -205,3 +205,15 @@ def test_a_second_round_learns_from_the_states_its_arbiter_meets(trained):
     assert (first["round"], second["round"]) == (1, 2) and second["states"] > 0
     assert first["folder"] != second["folder"] and record["recipe"]["rounds"] == 2
     assert record["evaluation"]["arith"]["runs"]["target-only"]["n"] == 30
+
+
+def test_a_collection_too_small_for_the_warm_up_is_said_before_it_starts():
+    from cospec_local.train.recipe import MIN_DECISIVE_STATES, too_few_states_warning
+
+    pilot = {"collect_pilot": {"problems": 6, "decisive_per_problem": 0.5}}
+    said = too_few_states_warning(pilot, 40, 1)
+    assert said is not None and f"the {MIN_DECISIVE_STATES} the warm-up needs" in said and "--train 161" in said
+    assert too_few_states_warning(pilot, 400, 1) is None
+    assert "part ways more often" in too_few_states_warning({"collect_pilot": {"problems": 6,
+                                                                                "decisive_per_problem": 0.0}}, 400, 1)
+    assert too_few_states_warning({}, 40, 1) is None  # a headroom recorded before the pilot: nothing to go on

@@ -73,6 +73,7 @@ def test_settings_take_both_spellings_and_bad_values_say_why():
     assert "adaptive-draft: 'maybe' is not on or off" in text
     assert "could not convert" not in text and "invalid literal" not in text
     assert "arbiter: no arbiter 'nonsense'" in text and "demo-lora" in text
+    assert "auto, target, fly" in text and "smollm2-arith" not in text  # the names that fit this draft
     assert "(seed set)" in text and "(seed set: a new one each reply)" in text and not session.seed_fixed
 
 
@@ -126,7 +127,12 @@ def test_a_bad_target_or_arbiter_is_the_first_thing_said(tmp_path):
     out = run_cli("generate", "-m", "smollm2-135m", "-md", "smollm2-135m-first4", "--arbiter", "demo-lora",
                   "-p", "Hello there")
     assert out.returncode == 1 and "made for another draft model" in out.stderr
+    assert "\nfix: --arbiter auto, target, fly (those fit this draft)" in out.stderr
     assert "Hello there" not in out.stdout  # the prompt is not echoed before the error
+    out = run_cli("chat", "--help")
+    help_text = " ".join(out.stdout.split())  # click wraps the help
+    assert "--seed INTEGER RANGE Seed of sampling and of sampled arbiter decisions. Default: a fresh one for each " \
+           "reply (/show gives it). [0<=x<=18446744073709551615]" in help_text
 
 
 def test_generate_reads_its_prompt_from_a_file_or_standard_input(tmp_path):

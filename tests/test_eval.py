@@ -187,4 +187,4 @@ def test_an_evaluation_takes_more_runs_and_names_what_differs(tmp_path):
     assert len((out / "records.jsonl").read_text().splitlines()) == 9  # sps was not run again
     shorter = [("32" if a == "48" else a) for a in base]
     other = subprocess.run([*shorter, "--runs", "sps"], capture_output=True, text=True, timeout=900)
-    assert other.returncode != 0 and "other settings: --max-tokens (48 there, 32 here)" in other.stderr
+    assert other.returncode != 0 and "other settings: -n/--n-predict (48 there, 32 here)" in other.stderr

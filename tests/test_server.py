@@ -145,6 +145,7 @@ def test_models_health_and_metrics(client, server):
     assert [m.id for m in models.data] == ["demo-target"]
     info = models.data[0].model_extra["cospec"]
     assert info["draft"] == "demo-draft" and "demo-lora" in info["arbiters"]
+    assert "smollm2-arith" not in info["arbiters"]  # made for another draft: the web chat does not offer it
     assert "arithmetic word problems" in info["about"]  # the web chat shows the task pair's scope
     status, body = server.get("/health")
     assert status == 200 and json.loads(body)["status"] == "ok"
@@ -403,3 +404,24 @@ def test_each_request_gets_one_log_line(server, client):
             break
         time.sleep(0.1)
     assert statuses == ["200", "200", "400"]
+
+
+@pytest.mark.slow
+def test_a_draft_that_rarely_agrees_is_said_once_in_the_log(target_path, draft_paths):
+    """As chat and generate say it: the engine's tuner all but stops drafting with this pair, and
+    the server's log says so in plain words once, not on every request."""
+    note = "the draft agrees with the target too rarely"
+    body = {"model": "smollm2", "prompt": "The sea is", "max_tokens": 48, "ignore_eos": True}
+    srv = ServerProcess("-m", target_path, "-md", draft_paths["disagreeing"], "-a", "smollm2", "-c", "1024")
+    try:
+        with httpx.Client(base_url=srv.url, timeout=120) as http:
+            for _ in range(2):
+                reply = http.post("/v1/completions", json=body).json()
+                assert reply["timings"]["draft_n"] < 0.25 * reply["timings"]["predicted_n"]
+        deadline = time.monotonic() + 10
+        while not any(note in line for line in srv.log) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sum(note in line for line in srv.log) == 1
+    finally:
+        srv.stop()
+

@@ -25,7 +25,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from ..arbiters import AUTO, NAMED_ARBITERS
+from ..arbiters import arbiters_for_draft
 from ..engine import Generation, openai_usage
 from ..params import GenerationParams
 from .metrics import ServerMetrics
@@ -104,8 +104,9 @@ class CospecServer:
         self.metrics = ServerMetrics(self.pool)
         self.has_draft = workers[0].info["has_draft"]
         self.n_ctx = workers[0].info["n_ctx"]
-        # A request may choose among these; a folder path from a client would read the server's disk.
-        self.arbiters = {"target", "fly", AUTO, *NAMED_ARBITERS}
+        # A request may choose among these (the web chat offers them): the ones that fit the draft; a
+        # folder path from a client would read the server's disk.
+        self.arbiters = set(arbiters_for_draft(workers[0].info.get("draft_path")))
         if isinstance(defaults.arbiter, str):
             self.arbiters.add(defaults.arbiter)
         self.model_ids = {settings.model_id}

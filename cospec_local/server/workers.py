@@ -17,6 +17,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -105,6 +106,7 @@ def prepare_prompt(engine: Engine, chat: bool, payload, params: GenerationParams
 
 
 def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
+    from ..display import draft_off_note
     from ..errors import CospecError, GenerationError
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server handles Ctrl-C and ends this process
@@ -128,7 +130,9 @@ def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
             engine.abort()
 
     signal.signal(signal.SIGUSR1, stop)
-    conn.send(("ready", {"n_ctx": engine.n_ctx, "has_draft": engine.has_draft, "n_vocab": engine.n_vocab}))
+    conn.send(("ready", {"n_ctx": engine.n_ctx, "has_draft": engine.has_draft, "n_vocab": engine.n_vocab,
+                      "draft_path": engine.draft_path}))
+    said_draft_off = False
     while True:
         try:
             kind, args = conn.recv()
@@ -148,6 +152,9 @@ def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
                 finally:
                     running["id"] = None
                 conn.send(("done", engine.last_result))
+                if not said_draft_off and (note := draft_off_note(engine.last_result)) is not None:
+                    said_draft_off = True  # once per engine process, in the server's log, as chat says it once
+                    print(f"note: {note}", file=sys.stderr, flush=True)
         except RequestRefused as exc:
             conn.send(("refused", exc.args))
         except GenerationError as exc:

@@ -251,6 +251,23 @@ def estimate_seconds(room: dict, settings: RecipeSettings, n_train: int) -> dict
             "evaluate": evaluate}
 
 
+def too_few_states_warning(room: dict, n_train: int, n_tasks: int) -> str | None:
+    """A word before collecting where the pilot's yield says the train problems will give fewer
+    decisive states than the warm-up needs (the run would stop after collecting)."""
+    pilot = room.get("collect_pilot")
+    if not pilot or not pilot["problems"]:
+        return None
+    expected = pilot["decisive_per_problem"] * n_train * n_tasks
+    if expected >= 2 * MIN_DECISIVE_STATES:  # six pilot problems give a rough yield: keep a margin
+        return None
+    per_problem = pilot["decisive_per_problem"]
+    enough = (f"--train {int(4 * MIN_DECISIVE_STATES / (per_problem * n_tasks)) + 1} or more" if per_problem > 0
+              else "a task where the two models part ways more often")
+    return (f"note: the pilot found {per_problem:.2f} decisive states a problem ({pilot['problems']} dev problems), "
+            f"so {n_train} train problems may give about {expected:.0f}, near or under the {MIN_DECISIVE_STATES} the "
+            f"warm-up needs: {enough} (the collection goes on, and stops before the warm-up if they are too few)")
+
+
 def train_problems_for_budget(room: dict, settings: RecipeSettings, spent: float) -> int:
     """The most train problems per task (up to --train) whose estimated stages fit --minutes."""
     if settings.minutes is None:
@@ -517,6 +534,8 @@ class RecipeRun:
         n_train = plan["train"]
         self.say(f"plan: {n_train} train, {s.dev} dev and {s.test} test problems per task; estimated "
                  f"{_minutes(sum(plan['estimate'].values()))} ({_estimates_text(plan['estimate'])})")
+        if (warning := too_few_states_warning(room, n_train, len(s.tasks))) is not None:
+            self.say(warning)
         rounds = [self.collect_stage(n_train)]
         self._say_states(rounds[-1])
         warmed = self.warmup_stage(rounds)
