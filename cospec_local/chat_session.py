@@ -167,7 +167,7 @@ class ChatSession:
         if self.settings.mode == "speculative":
             arbiter = e.arbiter_for(self.settings)
             keeps = f", keeps at P >= {arbiter.threshold:.3f}" if arbiter.kind in LEARNED_KINDS else ""
-            self.say(f"  arbiter: {self.settings.arbiter} ({arbiter.name}{keeps})")
+            self.say(f"  arbiter: {self.settings.arbiter} ({e.arbiter_name(self.settings)}{keeps})")
         self.say(f"  context: {e.n_ctx} tokens; conversation: {len(self.messages)} messages")
         self.set("")
 

@@ -400,6 +400,11 @@ class Engine:
         a bad one fails here, before any output."""
         return self._arbiter(params)[0]
 
+    def arbiter_name(self, params: GenerationParams) -> str:
+        """The name a generation's result gives its arbiter (a bundled one's name, e.g. demo-lora for
+        auto on the demo pair, rather than its file's), loading it as arbiter_for does."""
+        return self._arbiter(params)[1]
+
     def unload_arbiter(self, spec) -> None:
         """Free the learned arbiters loaded here from `spec` (a name or folder), e.g. one that a
         training run is about to rewrite; the next use loads it again."""

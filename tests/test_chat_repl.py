@@ -88,6 +88,7 @@ def test_show_names_model_sizes_and_a_threshold_only_where_there_is_one(tmp_path
     assert "(llama, 4 layers" in text and "Q8_0)" in text and "?B" not in text
     shows = text.split("  target: ")
     assert "keeps at P >= 0.560" in shows[1] and "keeps at P" not in shows[2]
+    assert "arbiter: demo-lora (demo-lora, keeps" in shows[1]  # the name replies' stats give, not its file's
     assert "is not a saved conversation (it holds no list of messages)" in text and "KeyError" not in text
 
 
