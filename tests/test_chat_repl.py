@@ -46,14 +46,33 @@ def replies(text: str) -> list[str]:
     return out
 
 
-def test_a_seed_nobody_set_is_new_for_each_reply():
+def test_a_seed_nobody_set_is_new_for_each_reply(monkeypatch):
+    import cospec_local.chat_session as chat_session
+
+    drawn = []
+
+    def recorded_seed() -> int:
+        drawn.append(real_seed())
+        return drawn[-1]
+
+    real_seed = chat_session.random_seed
+    monkeypatch.setattr(chat_session, "random_seed", recorded_seed)
     engine, session, out = session_on_demo([QUESTION, "/clear", QUESTION, "/clear", QUESTION, "/show"],
                                            seed_fixed=False, temperature=1.5)
     with engine:
         session.run()
     text = out.getvalue()
-    assert len(set(replies(text))) > 1  # three samples at a high temperature: not all the same
-    assert "seed = random (the last reply's: " in text
+    assert len(drawn) == 3 and len(set(drawn)) == 3  # a fresh seed for each reply
+    assert f"seed = random (the last reply's: {drawn[-1]}; " in text
+    # and a fresh seed gives a fresh sample: these three seeds' replies differ (fixed here, so the
+    # check cannot fail by the chance of three random draws sampling the same reply)
+    seeds = iter([1, 2, 3])
+    monkeypatch.setattr(chat_session, "random_seed", lambda: next(seeds))
+    engine, session, out = session_on_demo([QUESTION, "/clear", QUESTION, "/clear", QUESTION],
+                                           seed_fixed=False, temperature=1.5)
+    with engine:
+        session.run()
+    assert len(set(replies(out.getvalue()))) > 1
     engine, session, out = session_on_demo([QUESTION, "/clear", QUESTION, "/clear", QUESTION], seed_fixed=True,
                                            temperature=1.5, seed=7)
     with engine:

@@ -361,7 +361,7 @@ def test_chat_in_a_terminal_samples_by_default_and_validates_settings(tmp_path):
     child.expect_exact("temp: temperature: must be a finite number >= 0")
     child.expect_exact(">>> ")
     child.sendline("/show")
-    for line in ("arbiter: auto (demo-draft-lora", "min_p = 0.05", "repeat_last_n = 64", "repeat_penalty = 1.1",
+    for line in ("arbiter: auto (demo-lora", "min_p = 0.05", "repeat_last_n = 64", "repeat_penalty = 1.1",
                  "temperature = 0.8", "top_k = 40", "top_p = 0.95"):
         child.expect_exact(line)
     child.expect_exact(">>> ")
