@@ -20,7 +20,7 @@ from .display import abstained_note, colored, draft_off_note, stats_line
 from .engine import FLASH_ATTN, Engine
 from .errors import ArbiterSettingsWarning, CospecError, VocabMismatchError
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, NAMED_MODELS, resolve_model
-from .params import CHAT_SAMPLING, GenerationParams
+from .params import CHAT_SAMPLING, GenerationParams, param_flags
 
 MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS; the engine refuses more
 
@@ -133,7 +133,7 @@ def generation_options(exclude: tuple[str, ...] = (), fresh_seed: bool = False, 
                 params.validate()
             except ValueError as exc:
                 field = getattr(exc, "field", None)
-                flags = next((f.metadata["flags"] for f in chosen if f.name == field), None)
+                flags = param_flags(field) if any(f.name == field for f in chosen) else None
                 why = str(exc).split(": ", 1)[-1] if field else str(exc)
                 raise click.BadParameter(why, param_hint=list(flags) if flags else None) from None
             return fn(params=params, **kwargs)

@@ -235,12 +235,9 @@ _CONFIG_WORDS = {"title": "task or split", "target": "target model", "draft": "d
 
 def _flag(setting: str) -> str:
     """The command-line flag of a generation setting (max_tokens: -n/--n-predict), as --help names it."""
-    from dataclasses import fields
+    from .params import param_flags
 
-    from .params import GenerationParams
-
-    flags = next((f.metadata.get("flags") for f in fields(GenerationParams) if f.name == setting), None)
-    return "/".join(flags) if flags else f"--{setting.replace('_', '-')}"
+    return "/".join(param_flags(setting)) or f"--{setting.replace('_', '-')}"
 
 
 def merged_config(saved: dict, new: dict, out_dir: Path) -> dict:

@@ -555,7 +555,6 @@ class RecipeRun:
                  f"(work files in {self.work}; {_minutes(time.time() - self.t0)} in this run)")
         return dest
 
-
     def _say_states(self, collected: dict) -> None:
         prefix = f"round {collected.get('round', 1)} " if self.settings.rounds > 1 else ""
         self.say(f"{prefix}decision states: {collected['states']}, {collected['decisive']} decisive "
