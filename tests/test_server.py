@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from cospec_local import Engine
+from cospec_local.display import DRAFT_OFF_SHARE
 from cospec_local.server.process import ServerProcess
 
 CHLOE = "Chloe has 7 candles and buys 24 more. How many candles does she have?"
@@ -409,15 +410,17 @@ def test_each_request_gets_one_log_line(server, client):
 @pytest.mark.slow
 def test_a_draft_that_rarely_agrees_is_said_once_in_the_log(target_path, draft_paths):
     """As chat and generate say it: the engine's tuner all but stops drafting with this pair, and
-    the server's log says so in plain words once, not on every request."""
+    the server's log says so in plain words once, not on every request. The tuner times its first
+    blocks (a fresh engine's first reply may draft a third of its tokens, more on a loaded machine),
+    so of four replies the later ones are the draft-off ones."""
     note = "the draft agrees with the target too rarely"
     body = {"model": "smollm2", "prompt": "The sea is", "max_tokens": 48, "ignore_eos": True}
     srv = ServerProcess("-m", target_path, "-md", draft_paths["disagreeing"], "-a", "smollm2", "-c", "1024")
     try:
         with httpx.Client(base_url=srv.url, timeout=120) as http:
-            for _ in range(2):
-                reply = http.post("/v1/completions", json=body).json()
-                assert reply["timings"]["draft_n"] < 0.25 * reply["timings"]["predicted_n"]
+            timings = [http.post("/v1/completions", json=body).json()["timings"] for _ in range(4)]
+        drafted_off = [t["draft_n"] < DRAFT_OFF_SHARE * t["predicted_n"] for t in timings]
+        assert sum(drafted_off) >= 2, timings
         deadline = time.monotonic() + 10
         while not any(note in line for line in srv.log) and time.monotonic() < deadline:
             time.sleep(0.05)
