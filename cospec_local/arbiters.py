@@ -221,7 +221,64 @@ BUILTIN_NAMES = ("target", "fly")
 
 # ---------------------------------------------------------------- describing arbiters (`arbiter list/show`)
 
-EVALUATION_FILE = "evaluation.json"  # written by `arbiter train` beside the arbiter's files
+EVALUATION_FILE = "evaluation.json"  # written by `arbiter train` (or `arbiter record`) beside the arbiter's files
+BASELINE_RUNS = ("target-only", "draft-only", "sps")  # what an arbiter's recorded evaluation compares it with
+
+
+def evaluation_row(run: dict) -> dict:
+    """What an arbiter's recorded evaluation keeps of one run of an eval summary."""
+    keys = ("n", "accuracy", "accuracy_ci95", "speedup", "predicted_per_second", "arbiter_keeps", "arbiter_share",
+            "recovered", "recovered_share", "losses", "tokens")
+    return {k: run.get(k) for k in keys}
+
+
+def evaluation_entry(summary: dict, labels: dict[str, str]) -> dict:
+    """One task's recorded evaluation from an eval summary (results.json): its size, either model's
+    share, the draft-only successes, and the runs named in labels (summary label -> recorded one)."""
+    return {"problems": summary["problems"], "union": summary.get("oracle_union"),
+            "draft_only_solves": summary.get("non_nested"),
+            "runs": {mine: evaluation_row(summary["runs"][label]) for label, mine in labels.items()
+                     if label in summary["runs"]}}
+
+
+def record_evaluation(arbiter: str | os.PathLike, eval_dir: str | os.PathLike) -> tuple[Path, str, dict]:
+    """Add what `cospec-local eval --out EVAL_DIR` measured of this arbiter to its recorded evaluation
+    (`arbiter show`), under the eval's title. Refused unless the eval ran these very files (their
+    hash in its config) beside target-only. Returns the arbiter's folder, the title and the entry."""
+    import json
+
+    from .arbiter_bundle import read_meta
+    from .jsonl import write_atomic
+
+    folder = arbiter_dir(resolve_arbiter_path(arbiter))
+    eval_dir = Path(eval_dir)
+    try:
+        config = json.loads((eval_dir / "config.json").read_text())
+        summary = json.loads((eval_dir / "results.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{eval_dir} is not a finished `cospec-local eval --out` folder "
+                         f"(config.json and results.json): {exc}") from None
+    sha = arbiter_identity(folder)["sha256"]
+    mine = [label for label, run in config.get("runs", {}).items()
+            if isinstance(run, dict) and (run.get("arbiter") or {}).get("sha256") == sha and label in summary["runs"]]
+    if not mine:
+        seen = sorted({str((run.get("arbiter") or {}).get("sha256")) for run in config.get("runs", {}).values()
+                       if isinstance(run, dict) and (run.get("arbiter") or {}).get("kind") == "learned"})
+        raise ValueError(f"{eval_dir} has no run of this arbiter's files (hash {sha}); its learned arbiters' "
+                         f"hashes: {', '.join(seen) or 'none'}. Run `cospec-local eval --runs "
+                         f"target-only,sps,cospec:{arbiter} --out DIR` and record that")
+    if "target-only" not in summary["runs"]:
+        raise ValueError(f"{eval_dir} has no target-only run to compare the arbiter with; add it to --runs")
+    kind = read_meta(folder)["kind"]
+    entry = evaluation_entry(summary, {label: label for label in BASELINE_RUNS} | {mine[0]: kind})
+    entry["recorded_from"] = {"folder": str(eval_dir.resolve()), "settings": config["runs"].get("settings"),
+                              "target": config.get("target"), "draft": config.get("draft"), "chat": config.get("chat")}
+    title = summary.get("title") or config.get("title") or eval_dir.name
+    path = folder / EVALUATION_FILE
+    record = json.loads(path.read_text()) if path.is_file() else {"name": folder.name, "kind": kind}
+    record.setdefault("evaluation", {})[title] = entry
+    write_atomic(path, json.dumps(record, indent=1) + "\n")
+    return folder, title, entry
 
 
 def describe_arbiter(folder: str | os.PathLike, name: str | None = None, where: str | None = None) -> dict:

@@ -632,7 +632,7 @@ def models(as_json):
 
 @main.group()
 def arbiter():
-    """Learned arbiters: train one for your own draft/target pair, list them, show one."""
+    """Learned arbiters: train one for your own draft/target pair, list them, show one, record an eval of one."""
 
 
 def _recipe_option(name: str, *flags: str, **extra):
@@ -762,6 +762,30 @@ def arbiter_show(name, as_json):
     except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(json.dumps(row, indent=1) if as_json else details_text(row))
+
+
+@arbiter.command("record")
+@click.argument("name")
+@click.argument("eval_dirs", metavar="EVAL_DIR...", nargs=-1, required=True,
+                type=click.Path(exists=True, file_okay=False))
+def arbiter_record(name, eval_dirs):
+    """Record what `cospec-local eval --out EVAL_DIR` measured of arbiter NAME (a name or a folder)
+    beside its files, so that `arbiter list/show` report it: one entry per eval title, replacing an
+    earlier one of that title. The eval must have run these very files beside target-only."""
+    from .arbiters import BASELINE_RUNS, missing_arbiter_hint, record_evaluation
+
+    if (hint := missing_arbiter_hint(name)) is not None:
+        raise click.ClickException(hint)
+    for eval_dir in eval_dirs:
+        try:
+            _, title, entry = record_evaluation(name, eval_dir)
+        except (ValueError, OSError) as exc:
+            raise click.ClickException(str(exc)) from None
+        runs = entry["runs"]
+        mine = next(label for label in runs if label not in BASELINE_RUNS)
+        click.echo(f"{name}: {title}, {entry['problems']} problems: target-only "
+                   f"{100 * runs['target-only']['accuracy']:.1f}% -> {100 * runs[mine]['accuracy']:.1f}% "
+                   f"({runs[mine]['speedup'] or 0:.2f}x target-only)")
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):

@@ -70,6 +70,35 @@ def test_list_and_show_the_bundled_arbiters(tmp_path):
     assert out.returncode == 1 and "no arbiter 'nonsense'" in out.stderr and "demo-lora" in out.stderr
 
 
+@pytest.mark.slow
+def test_an_eval_of_an_arbiter_is_recorded_for_show(tmp_path):
+    """`arbiter record`: what eval measured of these very files joins the arbiter's record; an
+    eval of other files, or one without target-only to compare with, is refused and writes nothing."""
+    import shutil
+
+    from cospec_local.arbiters import DEMO_ARBITERS_DIR
+
+    mine = tmp_path / "mine"
+    shutil.copytree(DEMO_ARBITERS_DIR / "lora", mine)
+    for folder, runs in (("e", f"target-only,sps,cospec:{mine}"), ("other", "target-only,cospec:demo-features"),
+                         ("no-target", f"sps,cospec:{mine}")):
+        out = run_cli("eval", "--task", "arith", "--limit", 3, "--runs", runs, "--out", tmp_path / folder, "-t", 1)
+        assert out.returncode == 0, out.stderr
+    out = run_cli("arbiter", "record", mine, tmp_path / "e")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"{mine}: arith (test), 3 problems: target-only ")
+    row = json.loads(run_cli("arbiter", "show", mine, "--json").stdout)
+    entry = row["evaluation"]["arith (test)"]
+    assert entry["problems"] == 3 and set(entry["runs"]) == {"target-only", "sps", "lora"}
+    assert entry["runs"]["lora"]["n"] == 3 and entry["recorded_from"]["settings"]["draft_max"] == 8
+    before = (mine / "evaluation.json").read_text()
+    out = run_cli("arbiter", "record", mine, tmp_path / "other")
+    assert out.returncode == 1 and "has no run of this arbiter's files" in out.stderr
+    out = run_cli("arbiter", "record", mine, tmp_path / "no-target")
+    assert out.returncode == 1 and "no target-only run" in out.stderr
+    assert (mine / "evaluation.json").read_text() == before
+
+
 # ---------------------------------------------------------------- train
 
 # A few minutes on 2 cores: the demo pair on arith, few problems (its headroom is large: the demo

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
+from ..arbiters import BASELINE_RUNS, evaluation_entry
 from ..child_processes import die_with_parent
 from .states import LabelledState
 
@@ -479,11 +480,8 @@ class RecipeRun:
         for task in self.settings.tasks:
             test = problems_of(self.settings, "test", self.settings.test, tasks=(task,))
             summary = self.evaluate_runs(engine, test, runs, folder / _slug(task), f"held-out test ({Path(task).name})")
-            rows = summary["runs"]
-            results[task] = {"problems": summary["problems"], "union": summary.get("oracle_union"),
-                             "draft_only_solves": summary.get("non_nested"),
-                             "runs": {label: _row(rows[label]) for label in ("target-only", "draft-only", "sps")}
-                             | {kind: _row(rows[f"cospec:{path}"]) for kind, path in candidates.items()}}
+            results[task] = evaluation_entry(summary, {label: label for label in BASELINE_RUNS}
+                                             | {f"cospec:{path}": kind for kind, path in candidates.items()})
         return self.stages.finish("evaluate", inputs, results)
 
     def choose(self, warmed: dict) -> str:
@@ -510,7 +508,7 @@ class RecipeRun:
                   "evaluation": {task: {"problems": r["problems"], "union": r["union"],
                                         "draft_only_solves": r["draft_only_solves"],
                                         "runs": {label: row for label, row in r["runs"].items()
-                                                 if label in ("target-only", "draft-only", "sps", kind)}}
+                                                 if label in (*BASELINE_RUNS, kind)}}
                                  for task, r in evaluation.items()},
                   "installed": time.strftime("%Y-%m-%d %H:%M:%S")}
         (tmp / EVALUATION_FILE).write_text(json.dumps(record, indent=1) + "\n")
@@ -580,12 +578,6 @@ def _count_states(folder: Path) -> dict:
 
 def _slug(task: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(task).name)
-
-
-def _row(run: dict) -> dict:
-    keys = ("n", "accuracy", "accuracy_ci95", "speedup", "predicted_per_second", "arbiter_keeps", "arbiter_share",
-            "recovered", "recovered_share", "losses", "tokens")
-    return {k: run.get(k) for k in keys}
 
 
 def _estimates_text(estimate: dict) -> str:
