@@ -166,6 +166,10 @@ def test_bad_requests_get_openai_errors_and_the_server_lives_on(client, server):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
     assert e.value.code == "model_not_found"
+    served = client.models.list().data[0].id
+    reply = httpx.post(server.api + "/chat/completions", timeout=60,  # as curl without "model" sends it
+                       json={"messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 4})
+    assert reply.status_code == 200 and reply.json()["model"] == served
     for bad in ({"max_tokens": -5}, {"max_tokens": 0}, {"temperature": "hot"}, {"top_p": 0}, {"n": 2},
                 {"stop": ["a", "b", "c", "d", "e"]}, {"seed": -1}, {"presence_penalty": 0.5}):
         with pytest.raises(openai.BadRequestError) as e:

@@ -182,9 +182,12 @@ class CospecServer:
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise APIError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
 
-    def _check_model(self, model: str) -> None:
-        if model not in self.model_ids:
-            raise APIError(404, f"the model {model!r} does not exist here; this server serves "
+    def _check_model(self, req) -> None:
+        """The request's model is this server's; one that names none is given it (as llama-server does)."""
+        if req.model is None:
+            req.model = self.settings.model_id
+        if req.model not in self.model_ids:
+            raise APIError(404, f"the model {req.model!r} does not exist here; this server serves "
                                 f"{', '.join(sorted(self.model_ids))}", param="model", code="model_not_found")
 
     # ------------------------------------------------------------ simple endpoints
@@ -224,7 +227,7 @@ class CospecServer:
     async def chat_completions(self, request: Request) -> Response:
         self._authorize(request)
         req = parse_request(ChatCompletionRequest, await self._json_body(request), self.settings.strict)
-        self._check_model(req.model)
+        self._check_model(req)
         params = self._params(req)
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
         return await self._respond(request, req, params, messages, chat=True)
@@ -232,7 +235,7 @@ class CospecServer:
     async def completions(self, request: Request) -> Response:
         self._authorize(request)
         req = parse_request(CompletionRequest, await self._json_body(request), self.settings.strict)
-        self._check_model(req.model)
+        self._check_model(req)
         params = self._params(req)
         return await self._respond(request, req, params, req.prompt_input(), chat=False)
 

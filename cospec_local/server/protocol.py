@@ -57,7 +57,7 @@ class _Common(BaseModel):
     """Fields both endpoints share: OpenAI's, then the server's extensions."""
 
     model_config = ConfigDict(extra="ignore")
-    model: str
+    model: str | None = None  # OpenAI requires it; as llama-server, a request without it gets the served model
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1, lt=2**31)
