@@ -7,6 +7,7 @@ from collections import defaultdict
 from typing import Callable, Sequence
 
 from .engine import Engine
+from .machine_load import OtherLoad, busy_note
 from .params import GenerationParams
 from .runs import Run
 
@@ -109,14 +110,15 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], runs: S
         if rep == 0:
             outputs[k, run.label].append(r.tokens)
 
-    for rep in range(repeat):
-        for i, prompt in enumerate(tokenized):
-            if baseline is not None:
-                record(None, baseline, rep, generate(prompt, baseline))
-            for k in ks:
-                for run in others:
-                    record(k, run, rep, generate(prompt, run, draft_max=k))
-            say(f"prompt {i + 1}/{len(tokenized)} (repeat {rep + 1}/{repeat})")
+    with OtherLoad() as load:  # what else ran meanwhile: a busy machine makes the ratios meaningless
+        for rep in range(repeat):
+            for i, prompt in enumerate(tokenized):
+                if baseline is not None:
+                    record(None, baseline, rep, generate(prompt, baseline))
+                for k in ks:
+                    for run in others:
+                        record(k, run, rep, generate(prompt, run, draft_max=k))
+                say(f"prompt {i + 1}/{len(tokenized)} (repeat {rep + 1}/{repeat})")
 
     def tps(tokens, ms):
         return 1000.0 * tokens / ms if ms else 0.0
@@ -182,6 +184,7 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], runs: S
         "c": plain_ms["draft-only"] / plain_ms["target-only"] if plain_ms else None,
         # The timing-free cost model (--draft-cost, --verify-cost) measured for this pair and machine.
         "costs": costs,
+        "other_load": load.share,  # the share of the machine's CPU time other processes used during the runs
         "results": results,
     }
 
@@ -236,6 +239,8 @@ def markdown_table(report: dict) -> str:
                   "time in the learned arbiter's own pass; **outside llama.cpp**, the share spent outside llama.cpp's "
                   "decode calls (sampling, bookkeeping); **same as target**, prompts whose output is token for "
                   "token target-only's."]
+    if (note := busy_note(report.get("other_load"))) is not None:
+        lines += ["", f"**Warning**: {note}."]
     if noisy:
         lines += ["", "noisy: half the range of the repeats' speed-ups is wider than the speed-up's distance from 1.0x, "
                       "so this run does not establish which side of 1.0x the run is on; repeat more (--repeat) on an "

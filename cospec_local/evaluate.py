@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from .jsonl import keep_complete_lines, write_atomic
+from .machine_load import OtherLoad, busy_note
 from .arbiter_bundle import TRAINED_UNDER
 from .arbiters import arbiter_identity
 from .engine import Engine
@@ -167,6 +168,8 @@ def markdown(summary: dict, title: str) -> str:
         lines.append(f"| {label} | {m['accuracy']:.1%} ({lo:.1%}-{hi:.1%}) | {m['predicted_per_second']:.1f} | {fmt(m['speedup'], '.2f')}x "
                      f"| {fmt(m['acceptance_rate'], '.1%')} | {fmt(m['mean_accepted_per_block'], '.2f')} "
                      f"| {m['arbiter_keeps']} | {m.get('arbiter_share', 0.0):.1%} | {rec} | {m.get('losses', '-')} |")
+    if (note := busy_note(summary.get("other_load"))) is not None:
+        lines += ["", f"**Warning**: {note} (accuracy is unaffected)."]
     return "\n".join(lines)
 
 
@@ -283,16 +286,19 @@ def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], s
     # Each problem runs every run back to back, in an order that rotates with the problem.
     todo = [(p, r) for i, p in enumerate(problems) for r in rotated(runs, i) if (p.id, r.label) not in records]
     try:
-        for problem, run in (progress(todo) if progress else todo):
-            rec = run_problem(engine, problem, run, params, score, as_chat)
-            records[problem.id, run.label] = rec
-            if log:
-                log.write(json.dumps(asdict(rec)) + "\n")
-                log.flush()
+        with OtherLoad() as load:  # what else ran meanwhile: a busy machine makes the speed ratios meaningless
+            for problem, run in (progress(todo) if progress else todo):
+                rec = run_problem(engine, problem, run, params, score, as_chat)
+                records[problem.id, run.label] = rec
+                if log:
+                    log.write(json.dumps(asdict(rec)) + "\n")
+                    log.flush()
     finally:
         if log:
             log.close()
     summary = summarize(problems, labels, records)
+    # Of this invocation's problems (a resumed eval measures only the ones it ran).
+    summary["other_load"] = load.share if todo else None
     summary["title"] = title
     summary["models"] = {"target": Path(engine.target_path).name,
                          "draft": Path(engine.draft_path).name if engine.draft_path else None}

@@ -65,6 +65,7 @@ def test_bench_json(target_path, draft_paths, tmp_path):
             assert r["noisy"] == ((hi - lo) / 2 > abs(r["speedup"] - 1.0))
         if r["run"] == "sps":
             assert r["prompts_identical_to_target"] == 2
+    assert 0 <= report["other_load"] <= 1  # what else used the machine meanwhile, recorded beside the ratios
     assert report["c"] > 0  # measured (how much cheaper the draft is belongs to bench results, not a unit test)
     assert report["costs"]["draft_cost"] == pytest.approx(report["c"], abs=1e-4) and report["costs"]["verify_cost"] >= 0
 

@@ -55,6 +55,7 @@ def test_eval_cli_writes_results_and_resumes(target_path, draft_paths, tmp_path)
     assert (out / "accuracy_vs_speedup.png").read_bytes()[:4] == b"\x89PNG"
     assert str(out / "accuracy_vs_speedup.png") in summary["written"]
     assert summary["models"] == {"target": Path(target_path).name, "draft": "draft.gguf"}
+    assert 0 <= summary["other_load"] <= 1  # what else used the machine meanwhile, recorded beside the speeds
     # Every problem runs every run back to back, starting one run later than the problem before.
     order = [json.loads(line)["run"] for line in (out / "records.jsonl").read_text().splitlines()]
     assert order == [m for i in range(3) for m in MODES[i:] + MODES[:i]]

@@ -1,0 +1,47 @@
+"""The busy-machine check that bench and eval record beside their speed ratios."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cospec_local.machine_load import BUSY_SHARE, OtherLoad, busy_note
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads Linux's /proc/stat")
+
+
+def burn(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+@pytest.mark.slow
+def test_another_process_burning_a_cpu_is_seen_and_said():
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)  # running before the measurement starts
+        with OtherLoad() as load:
+            time.sleep(1.5)
+    finally:
+        burner.kill()
+        burner.wait()
+    # One busy CPU of os.cpu_count(): about 1/n of the machine (0.5 here), less what the scheduler took.
+    assert load.share >= 0.6 / (os.cpu_count() or 1)
+    if load.share >= BUSY_SHARE:
+        assert "rerun with nothing else busy" in busy_note(load.share)
+
+
+@pytest.mark.slow
+def test_this_process_own_work_is_not_counted():
+    """Burning a CPU here reads as no more load than sleeping (whatever else the machine runs)."""
+    with OtherLoad() as idle:
+        time.sleep(1.0)
+    with OtherLoad() as busy_here:
+        burn(1.0)
+    assert idle.share is not None and busy_here.share is not None
+    assert busy_here.share < idle.share + 0.3 / (os.cpu_count() or 1)
+    assert busy_note(0.0) is None and busy_note(None) is None
