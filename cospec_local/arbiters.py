@@ -236,7 +236,7 @@ def evaluation_entry(summary: dict, labels: dict[str, str]) -> dict:
     """One task's recorded evaluation from an eval summary (results.json): its size, either model's
     share, the draft-only successes, and the runs named in labels (summary label -> recorded one)."""
     return {"problems": summary["problems"], "union": summary.get("oracle_union"),
-            "draft_only_solves": summary.get("non_nested"),
+            "draft_only_solves": summary.get("non_nested"), "other_load": summary.get("other_load"),
             "runs": {mine: evaluation_row(summary["runs"][label]) for label, mine in labels.items()
                      if label in summary["runs"]}}
 

@@ -42,6 +42,7 @@ from typing import Callable
 
 from ..arbiters import BASELINE_RUNS, evaluation_entry
 from ..child_processes import die_with_parent
+from ..machine_load import busy_note
 from .states import LabelledState
 
 # Headroom: below these, the draft solves too few of the target's misses for an arbiter to matter.
@@ -597,4 +598,6 @@ def evaluation_report(evaluation: dict, chosen: str) -> str:
                          + (" (installed)" if label == chosen else ""))
             lines.append(f"  {label:<12} {100 * row['accuracy']:5.1f}% [{100 * lo:.1f}-{100 * hi:.1f}]  "
                          f"{row['speedup'] or 0:.2f}x target-only{extra}")
+        if (note := busy_note(r.get("other_load"))) is not None:
+            lines.append(f"  warning: {note}")
     return "\n".join(lines)
