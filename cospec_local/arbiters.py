@@ -271,7 +271,7 @@ def record_evaluation(arbiter: str | os.PathLike, eval_dir: str | os.PathLike) -
         raise ValueError(f"{eval_dir} has no target-only run to compare the arbiter with; add it to --runs")
     kind = read_meta(folder)["kind"]
     entry = evaluation_entry(summary, {label: label for label in BASELINE_RUNS} | {mine[0]: kind})
-    entry["recorded_from"] = {"folder": str(eval_dir.resolve()), "settings": config["runs"].get("settings"),
+    entry["recorded_from"] = {"folder": str(eval_dir), "settings": config["runs"].get("settings"),
                               "target": config.get("target"), "draft": config.get("draft"), "chat": config.get("chat")}
     title = summary.get("title") or config.get("title") or eval_dir.name
     path = folder / EVALUATION_FILE
