@@ -9,8 +9,9 @@ from .chat_template import ChatTemplate, ChatTemplateError
 from .arbiters import NAMED_ARBITERS, Arbiter, arbiter_from_function
 from .engine import Decision, Engine, Generation, Stats, TokenEvent
 from .params import MODES, GenerationParams
-from .errors import (AdapterError, ArbiterError, CancelledError, ContextFullError, CospecError, DecodeError, GenerationError,
-                     InvalidArgumentError, ModelLoadError, NoDraftError, VocabMismatchError)
+from .errors import (AdapterError, ArbiterDraftError, ArbiterError, CancelledError, ContextFullError, CospecError,
+                     DecodeError, GenerationError, InvalidArgumentError, ModelLoadError, NoDraftError,
+                     VocabMismatchError)
 from .models import NAMED_MODELS, default_pair, resolve_model
 
 __version__ = "0.1.0"
@@ -19,6 +20,6 @@ __all__ = [
     "Engine", "Generation", "GenerationParams", "Decision", "Stats", "TokenEvent", "Arbiter", "arbiter_from_function",
     "NAMED_ARBITERS", "MODES",
     "ChatTemplate", "ChatTemplateError", "CospecError", "InvalidArgumentError", "ModelLoadError",
-    "VocabMismatchError", "ContextFullError", "AdapterError", "DecodeError", "ArbiterError", "NoDraftError", "CancelledError",
+    "VocabMismatchError", "ContextFullError", "AdapterError", "DecodeError", "ArbiterError", "ArbiterDraftError", "NoDraftError", "CancelledError",
     "GenerationError", "NAMED_MODELS", "default_pair", "resolve_model", "native_version", "__version__",
 ]

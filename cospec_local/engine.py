@@ -23,7 +23,8 @@ from .arbiters import (AUTO, NAMED_ARBITERS, Arbiter, another_draft_fix, missing
                        resolve_arbiter_path, resolve_auto)
 from .chat_template import CHATML_TEMPLATE, ChatTemplate, from_gguf_metadata
 from .template_process import IsolatedChatTemplate
-from .errors import ArbiterError, ArbiterSettingsWarning, GenerationError, InvalidArgumentError, from_native
+from .errors import (ArbiterDraftError, ArbiterError, ArbiterSettingsWarning, GenerationError, InvalidArgumentError,
+                     from_native)
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 from .params import DEFAULTS, GenerationParams
 
@@ -437,8 +438,9 @@ class Engine:
                                                   use_gate=params.arbiter_gate)
             except _cospec.CospecError as exc:
                 error = from_native(exc)
-                if isinstance(error, ArbiterError) and "made for another draft model" in str(error):
-                    raise ArbiterError(f"{error}\n{another_draft_fix(self.draft_path)}") from None
+                if isinstance(error, ArbiterDraftError):
+                    raise ArbiterDraftError(f"{error}\n{another_draft_fix(self.draft_path)}", error.status,
+                                            error.status_name) from None
                 raise error from None
         arbiter = self._learned[key]
         return arbiter, str(spec) if str(spec) in NAMED_ARBITERS else arbiter.name

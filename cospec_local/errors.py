@@ -54,6 +54,12 @@ class AdapterError(CospecError):
     status, status_name = -9, "adapter"
 
 
+class ArbiterDraftError(ArbiterError):
+    """A learned arbiter made for another draft model (its recorded fingerprint is not this draft's)."""
+
+    status, status_name = -10, "arbiter_draft"
+
+
 class GenerationError(CospecError):
     """Generation stopped on an error; `partial` holds everything produced before it."""
 
@@ -64,7 +70,7 @@ class GenerationError(CospecError):
 
 _BY_STATUS = {cls.status: cls for cls in (InvalidArgumentError, ModelLoadError, VocabMismatchError,
                                            ContextFullError, DecodeError, ArbiterError, NoDraftError,
-                                           CancelledError, AdapterError)}
+                                           CancelledError, AdapterError, ArbiterDraftError)}
 
 
 def from_native(exc: BaseException) -> CospecError:

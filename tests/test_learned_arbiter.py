@@ -22,7 +22,7 @@ from gguf_corpus import with_kv
 
 from cospec_local.arbiter_bundle import write_arbiter
 from cospec_local.convert.llama_to_gguf import convert
-from cospec_local import AdapterError, ArbiterError, Engine, GenerationParams, InvalidArgumentError, NoDraftError, _cospec
+from cospec_local import AdapterError, ArbiterDraftError, ArbiterError, Engine, GenerationParams, InvalidArgumentError, NoDraftError, _cospec
 from cospec_local.arbiters import NAMED_ARBITERS, onnx_head
 from cospec_local.gguf_edit import open_gguf, rewrite_gguf
 from cospec_local.models import DEMO_DIR, demo_checkpoint, demo_model
@@ -561,8 +561,9 @@ def test_bad_arbiter_files_are_clear_errors(demo_engine, f32_draft, tmp_path):
 
     # made for another draft: the fingerprint differs
     with Engine(demo_model("target"), f32_draft, n_ctx=512, n_threads=1) as other:
-        with pytest.raises(ArbiterError, match="made for another draft"):
+        with pytest.raises(ArbiterDraftError, match="made for another draft") as error:
             other.arbiter(str(good))
+        assert error.value.status_name == "arbiter_draft"  # the native status name, not a text match
         with pytest.raises(ArbiterError, match=r"made for another draft(.|\n)*\nfix: --arbiter auto, target, fly "
                                                r"\(those fit this draft\), or train one for this pair"):
             other.arbiter("demo-lora")

@@ -41,6 +41,7 @@ enum cospec_status {
     COSPEC_ERR_NO_DRAFT         = -7,  // the mode needs a draft model but none was loaded
     COSPEC_ERR_CANCELLED        = -8,  // model loading was cancelled by the progress callback
     COSPEC_ERR_ADAPTER          = -9,  // a LoRA adapter could not be loaded or applied
+    COSPEC_ERR_ARBITER_DRAFT    = -10, // the learned arbiter was made for another draft model
     COSPEC_ERR_INTERNAL         = -99, // unexpected failure inside native code
 };
 
@@ -327,10 +328,11 @@ struct cospec_learned_arbiter_params cospec_learned_arbiter_default_params(void)
 // Load a learned arbiter (kind `features` or `lora`) for this engine's draft.
 // It reuses the engine's draft model (a LoRA arbiter adds one llama.cpp context
 // with the adapter attached) and must be freed before the engine. Fails with
-// COSPEC_ERR_ARBITER when the files are missing, truncated or corrupt, when
-// the arbiter was made for another draft (fingerprint), and with
-// COSPEC_ERR_ADAPTER when llama.cpp refuses the LoRA adapter (shapes that do
-// not fit the draft).
+// COSPEC_ERR_ARBITER when the files are missing, truncated or corrupt, with
+// COSPEC_ERR_ARBITER_DRAFT when the arbiter was made for another draft (its
+// recorded fingerprint is not this draft's: a caller can offer the arbiters
+// that fit), and with COSPEC_ERR_ADAPTER when llama.cpp refuses the LoRA
+// adapter (shapes that do not fit the draft).
 int32_t cospec_arbiter_load(cospec_engine * engine, const struct cospec_learned_arbiter_params * params,
                             cospec_arbiter ** out);
 // A learned arbiter's metadata (string values of its arbiter.gguf: "kind",

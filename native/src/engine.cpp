@@ -499,6 +499,7 @@ const char * cospec_status_name(int32_t status) {
         case COSPEC_ERR_NO_DRAFT:         return "no_draft";
         case COSPEC_ERR_CANCELLED:        return "cancelled";
         case COSPEC_ERR_ADAPTER:          return "adapter";
+        case COSPEC_ERR_ARBITER_DRAFT:    return "arbiter_draft";
         case COSPEC_ERR_INTERNAL:         return "internal";
         default:                          return "unknown";
     }

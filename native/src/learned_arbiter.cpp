@@ -990,7 +990,7 @@ int32_t cospec_arbiter_load(cospec_engine * engine, const cospec_learned_arbiter
         const std::string & want = a->b.meta["draft_fingerprint"];
         if (want != engine->draft_fingerprint) {
             const auto file = a->b.meta.find("draft_file");
-            return fail(COSPEC_ERR_ARBITER, "arbiter '" + a->b.path + "' was made for another draft model (" +
+            return fail(COSPEC_ERR_ARBITER_DRAFT, "arbiter '" + a->b.path + "' was made for another draft model (" +
                                                 (file != a->b.meta.end() ? "'" + file->second + "', " : std::string()) +
                                                 "fingerprint " + want + "); this engine's draft '" + engine->draft_path +
                                                 "' has fingerprint " + engine->draft_fingerprint);
