@@ -7,7 +7,7 @@ from collections import defaultdict
 from typing import Callable, Sequence
 
 from .engine import Engine
-from .machine_load import OtherLoad, busy_note
+from .machine import OtherLoad, busy_note
 from .params import GenerationParams
 from .runs import Run
 

@@ -531,7 +531,7 @@ def bench(load, params, draft_max_list, runs_text, prompts_file,
         if not as_json:
             click.echo(f"written: {report_file}, {os.path.join(out_dir, 'bench.md')}", err=True)
     if as_json:
-        from .machine_load import busy_note
+        from .machine import busy_note
 
         if (note := busy_note(report["other_load"])) is not None:
             click.echo(f"warning: {note}", err=True)

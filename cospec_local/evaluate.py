@@ -8,6 +8,7 @@ so an interrupted run resumes where it stopped.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from .jsonl import keep_complete_lines, write_atomic
-from .machine_load import OtherLoad, busy_note
+from .machine import OtherLoad, busy_note, machine_identity
 from .arbiter_bundle import TRAINED_UNDER
 from .arbiters import arbiter_identity
 from .engine import Engine
@@ -69,12 +70,14 @@ def task_prompt(engine: Engine, problem: Problem, as_chat: bool) -> tuple[list[i
 
 
 def run_problem(engine: Engine, problem: Problem, run: Run, params: GenerationParams,
-                score: Callable[[Problem, str], bool], as_chat: bool) -> Record:
+                score: Callable[[Problem, str], bool], as_chat: bool, load: OtherLoad | None = None) -> Record:
     """One problem with one run, from a clean cache: the record is a function of the problem and
-    the settings alone, whatever ran before (a resumed eval gives the same records)."""
+    the settings alone, whatever ran before (a resumed eval gives the same records). load, if
+    given, watches the rest of the machine while the generation runs."""
     prompt, stop = task_prompt(engine, problem, as_chat)
     engine.reset()
-    r = engine.generate(prompt, params, mode=run.mode, arbiter=run.arbiter or "target", stop=stop)
+    with load.window() if load is not None else contextlib.nullcontext():
+        r = engine.generate(prompt, params, mode=run.mode, arbiter=run.arbiter or "target", stop=stop)
     s = r.stats
     return Record(problem.id, run.label, bool(score(problem, r.text)), r.text, s.predicted_n, s.predicted_ms,
                   s.draft_n, s.draft_n_accepted, s.arbiter_keeps, s.blocks, s.arbiter_ms)
@@ -246,7 +249,8 @@ def _flag(setting: str) -> str:
 def merged_config(saved: dict, new: dict, out_dir: Path) -> dict:
     """An evaluation folder takes more runs of the same evaluation (models, problems and settings):
     the config then lists the earlier runs and the new ones. Anything else that differs is named."""
-    differ = [_CONFIG_WORDS.get(key, key) for key in new if key != "runs" and saved.get(key) != new[key]]
+    differ = [_CONFIG_WORDS.get(key, key) for key in new
+              if key not in ("runs", "machines") and saved.get(key) != new[key]]
     old_runs, new_runs = saved.get("runs", {}), new["runs"]
     old_settings, new_settings = old_runs.get("settings", {}), new_runs["settings"]
     differ += [f"{_flag(key)} ({old_settings.get(key)!r} there, {new_settings.get(key)!r} here)"
@@ -258,7 +262,9 @@ def merged_config(saved: dict, new: dict, out_dir: Path) -> dict:
                          f"--out, or delete it")
     runs = {label: run for label, run in old_runs.items() if label != "settings"}
     runs.update({label: run for label, run in new_runs.items() if label != "settings"})
-    return {**new, "runs": {**runs, "settings": new_settings}}
+    # A run resumed on another machine goes on (sessions end); the config names every machine that ran records.
+    machines = saved.get("machines", []) + [m for m in new["machines"] if m not in saved.get("machines", [])]
+    return {**new, "runs": {**runs, "settings": new_settings}, "machines": machines}
 
 
 def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], score: Callable[[Problem, str], bool],
@@ -275,7 +281,8 @@ def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], s
         out_dir.mkdir(parents=True, exist_ok=True)
         config = {"title": title, "target": model_identity(engine.target_path),
                   "draft": model_identity(engine.draft_path) if engine.draft_path else None,
-                  "runs": run_config(engine, runs, params), "chat": as_chat, "problems": [p.id for p in problems]}
+                  "runs": run_config(engine, runs, params), "chat": as_chat, "problems": [p.id for p in problems],
+                  "machines": [machine_identity()]}
         config_path = out_dir / "config.json"
         if config_path.is_file():
             config = merged_config(json.loads(config_path.read_text()), config, out_dir)
@@ -285,14 +292,14 @@ def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], s
         log = (out_dir / "records.jsonl").open("a", encoding="utf-8")
     # Each problem runs every run back to back, in an order that rotates with the problem.
     todo = [(p, r) for i, p in enumerate(problems) for r in rotated(runs, i) if (p.id, r.label) not in records]
+    load = OtherLoad()  # what else ran during the generations: a busy machine makes the speed ratios meaningless
     try:
-        with OtherLoad() as load:  # what else ran meanwhile: a busy machine makes the speed ratios meaningless
-            for problem, run in (progress(todo) if progress else todo):
-                rec = run_problem(engine, problem, run, params, score, as_chat)
-                records[problem.id, run.label] = rec
-                if log:
-                    log.write(json.dumps(asdict(rec)) + "\n")
-                    log.flush()
+        for problem, run in (progress(todo) if progress else todo):
+            rec = run_problem(engine, problem, run, params, score, as_chat, load)
+            records[problem.id, run.label] = rec
+            if log:
+                log.write(json.dumps(asdict(rec)) + "\n")
+                log.flush()
     finally:
         if log:
             log.close()

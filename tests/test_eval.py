@@ -66,7 +66,12 @@ def test_eval_cli_writes_results_and_resumes(target_path, draft_paths, tmp_path)
     assert plain.returncode == 0 and f"written: {out / 'records.jsonl'}" in plain.stderr
     assert "(95% CI)" in plain.stdout
 
-    # Drop the last two records as if the run had been interrupted: the rerun redoes only those.
+    # Drop the last two records as if the run had been interrupted: the rerun redoes only those, here
+    # as if on another machine (sessions end): it goes on, and the config names both machines.
+    config = json.loads((out / "config.json").read_text())
+    here = config["machines"]
+    assert len(here) == 1 and "CPU" in here[0]["llama_cpp"] and here[0]["cpu"]
+    (out / "config.json").write_text(json.dumps(config | {"machines": [{"cpu": "another CPU"}]}))
     lines = (out / "records.jsonl").read_text().splitlines()
     assert len(lines) == 3 * len(MODES)
     (out / "records.jsonl").write_text("\n".join(lines[:-2]) + "\n")
@@ -77,6 +82,7 @@ def test_eval_cli_writes_results_and_resumes(target_path, draft_paths, tmp_path)
     resumed = json.loads(again.stdout)
     assert resumed["runs"]["target-only"]["accuracy"] == summary["runs"]["target-only"]["accuracy"]
     config = json.loads((out / "config.json").read_text())
+    assert config["machines"] == [{"cpu": "another CPU"}, *here]
     assert config["runs"]["fly"]["mode"] == "speculative" and config["runs"]["fly"]["arbiter"]["name"] == "fly"
     assert config["runs"]["settings"]["fly_window"] == GenerationParams().fly_window
 

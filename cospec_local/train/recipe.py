@@ -42,7 +42,7 @@ from typing import Callable
 
 from ..arbiters import BASELINE_RUNS, evaluation_entry
 from ..child_processes import die_with_parent
-from ..machine_load import busy_note
+from ..machine import busy_note
 from .states import LabelledState
 
 # Headroom: below these, the draft solves too few of the target's misses for an arbiter to matter.

@@ -55,6 +55,10 @@ const char * cospec_status_name(int32_t status);
 // Version string of this library and of the llama.cpp it runs on.
 const char * cospec_version(void);
 
+// llama.cpp's backends and the CPU features its kernels use ("CPU : SSE3 = 1 | AVX2 = 1 | ...").
+// Eval records keep it: greedy tokens can differ between CPUs whose kernels round differently.
+const char * cospec_system_info(void);
+
 // Route llama.cpp's own log output: false (the default) silences it.
 void cospec_set_llama_log(bool enabled);
 

@@ -743,6 +743,7 @@ PYBIND11_MODULE(_cospec, m) {
        "(best, best_drafting): the length of the most tokens per unit time in [0, k_max], and the best above 0.");
 
     m.def("version", &cospec_version);
+    m.def("system_info", &cospec_system_info);
     m.def("set_llama_log", &cospec_set_llama_log, py::arg("enabled"));
     m.def("supports_gpu_offload", &cospec_supports_gpu_offload);
     m.def("supports_rpc", &cospec_supports_rpc);

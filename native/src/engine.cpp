@@ -521,6 +521,11 @@ const char * cospec_version(void) {
     return "cospec 0.1.0 (llama.cpp via llama-cpp-python 0.3.36)";
 }
 
+const char * cospec_system_info(void) {
+    init_backend();
+    return llama_print_system_info();
+}
+
 void cospec_set_llama_log(bool enabled) {
     init_backend();
     g_llama_log_enabled = enabled;

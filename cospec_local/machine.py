@@ -1,4 +1,8 @@
-"""How busy the rest of the machine was while a speed measurement ran.
+"""The machine a measurement ran on: what it is, and how busy the rest of it was meanwhile.
+
+Greedy tokens are reproducible on one machine, but llama.cpp's kernels differ between CPUs (AVX2,
+AVX-512, AMX) and round differently, so a near tie can fall the other way on another CPU: eval
+records name the CPU and llama.cpp's features (machine_identity).
 
 Speed ratios mean little when something else shares the CPUs: a training job beside a bench once
 moved a ratio from 1.18x to 0.89x. The kernel's count of busy CPU time (/proc/stat), less this
@@ -36,11 +40,15 @@ def _own_seconds() -> float:
 
 
 class OtherLoad:
-    """Use as `with OtherLoad() as load: ...`; then load.share is the share of all CPUs' time that
-    other processes used meanwhile (0 on an idle machine, 1 if they kept every CPU busy)."""
+    """Use as `with OtherLoad() as load: ...`, or around each timed part with `with load.window():`
+    (eval times generation, not the sandboxed scoring between, whose processes in their own
+    namespaces this process's counters do not see); then load.share is the share of all CPUs' time
+    other processes used in those windows (0 on an idle machine, 1 if they kept every CPU busy)."""
 
     def __init__(self) -> None:
         self.share: float | None = None
+        self._wall = self._other = 0.0
+        self._start = None
 
     def __enter__(self) -> OtherLoad:
         self._start = (time.monotonic(), _busy_seconds(), _own_seconds())
@@ -49,11 +57,33 @@ class OtherLoad:
     def __exit__(self, *exc) -> None:
         wall0, busy0, own0 = self._start
         busy1 = _busy_seconds()
-        wall = time.monotonic() - wall0
-        if busy0 is None or busy1 is None or wall <= 0:
+        if busy0 is None or busy1 is None:
             return
-        other = (busy1 - busy0) - (_own_seconds() - own0)
-        self.share = max(0.0, min(1.0, other / (wall * (os.cpu_count() or 1))))
+        self._wall += time.monotonic() - wall0
+        self._other += (busy1 - busy0) - (_own_seconds() - own0)
+        if self._wall > 0:
+            self.share = max(0.0, min(1.0, self._other / (self._wall * (os.cpu_count() or 1))))
+
+    def window(self) -> OtherLoad:
+        """One more timed part (the kernel counts in 10 ms ticks: over many short windows the
+        rounding evens out)."""
+        return self
+
+
+def machine_identity() -> dict:
+    """The CPU's model name and llama.cpp's view of the machine (backends, CPU features)."""
+    import platform
+
+    from . import _cospec
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "cpus": os.cpu_count(), "llama_cpp": _cospec.system_info().strip(),
+            "version": _cospec.version()}
 
 
 def busy_note(share: float | None) -> str | None:

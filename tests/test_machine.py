@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from cospec_local.machine_load import BUSY_SHARE, OtherLoad, busy_note
+from cospec_local.machine import BUSY_SHARE, OtherLoad, busy_note
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads Linux's /proc/stat")
 
@@ -45,3 +45,31 @@ def test_this_process_own_work_is_not_counted():
     assert idle.share is not None and busy_here.share is not None
     assert busy_here.share < idle.share + 0.3 / (os.cpu_count() or 1)
     assert busy_note(0.0) is None and busy_note(None) is None
+
+
+@pytest.mark.slow
+def test_windows_see_only_what_runs_inside_them():
+    """eval watches its generations, not the sandboxed scoring between them: load between windows
+    is not counted."""
+    def burner():
+        return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+    outside = OtherLoad()
+    with outside.window():
+        time.sleep(0.5)
+    b = burner()
+    time.sleep(1.0)
+    b.kill()
+    b.wait()
+    with outside.window():
+        time.sleep(0.5)
+    inside = OtherLoad()
+    b = burner()
+    try:
+        time.sleep(0.2)
+        with inside.window():
+            time.sleep(1.0)
+    finally:
+        b.kill()
+        b.wait()
+    assert outside.share < inside.share - 0.3 / (os.cpu_count() or 1)
