@@ -63,6 +63,7 @@ def test_list_and_show_the_bundled_arbiters(tmp_path):
     assert lora["where"] == "bundled" and lora["kind"] == "lora" and lora["draft_file"] == "demo-draft-q8_0.gguf"
     assert lora["trained_under"]["draft_max"] == 8 and 0.5 < lora["threshold"] < 0.6
     assert {"arbiter.gguf", "adapter.gguf", "head.onnx"} <= set(lora["files"])
+    assert set(lora["evaluation"]) == {"arith (test)", "pyfunc (test)"}  # recorded with `arbiter record`
     out = run_cli("arbiter", "show", "demo-features", env=env)
     assert out.returncode == 0, out.stderr
     assert "demo-features (bundled, features)" in out.stdout and "blocks of up to 8 tokens" in out.stdout
@@ -97,6 +98,25 @@ def test_an_eval_of_an_arbiter_is_recorded_for_show(tmp_path):
     out = run_cli("arbiter", "record", mine, tmp_path / "no-target")
     assert out.returncode == 1 and "no target-only run" in out.stderr
     assert (mine / "evaluation.json").read_text() == before
+
+
+def test_the_demo_arbiters_recorded_evaluations_are_of_their_current_files():
+    """Each bundled demo arbiter's recorded evaluation names an eval folder in this repository whose
+    config ran these very files, and its numbers are that folder's results."""
+    from pathlib import Path
+
+    from cospec_local.arbiters import NAMED_ARBITERS, arbiter_identity, describe_arbiter
+
+    root = Path(__file__).resolve().parents[1]
+    for name in ("demo-lora", "demo-features"):
+        row = describe_arbiter(NAMED_ARBITERS[name].path, name=name)
+        for title, entry in row["evaluation"].items():
+            folder = root / entry["recorded_from"]["folder"]
+            config = json.loads((folder / "config.json").read_text())
+            results = json.loads((folder / "results.json").read_text())
+            assert config["runs"][f"cospec:{name}"]["arbiter"]["sha256"] == arbiter_identity(name)["sha256"], title
+            assert entry["runs"][row["kind"]]["accuracy"] == results["runs"][f"cospec:{name}"]["accuracy"]
+            assert entry["runs"]["target-only"]["accuracy"] == results["runs"]["target-only"]["accuracy"]
 
 
 # ---------------------------------------------------------------- train
