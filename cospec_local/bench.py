@@ -184,7 +184,7 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], runs: S
         "c": plain_ms["draft-only"] / plain_ms["target-only"] if plain_ms else None,
         # The timing-free cost model (--draft-cost, --verify-cost) measured for this pair and machine.
         "costs": costs,
-        "other_load": load.share,  # the share of the machine's CPU time other processes used during the runs
+        "other_load": load.share,  # the share of this process's CPUs' time other work took during the runs
         "results": results,
     }
 

@@ -570,6 +570,7 @@ def eval_command(load, params, task, split, limit, runs_text,
         os.environ[UNSAFE_ENV] = "1"
 
     from .evaluate import evaluate, markdown
+    from .machine import busy_note
     from .tasks import load_task, score
 
     draft = pick_draft(load.target, load.draft, quiet=as_json)
@@ -595,6 +596,8 @@ def eval_command(load, params, task, split, limit, runs_text,
         except KeyboardInterrupt:
             click.echo("\n[interrupted: rerun the same command to resume]" if out_dir else "\n[interrupted]", err=True)
             sys.exit(130)
+    if as_json and (note := busy_note(summary.get("other_load"))) is not None:
+        click.echo(f"warning: {note}", err=True)  # the table says it; JSON output says it here
     click.echo(json.dumps(summary, indent=1) if as_json else markdown(summary, title))
     if summary.get("written") and not as_json:
         click.echo("written: " + ", ".join(summary["written"]), err=True)
@@ -772,19 +775,21 @@ def arbiter_show(name, as_json):
 @click.argument("name")
 @click.argument("eval_dirs", metavar="EVAL_DIR...", nargs=-1, required=True,
                 type=click.Path(exists=True, file_okay=False))
-def arbiter_record(name, eval_dirs):
+@click.option("--replace", is_flag=True, help="Replace a recorded entry of more problems than the eval's.")
+def arbiter_record(name, eval_dirs, replace):
     """Record what `cospec-local eval --out EVAL_DIR` measured of arbiter NAME (a name or a folder)
     beside its files, so that `arbiter list/show` report it: one entry per eval title, replacing an
-    earlier one of that title. The eval must have run these very files beside target-only."""
+    earlier one of that title (one of more problems only with --replace). The eval must have run
+    these very files, as they run by default, beside target-only; nothing is written otherwise."""
     from .arbiters import BASELINE_RUNS, missing_arbiter_hint, record_evaluation
 
     if (hint := missing_arbiter_hint(name)) is not None:
         raise click.ClickException(hint)
-    for eval_dir in eval_dirs:
-        try:
-            _, title, entry = record_evaluation(name, eval_dir)
-        except (ValueError, OSError) as exc:
-            raise click.ClickException(str(exc)) from None
+    try:
+        _, entries = record_evaluation(name, eval_dirs, replace)
+    except (ValueError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    for title, entry in entries.items():
         runs = entry["runs"]
         mine = next(label for label in runs if label not in BASELINE_RUNS)
         click.echo(f"{name}: {title}, {entry['problems']} problems: target-only "

@@ -8,7 +8,6 @@ so an interrupted run resumes where it stopped.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -58,6 +57,10 @@ class Record:
     kept: int
     blocks: int
     arbiter_ms: float = 0.0
+    # Other work on this process's CPUs during the generation, and those CPUs' time then (machine.py):
+    # summed over records, how busy the machine was, also across a resumed run.
+    other_cpu_ms: float | None = None
+    cpu_ms: float | None = None
 
 
 def task_prompt(engine: Engine, problem: Problem, as_chat: bool) -> tuple[list[int], tuple[str, ...]]:
@@ -70,17 +73,20 @@ def task_prompt(engine: Engine, problem: Problem, as_chat: bool) -> tuple[list[i
 
 
 def run_problem(engine: Engine, problem: Problem, run: Run, params: GenerationParams,
-                score: Callable[[Problem, str], bool], as_chat: bool, load: OtherLoad | None = None) -> Record:
+                score: Callable[[Problem, str], bool], as_chat: bool) -> Record:
     """One problem with one run, from a clean cache: the record is a function of the problem and
-    the settings alone, whatever ran before (a resumed eval gives the same records). load, if
-    given, watches the rest of the machine while the generation runs."""
+    the settings alone, whatever ran before (a resumed eval gives the same records). The rest of
+    the machine is watched during the generation only: the sandboxed scoring after it runs in
+    processes this one's counters do not see."""
     prompt, stop = task_prompt(engine, problem, as_chat)
     engine.reset()
-    with load.window() if load is not None else contextlib.nullcontext():
+    with OtherLoad() as watch:
         r = engine.generate(prompt, params, mode=run.mode, arbiter=run.arbiter or "target", stop=stop)
     s = r.stats
+    load = watch.totals()
     return Record(problem.id, run.label, bool(score(problem, r.text)), r.text, s.predicted_n, s.predicted_ms,
-                  s.draft_n, s.draft_n_accepted, s.arbiter_keeps, s.blocks, s.arbiter_ms)
+                  s.draft_n, s.draft_n_accepted, s.arbiter_keeps, s.blocks, s.arbiter_ms,
+                  round(1000 * load["other_s"], 3), round(1000 * load["cpu_s"], 3))
 
 
 def rotated(runs: Sequence[Run], shift: int) -> list[Run]:
@@ -151,6 +157,10 @@ def summarize(problems: Sequence[Problem], labels: Sequence[str], records: dict[
             per_run[m]["recovered_share"] = len(correct[m] & non_nested) / len(non_nested) if non_nested else None
             per_run[m]["losses"] = len(target_ok - correct[m])
     summary["runs"] = dict(per_run)
+    watched = [r for m in labels for i in ids if (r := records.get((i, m))) is not None and r.cpu_ms]
+    capacity = sum(r.cpu_ms for r in watched)
+    summary["other_load"] = (max(0.0, min(1.0, sum(r.other_cpu_ms for r in watched) / capacity))
+                             if capacity else None)
     return summary
 
 
@@ -173,6 +183,9 @@ def markdown(summary: dict, title: str) -> str:
                      f"| {m['arbiter_keeps']} | {m.get('arbiter_share', 0.0):.1%} | {rec} | {m.get('losses', '-')} |")
     if (note := busy_note(summary.get("other_load"))) is not None:
         lines += ["", f"**Warning**: {note} (accuracy is unaffected)."]
+    if len(summary.get("machines") or []) > 1:
+        lines += ["", f"**Warning**: records from {len(summary['machines'])} machines ({'; '.join(map(str, summary['machines']))}): "
+                      f"the speed ratios mix their timings, and greedy tokens can differ between CPUs."]
     return "\n".join(lines)
 
 
@@ -262,9 +275,7 @@ def merged_config(saved: dict, new: dict, out_dir: Path) -> dict:
                          f"--out, or delete it")
     runs = {label: run for label, run in old_runs.items() if label != "settings"}
     runs.update({label: run for label, run in new_runs.items() if label != "settings"})
-    # A run resumed on another machine goes on (sessions end); the config names every machine that ran records.
-    machines = saved.get("machines", []) + [m for m in new["machines"] if m not in saved.get("machines", [])]
-    return {**new, "runs": {**runs, "settings": new_settings}, "machines": machines}
+    return {**new, "runs": {**runs, "settings": new_settings}, "machines": saved.get("machines", [])}
 
 
 def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], score: Callable[[Problem, str], bool],
@@ -282,20 +293,23 @@ def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], s
         config = {"title": title, "target": model_identity(engine.target_path),
                   "draft": model_identity(engine.draft_path) if engine.draft_path else None,
                   "runs": run_config(engine, runs, params), "chat": as_chat, "problems": [p.id for p in problems],
-                  "machines": [machine_identity()]}
+                  "machines": []}
         config_path = out_dir / "config.json"
         if config_path.is_file():
             config = merged_config(json.loads(config_path.read_text()), config, out_dir)
             labels = [label for label in config["runs"] if label != "settings"]  # earlier runs stay in the results
-        write_atomic(config_path, json.dumps(config, indent=1))
         records = load_records(out_dir / "records.jsonl")
-        log = (out_dir / "records.jsonl").open("a", encoding="utf-8")
     # Each problem runs every run back to back, in an order that rotates with the problem.
     todo = [(p, r) for i, p in enumerate(problems) for r in rotated(runs, i) if (p.id, r.label) not in records]
-    load = OtherLoad()  # what else ran during the generations: a busy machine makes the speed ratios meaningless
+    if out_dir is not None:
+        # Every machine that ran records (a run resumed on another machine goes on: sessions end).
+        if todo and (here := machine_identity()) not in config["machines"]:
+            config["machines"].append(here)
+        write_atomic(config_path, json.dumps(config, indent=1))
+        log = (out_dir / "records.jsonl").open("a", encoding="utf-8")
     try:
         for problem, run in (progress(todo) if progress else todo):
-            rec = run_problem(engine, problem, run, params, score, as_chat, load)
+            rec = run_problem(engine, problem, run, params, score, as_chat)
             records[problem.id, run.label] = rec
             if log:
                 log.write(json.dumps(asdict(rec)) + "\n")
@@ -304,9 +318,9 @@ def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], s
         if log:
             log.close()
     summary = summarize(problems, labels, records)
-    # Of this invocation's problems (a resumed eval measures only the ones it ran).
-    summary["other_load"] = load.share if todo else None
     summary["title"] = title
+    if out_dir is not None:
+        summary["machines"] = [m.get("cpu") for m in config["machines"]]
     summary["models"] = {"target": Path(engine.target_path).name,
                          "draft": Path(engine.draft_path).name if engine.draft_path else None}
     if out_dir is not None:

@@ -83,6 +83,8 @@ def test_eval_cli_writes_results_and_resumes(target_path, draft_paths, tmp_path)
     assert resumed["runs"]["target-only"]["accuracy"] == summary["runs"]["target-only"]["accuracy"]
     config = json.loads((out / "config.json").read_text())
     assert config["machines"] == [{"cpu": "another CPU"}, *here]
+    assert resumed["machines"] == ["another CPU", here[0]["cpu"]] and 0 <= resumed["other_load"] <= 1
+    assert "records from 2 machines" in (out / "results.md").read_text()
     assert config["runs"]["fly"]["mode"] == "speculative" and config["runs"]["fly"]["arbiter"]["name"] == "fly"
     assert config["runs"]["settings"]["fly_window"] == GenerationParams().fly_window
 
