@@ -241,17 +241,31 @@ def evaluation_entry(summary: dict, labels: dict[str, str]) -> dict:
                      if label in summary["runs"]}}
 
 
-def record_evaluation(arbiter: str | os.PathLike, eval_dir: str | os.PathLike) -> tuple[Path, str, dict]:
-    """Add what `cospec-local eval --out EVAL_DIR` measured of this arbiter to its recorded evaluation
-    (`arbiter show`), under the eval's title. Refused unless the eval ran these very files (their
-    hash in its config) beside target-only. Returns the arbiter's folder, the title and the entry."""
+def _own_settings_differ(config: dict, label: str) -> list[str]:
+    """Where an eval ran the arbiter otherwise than it runs by default (its recorded evaluation is of that)."""
+    settings, arbiter = config["runs"].get("settings") or {}, config["runs"][label].get("arbiter") or {}
+    trained = arbiter.get("trained_under") or {}
+    differ = []
+    if arbiter.get("threshold") is not None or settings.get("arbiter_threshold") is not None:
+        differ.append("--arbiter-threshold")
+    if settings.get("arbiter_gate") is False:
+        differ.append("--no-arbiter-gate")
+    if "draft_max" in trained and str(settings.get("draft_max")) != str(trained["draft_max"]):
+        differ.append(f"--draft-max {settings.get('draft_max')} (trained at {trained['draft_max']})")
+    if "adaptive_draft" in trained and str(settings.get("adaptive_draft")).lower() != str(trained["adaptive_draft"]):
+        differ.append("--adaptive-draft / --fixed-draft")
+    return differ
+
+
+def evaluation_from_eval(folder: Path, eval_dir: Path, replace: bool = False) -> tuple[str, dict]:
+    """The recorded-evaluation entry (title, entry) that `cospec-local eval --out EVAL_DIR` makes for
+    the arbiter in folder. Refused unless the eval ran these very files (their hash in its config),
+    as they run by default, beside target-only; or where it would replace an entry of more problems
+    (unless replace)."""
     import json
 
     from .arbiter_bundle import read_meta
-    from .jsonl import write_atomic
 
-    folder = arbiter_dir(resolve_arbiter_path(arbiter))
-    eval_dir = Path(eval_dir)
     try:
         config = json.loads((eval_dir / "config.json").read_text())
         summary = json.loads((eval_dir / "results.json").read_text())
@@ -266,19 +280,44 @@ def record_evaluation(arbiter: str | os.PathLike, eval_dir: str | os.PathLike) -
                        if isinstance(run, dict) and (run.get("arbiter") or {}).get("kind") == "learned"})
         raise ValueError(f"{eval_dir} has no run of this arbiter's files (hash {sha}); its learned arbiters' "
                          f"hashes: {', '.join(seen) or 'none'}. Run `cospec-local eval --runs "
-                         f"target-only,sps,cospec:{arbiter} --out DIR` and record that")
+                         f"target-only,sps,cospec:ARBITER --out DIR` and record that")
     if "target-only" not in summary["runs"]:
         raise ValueError(f"{eval_dir} has no target-only run to compare the arbiter with; add it to --runs")
+    if differ := _own_settings_differ(config, mine[0]):
+        raise ValueError(f"{eval_dir} ran the arbiter with {', '.join(differ)}; its recorded evaluation is of the "
+                         f"arbiter as it runs by default: evaluate it without those")
     kind = read_meta(folder)["kind"]
     entry = evaluation_entry(summary, {label: label for label in BASELINE_RUNS} | {mine[0]: kind})
-    entry["recorded_from"] = {"folder": str(eval_dir), "settings": config["runs"].get("settings"),
-                              "target": config.get("target"), "draft": config.get("draft"), "chat": config.get("chat")}
+    entry["recorded_from"] = {"folder": os.path.relpath(eval_dir.resolve(), folder.resolve()),  # from the arbiter's folder
+                              "settings": config["runs"].get("settings"), "target": config.get("target"),
+                              "draft": config.get("draft"), "chat": config.get("chat"),
+                              "machines": [m.get("cpu") for m in config.get("machines", [])]}
     title = summary.get("title") or config.get("title") or eval_dir.name
     path = folder / EVALUATION_FILE
-    record = json.loads(path.read_text()) if path.is_file() else {"name": folder.name, "kind": kind}
-    record.setdefault("evaluation", {})[title] = entry
+    old = (json.loads(path.read_text()) if path.is_file() else {}).get("evaluation", {}).get(title)
+    if old is not None and old["problems"] > entry["problems"] and not replace:
+        raise ValueError(f"the arbiter's recorded {title} has {old['problems']} problems and {eval_dir} "
+                         f"{entry['problems']}; pass --replace to replace it")
+    return title, entry
+
+
+def record_evaluation(arbiter: str | os.PathLike, eval_dirs: Sequence[str | os.PathLike],
+                      replace: bool = False) -> tuple[Path, dict[str, dict]]:
+    """Add what `cospec-local eval --out EVAL_DIR` measured of this arbiter to its recorded evaluation
+    (`arbiter show`), one entry per eval title. Every folder is checked (evaluation_from_eval)
+    before anything is written. Returns the arbiter's folder and the entries by title."""
+    import json
+
+    from .arbiter_bundle import read_meta
+    from .jsonl import write_atomic
+
+    folder = arbiter_dir(resolve_arbiter_path(arbiter))
+    entries = dict(evaluation_from_eval(folder, Path(d), replace) for d in eval_dirs)
+    path = folder / EVALUATION_FILE
+    record = json.loads(path.read_text()) if path.is_file() else {"name": folder.name, "kind": read_meta(folder)["kind"]}
+    record.setdefault("evaluation", {}).update(entries)
     write_atomic(path, json.dumps(record, indent=1) + "\n")
-    return folder, title, entry
+    return folder, entries
 
 
 def describe_arbiter(folder: str | os.PathLike, name: str | None = None, where: str | None = None) -> dict:
@@ -346,14 +385,21 @@ def details_text(row: dict) -> str:
         lines.append(f"  dev states  {dev['decisive']} decisive: {dev['right_keeps']} right keeps, "
                      f"{dev['wrong_keeps']} wrong")
     if row["evaluation"]:
-        lines.append("  evaluation  (held-out problems)")
+        from .machine import busy_note
+
+        lines.append("  evaluation")
         for task, result in row["evaluation"].items():
-            lines.append(f"    {Path(task).name}: {result['problems']} problems")
+            source = result.get("recorded_from")
+            lines.append(f"    {Path(task).name}: {result['problems']} problems"
+                         + (f" (eval {os.path.normpath(Path(row['path']) / source['folder'])}; {', '.join(map(str, source.get('machines') or ['machine not recorded']))})"
+                            if source else " (arbiter train's held-out test split)"))
             for label, r in result["runs"].items():
                 extra = ""
                 if r.get("recovered") is not None and label not in ("target-only", "draft-only"):
                     extra = f", recovered {r['recovered']}, lost {r['losses']}, {r['arbiter_keeps']} keeps"
                 lines.append(f"      {label:<12} {100 * r['accuracy']:5.1f}%  {r['speedup'] or 0:.2f}x{extra}")
+            if (note := busy_note(result.get("other_load"))) is not None:
+                lines.append(f"      warning: {note}")
     else:
         lines.append("  evaluation  none recorded")
     return "\n".join(lines)

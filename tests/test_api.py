@@ -259,13 +259,15 @@ def test_auto_arbiter_is_the_bundled_one_for_its_draft_else_the_target(engine):
 
 def test_every_native_status_has_its_python_error():
     """cospec.h's status codes and the Python error classes agree: each code's class carries it and
-    the name the C API gives it (COSPEC_ERR_ARBITER_DRAFT -> "arbiter_draft")."""
+    the name the C library gives it (cospec_status_name: COSPEC_ERR_ARBITER_DRAFT -> "arbiter_draft")."""
     import re
     from pathlib import Path
 
     from cospec_local.errors import _BY_STATUS
 
     header = (Path(__file__).resolve().parents[1] / "native" / "include" / "cospec.h").read_text()
-    codes = {int(value): name.lower() for name, value in re.findall(r"COSPEC_ERR_(\w+)\s*=\s*(-\d+)", header)}
+    codes = {int(value): _cospec.status_name(int(value))
+             for value in re.findall(r"COSPEC_ERR_\w+\s*=\s*(-\d+)", header)}
     assert codes.pop(-99) == "internal"  # a bug, raised as plain CospecError
+    assert "unknown" not in codes.values() and _cospec.status_name(-1000) == "unknown"
     assert {status: cls.status_name for status, cls in _BY_STATUS.items()} == codes

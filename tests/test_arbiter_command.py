@@ -81,9 +81,14 @@ def test_an_eval_of_an_arbiter_is_recorded_for_show(tmp_path):
 
     mine = tmp_path / "mine"
     shutil.copytree(DEMO_ARBITERS_DIR / "lora", mine)
-    for folder, runs in (("e", f"target-only,sps,cospec:{mine}"), ("other", "target-only,cospec:demo-features"),
-                         ("no-target", f"sps,cospec:{mine}")):
-        out = run_cli("eval", "--task", "arith", "--limit", 3, "--runs", runs, "--out", tmp_path / folder, "-t", 1)
+    (mine / "evaluation.json").unlink()  # these files with nothing recorded yet
+    for folder, runs, extra in (("e", f"target-only,sps,cospec:{mine}", ()),
+                                ("other", "target-only,cospec:demo-features", ()),
+                                ("no-target", f"sps,cospec:{mine}", ()),
+                                ("threshold", f"target-only,cospec:{mine}", ("--arbiter-threshold", 0.9)),
+                                ("smaller", f"target-only,cospec:{mine}", ("--limit", 2))):
+        out = run_cli("eval", "--task", "arith", "--limit", 3, "--runs", runs, "--out", tmp_path / folder, "-t", 1,
+                      *extra)
         assert out.returncode == 0, out.stderr
     out = run_cli("arbiter", "record", mine, tmp_path / "e")
     assert out.returncode == 0, out.stderr
@@ -97,7 +102,16 @@ def test_an_eval_of_an_arbiter_is_recorded_for_show(tmp_path):
     assert out.returncode == 1 and "has no run of this arbiter's files" in out.stderr
     out = run_cli("arbiter", "record", mine, tmp_path / "no-target")
     assert out.returncode == 1 and "no target-only run" in out.stderr
+    out = run_cli("arbiter", "record", mine, tmp_path / "threshold")
+    assert out.returncode == 1 and "ran the arbiter with --arbiter-threshold" in out.stderr
+    out = run_cli("arbiter", "record", mine, tmp_path / "smaller")  # 2 problems would replace 3
+    assert out.returncode == 1 and "--replace" in out.stderr
+    out = run_cli("arbiter", "record", mine, tmp_path / "smaller", tmp_path / "other", "--replace")
+    assert out.returncode == 1  # one bad folder: nothing written, not even the good one's entry
     assert (mine / "evaluation.json").read_text() == before
+    out = run_cli("arbiter", "record", mine, tmp_path / "smaller", "--replace")
+    assert out.returncode == 0, out.stderr
+    assert json.loads((mine / "evaluation.json").read_text())["evaluation"]["arith (test)"]["problems"] == 2
 
 
 def test_the_demo_arbiters_recorded_evaluations_are_of_their_current_files():
@@ -107,11 +121,12 @@ def test_the_demo_arbiters_recorded_evaluations_are_of_their_current_files():
 
     from cospec_local.arbiters import NAMED_ARBITERS, arbiter_identity, describe_arbiter
 
-    root = Path(__file__).resolve().parents[1]
     for name in ("demo-lora", "demo-features"):
         row = describe_arbiter(NAMED_ARBITERS[name].path, name=name)
+        assert set(row["evaluation"]) == {"arith (test)", "pyfunc (test)"}, name
         for title, entry in row["evaluation"].items():
-            folder = root / entry["recorded_from"]["folder"]
+            folder = Path(row["path"]) / entry["recorded_from"]["folder"]  # relative to the arbiter's folder
+            assert folder.resolve().parent.name == "demo_arbiters_eval"
             config = json.loads((folder / "config.json").read_text())
             results = json.loads((folder / "results.json").read_text())
             assert config["runs"][f"cospec:{name}"]["arbiter"]["sha256"] == arbiter_identity(name)["sha256"], title

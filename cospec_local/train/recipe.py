@@ -506,10 +506,8 @@ class RecipeRun:
                   "headroom": room,
                   "states": rounds[0] if len(rounds) == 1 else {"rounds": [{"round": i + 1} | r
                                                                            for i, r in enumerate(rounds)]},
-                  "evaluation": {task: {"problems": r["problems"], "union": r["union"],
-                                        "draft_only_solves": r["draft_only_solves"],
-                                        "runs": {label: row for label, row in r["runs"].items()
-                                                 if label in (*BASELINE_RUNS, kind)}}
+                  "evaluation": {task: r | {"runs": {label: row for label, row in r["runs"].items()
+                                                     if label in (*BASELINE_RUNS, kind)}}
                                  for task, r in evaluation.items()},
                   "installed": time.strftime("%Y-%m-%d %H:%M:%S")}
         (tmp / EVALUATION_FILE).write_text(json.dumps(record, indent=1) + "\n")

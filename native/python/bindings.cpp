@@ -744,6 +744,7 @@ PYBIND11_MODULE(_cospec, m) {
 
     m.def("version", &cospec_version);
     m.def("system_info", &cospec_system_info);
+    m.def("status_name", &cospec_status_name, py::arg("status"));
     m.def("set_llama_log", &cospec_set_llama_log, py::arg("enabled"));
     m.def("supports_gpu_offload", &cospec_supports_gpu_offload);
     m.def("supports_rpc", &cospec_supports_rpc);
