@@ -257,14 +257,13 @@ def _own_settings_differ(config: dict, label: str) -> list[str]:
     return differ
 
 
-def evaluation_from_eval(folder: Path, eval_dir: Path, replace: bool = False) -> tuple[str, dict]:
+def evaluation_from_eval(folder: Path, sha: str, kind: str, recorded: dict, eval_dir: Path,
+                         replace: bool = False) -> tuple[str, dict]:
     """The recorded-evaluation entry (title, entry) that `cospec-local eval --out EVAL_DIR` makes for
-    the arbiter in folder. Refused unless the eval ran these very files (their hash in its config),
-    as they run by default, beside target-only; or where it would replace an entry of more problems
-    (unless replace)."""
+    the arbiter in folder (files' hash sha, its kind). Refused unless the eval ran these very files,
+    as they run by default, beside target-only; or where it would replace an entry of `recorded`
+    (title -> entry) of more problems (unless replace)."""
     import json
-
-    from .arbiter_bundle import read_meta
 
     try:
         config = json.loads((eval_dir / "config.json").read_text())
@@ -272,7 +271,6 @@ def evaluation_from_eval(folder: Path, eval_dir: Path, replace: bool = False) ->
     except (OSError, ValueError) as exc:
         raise ValueError(f"{eval_dir} is not a finished `cospec-local eval --out` folder "
                          f"(config.json and results.json): {exc}") from None
-    sha = arbiter_identity(folder)["sha256"]
     mine = [label for label, run in config.get("runs", {}).items()
             if isinstance(run, dict) and (run.get("arbiter") or {}).get("sha256") == sha and label in summary["runs"]]
     if not mine:
@@ -286,15 +284,13 @@ def evaluation_from_eval(folder: Path, eval_dir: Path, replace: bool = False) ->
     if differ := _own_settings_differ(config, mine[0]):
         raise ValueError(f"{eval_dir} ran the arbiter with {', '.join(differ)}; its recorded evaluation is of the "
                          f"arbiter as it runs by default: evaluate it without those")
-    kind = read_meta(folder)["kind"]
     entry = evaluation_entry(summary, {label: label for label in BASELINE_RUNS} | {mine[0]: kind})
     entry["recorded_from"] = {"folder": os.path.relpath(eval_dir.resolve(), folder.resolve()),  # from the arbiter's folder
                               "settings": config["runs"].get("settings"), "target": config.get("target"),
                               "draft": config.get("draft"), "chat": config.get("chat"),
                               "machines": [m.get("cpu") for m in config.get("machines", [])]}
     title = summary.get("title") or config.get("title") or eval_dir.name
-    path = folder / EVALUATION_FILE
-    old = (json.loads(path.read_text()) if path.is_file() else {}).get("evaluation", {}).get(title)
+    old = recorded.get(title)
     if old is not None and old["problems"] > entry["problems"] and not replace:
         raise ValueError(f"the arbiter's recorded {title} has {old['problems']} problems and {eval_dir} "
                          f"{entry['problems']}; pass --replace to replace it")
@@ -312,10 +308,13 @@ def record_evaluation(arbiter: str | os.PathLike, eval_dirs: Sequence[str | os.P
     from .jsonl import write_atomic
 
     folder = arbiter_dir(resolve_arbiter_path(arbiter))
-    entries = dict(evaluation_from_eval(folder, Path(d), replace) for d in eval_dirs)
+    identity, kind = arbiter_identity(arbiter), read_meta(folder)["kind"]
     path = folder / EVALUATION_FILE
-    record = json.loads(path.read_text()) if path.is_file() else {"name": folder.name, "kind": read_meta(folder)["kind"]}
-    record.setdefault("evaluation", {}).update(entries)
+    record = json.loads(path.read_text()) if path.is_file() else {"name": identity["name"], "kind": kind}
+    recorded = record.setdefault("evaluation", {})
+    entries = dict(evaluation_from_eval(folder, identity["sha256"], kind, recorded, Path(d), replace)
+                   for d in eval_dirs)
+    recorded.update(entries)
     write_atomic(path, json.dumps(record, indent=1) + "\n")
     return folder, entries
 
@@ -390,9 +389,12 @@ def details_text(row: dict) -> str:
         lines.append("  evaluation")
         for task, result in row["evaluation"].items():
             source = result.get("recorded_from")
-            lines.append(f"    {Path(task).name}: {result['problems']} problems"
-                         + (f" (eval {os.path.normpath(Path(row['path']) / source['folder'])}; {', '.join(map(str, source.get('machines') or ['machine not recorded']))})"
-                            if source else " (arbiter train's held-out test split)"))
+            if source:  # `arbiter record`: the eval folder, kept relative to the arbiter's own
+                machines = ", ".join(map(str, source.get("machines") or ["machine not recorded"]))
+                origin = f"eval {os.path.normpath(Path(row['path']) / source['folder'])}; {machines}"
+            else:
+                origin = "arbiter train's held-out test split"
+            lines.append(f"    {Path(task).name}: {result['problems']} problems ({origin})")
             for label, r in result["runs"].items():
                 extra = ""
                 if r.get("recovered") is not None and label not in ("target-only", "draft-only"):

@@ -531,13 +531,18 @@ def bench(load, params, draft_max_list, runs_text, prompts_file,
         if not as_json:
             click.echo(f"written: {report_file}, {os.path.join(out_dir, 'bench.md')}", err=True)
     if as_json:
-        from .machine import busy_note
-
-        if (note := busy_note(report["other_load"])) is not None:
-            click.echo(f"warning: {note}", err=True)
+        _warn_if_busy(report["other_load"])
         click.echo(json.dumps(report, indent=2))
     else:
         click.echo(markdown_table(report))
+
+
+def _warn_if_busy(other_load: float | None) -> None:
+    """With --json the table's busy-machine warning goes to stderr instead."""
+    from .machine import busy_note
+
+    if (note := busy_note(other_load)) is not None:
+        click.echo(f"warning: {note}", err=True)
 
 
 @main.command("eval")
@@ -570,7 +575,6 @@ def eval_command(load, params, task, split, limit, runs_text,
         os.environ[UNSAFE_ENV] = "1"
 
     from .evaluate import evaluate, markdown
-    from .machine import busy_note
     from .tasks import load_task, score
 
     draft = pick_draft(load.target, load.draft, quiet=as_json)
@@ -596,8 +600,8 @@ def eval_command(load, params, task, split, limit, runs_text,
         except KeyboardInterrupt:
             click.echo("\n[interrupted: rerun the same command to resume]" if out_dir else "\n[interrupted]", err=True)
             sys.exit(130)
-    if as_json and (note := busy_note(summary.get("other_load"))) is not None:
-        click.echo(f"warning: {note}", err=True)  # the table says it; JSON output says it here
+    if as_json:
+        _warn_if_busy(summary.get("other_load"))
     click.echo(json.dumps(summary, indent=1) if as_json else markdown(summary, title))
     if summary.get("written") and not as_json:
         click.echo("written: " + ", ".join(summary["written"]), err=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from .jsonl import keep_complete_lines, write_atomic
-from .machine import OtherLoad, busy_note, machine_identity
+from .machine import OtherLoad, busy_note, machine_identity, other_share
 from .arbiter_bundle import TRAINED_UNDER
 from .arbiters import arbiter_identity
 from .engine import Engine
@@ -158,9 +158,7 @@ def summarize(problems: Sequence[Problem], labels: Sequence[str], records: dict[
             per_run[m]["losses"] = len(target_ok - correct[m])
     summary["runs"] = dict(per_run)
     watched = [r for m in labels for i in ids if (r := records.get((i, m))) is not None and r.cpu_ms]
-    capacity = sum(r.cpu_ms for r in watched)
-    summary["other_load"] = (max(0.0, min(1.0, sum(r.other_cpu_ms for r in watched) / capacity))
-                             if capacity else None)
+    summary["other_load"] = other_share(sum(r.other_cpu_ms for r in watched), sum(r.cpu_ms for r in watched))
     return summary
 
 
@@ -184,8 +182,9 @@ def markdown(summary: dict, title: str) -> str:
     if (note := busy_note(summary.get("other_load"))) is not None:
         lines += ["", f"**Warning**: {note} (accuracy is unaffected)."]
     if len(summary.get("machines") or []) > 1:
-        lines += ["", f"**Warning**: records from {len(summary['machines'])} machines ({'; '.join(map(str, summary['machines']))}): "
-                      f"the speed ratios mix their timings, and greedy tokens can differ between CPUs."]
+        machines = "; ".join(map(str, summary["machines"]))
+        lines += ["", f"**Warning**: records from {len(summary['machines'])} machines ({machines}): the speed ratios "
+                      f"mix their timings, and greedy tokens can differ between CPUs."]
     return "\n".join(lines)
 
 

@@ -53,6 +53,11 @@ def _own_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def other_share(other_s: float, cpu_s: float) -> float | None:
+    """Other work's CPU seconds as a share of the CPUs' seconds (None when nothing was watched)."""
+    return max(0.0, min(1.0, other_s / cpu_s)) if cpu_s > 0 else None
+
+
 class OtherLoad:
     """Use as `with OtherLoad() as load: ...`, or around each timed part with `with load.window():`;
     then load.share is the share of this process's CPUs' time that other work took in those windows
@@ -66,7 +71,7 @@ class OtherLoad:
 
     @property
     def share(self) -> float | None:
-        return max(0.0, min(1.0, self._other / self._capacity)) if self._capacity > 0 else None
+        return other_share(self._other, self._capacity)
 
     def totals(self) -> dict:
         return {"wall_s": self._wall, "other_s": self._other, "cpu_s": self._capacity}
