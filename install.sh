@@ -64,6 +64,18 @@ if [ "$dev" = 1 ]; then
     # torch first, pinned: the CPU build; a resolver left alone could pick a CUDA one.
     "$PY" -m pip install -q "torch==2.13.0"
     extras="eval,onnx,server,train,test"
+    # llama.cpp's own source, as llama-cpp-python's sdist vendors it (pip's cache already holds the
+    # sdist): its converter makes the tiny models of every architecture that the tests run, and its
+    # tools (llama-speculative-simple, llama-bench) build from it for the benchmarks.
+    if [ ! -f .venv/src/llama.cpp/convert_hf_to_gguf.py ]; then
+        sdist=$(mktemp -d)
+        "$PY" -m pip download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==0.3.36" -d "$sdist"
+        mkdir -p .venv/src
+        tar -xzf "$sdist"/llama_cpp_python-0.3.36.tar.gz -C "$sdist"
+        rm -rf .venv/src/llama.cpp
+        mv "$sdist"/llama_cpp_python-0.3.36/vendor/llama.cpp .venv/src/llama.cpp
+        rm -rf "$sdist"
+    fi
     # The web chat's test drives a real headless browser: Debian's Chromium and its WebDriver.
     if ! command -v chromedriver >/dev/null 2>&1; then
         apt_install chromium chromium-driver "the web chat's browser test needs them"

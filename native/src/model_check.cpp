@@ -7,6 +7,7 @@
 #include "ggml.h"
 #include "gguf.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -14,6 +15,8 @@
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -53,35 +56,176 @@ std::string text(const gguf_context * g, const std::string & key) {
     return id >= 0 && gguf_get_kv_type(g, id) == GGUF_TYPE_STRING ? gguf_get_val_str(g, id) : "";
 }
 
-// Every entry of a per-layer value (a scalar, or an array of integers) must be positive.
-bool has_zero_entry(const gguf_context * g, const std::string & key) {
+// The entries of a per-layer value (a scalar, or an array of integers), one per layer; a scalar
+// stands for every layer, as llama.cpp's get_key_or_arr reads it. False when the key is absent
+// or of a type llama.cpp rejects itself.
+bool per_layer(const gguf_context * g, const std::string & key, size_t n_layer, std::vector<int64_t> & out) {
+    out.clear();
     const int64_t id = gguf_find_key(g, key.c_str());
     if (id < 0) {
         return false;
     }
     if (gguf_get_kv_type(g, id) != GGUF_TYPE_ARRAY) {
         double v = 0;
-        return number(g, key, v) && !(v > 0);
+        if (!number(g, key, v)) {
+            return false;
+        }
+        out.assign(n_layer, v > 0 ? (int64_t) v : 0);
+        return true;
     }
     const gguf_type t = gguf_get_arr_type(g, id);
-    const size_t n = gguf_get_arr_n(g, id);
+    const size_t n = std::min(gguf_get_arr_n(g, id), n_layer);
     const void * data = gguf_get_arr_data(g, id);
     for (size_t i = 0; i < n; ++i) {
-        int64_t v = 1;
         switch (t) {
-            case GGUF_TYPE_UINT32: v = ((const uint32_t *) data)[i]; break;
-            case GGUF_TYPE_INT32:  v = ((const int32_t *) data)[i]; break;
-            case GGUF_TYPE_UINT16: v = ((const uint16_t *) data)[i]; break;
-            case GGUF_TYPE_INT16:  v = ((const int16_t *) data)[i]; break;
-            case GGUF_TYPE_UINT8:  v = ((const uint8_t *) data)[i]; break;
-            case GGUF_TYPE_INT8:   v = ((const int8_t *) data)[i]; break;
-            default:               return false; // llama.cpp rejects other element types itself
-        }
-        if (v <= 0) {
-            return true;
+            case GGUF_TYPE_UINT32: out.push_back(((const uint32_t *) data)[i]); break;
+            case GGUF_TYPE_INT32:  out.push_back(((const int32_t *) data)[i]); break;
+            case GGUF_TYPE_UINT16: out.push_back(((const uint16_t *) data)[i]); break;
+            case GGUF_TYPE_INT16:  out.push_back(((const int16_t *) data)[i]); break;
+            case GGUF_TYPE_UINT8:  out.push_back(((const uint8_t *) data)[i]); break;
+            case GGUF_TYPE_INT8:   out.push_back(((const int8_t *) data)[i]); break;
+            default:               out.clear(); return false; // llama.cpp rejects other element types itself
         }
     }
-    return false;
+    return true;
+}
+
+// Architectures whose layers are not all attention layers, as llama.cpp lists them
+// (llm_arch_is_recurrent and llm_arch_is_hybrid in src/llama-arch.cpp of the pinned version).
+// Their files write a zero head count for a recurrent layer and a zero FFN length for a layer
+// without a feed-forward block, on purpose; in every other architecture a zero divides by zero
+// inside llama.cpp.
+const std::unordered_set<std::string_view> RECURRENT_ARCHS = {
+    "mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7",
+};
+const std::unordered_set<std::string_view> HYBRID_ARCHS = {
+    "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe",
+    "qwen3next", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35", "qwen35moe", "qwen4exp",
+    "deepseek4", "minimax-01",
+};
+// Architectures whose rotary embedding is always multi-section (their loader requires
+// rope.dimension_sections): sections that add up to 0 divide by zero in ggml's mRoPE kernel.
+const std::unordered_set<std::string_view> MROPE_ARCHS = {
+    "qwen2vl", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "qwen4exp",
+};
+constexpr double MAX_EXPERTS = 1024; // llama.cpp's LLAMA_MAX_EXPERTS
+
+int32_t refuse(const std::string & who, const std::string & why) {
+    return cospec::fail(COSPEC_ERR_MODEL_LOAD, who + ": " + why);
+}
+
+// Head counts and FFN widths, read per layer kind as llama.cpp reads them.
+int32_t check_layer_widths(const std::string & who, const gguf_context * g, const std::string & arch, size_t n_layer) {
+    // deci's linear layers have no heads; a recurrent model has no attention at all.
+    if (arch == "deci" || RECURRENT_ARCHS.count(arch) > 0) {
+        return COSPEC_OK;
+    }
+    const std::string heads_key = arch + ".attention.head_count";
+    const std::string kv_key = arch + ".attention.head_count_kv";
+    std::vector<int64_t> heads, kv;
+    const bool has_heads = per_layer(g, heads_key, n_layer, heads);
+    if (!per_layer(g, kv_key, n_layer, kv)) {
+        kv = heads; // llama.cpp: the KV head count defaults to the head count
+    }
+    if (HYBRID_ARCHS.count(arch) > 0) {
+        // A hybrid's layer is recurrent where its KV head count is 0 (llama.cpp's layer kinds);
+        // an attention layer needs heads. Layers without a feed-forward block write a zero width.
+        for (size_t i = 0; i < kv.size(); ++i) {
+            const int64_t n_head = has_heads && i < heads.size() ? heads[i] : 0;
+            if (kv[i] < 0 || n_head < 0) {
+                return refuse(who, kv_key + " has a negative entry at layer " + std::to_string(i));
+            }
+            if (kv[i] > 0 && n_head == 0) {
+                return refuse(who, heads_key + " is 0 at layer " + std::to_string(i) + ", an attention layer (" +
+                                       kv_key + " " + std::to_string(kv[i]) + ")");
+            }
+        }
+        return COSPEC_OK;
+    }
+    const auto has_zero = [](const std::vector<int64_t> & values) {
+        return std::any_of(values.begin(), values.end(), [](int64_t v) { return v <= 0; });
+    };
+    if (has_zero(heads)) {
+        return refuse(who, heads_key + " has a zero entry");
+    }
+    if (has_zero(kv)) {
+        return refuse(who, kv_key + " has a zero entry");
+    }
+    const std::string ffn_key = arch + ".feed_forward_length";
+    std::vector<int64_t> ffn;
+    if (per_layer(g, ffn_key, n_layer, ffn) && has_zero(ffn)) {
+        return refuse(who, ffn_key + " has a zero entry");
+    }
+    return COSPEC_OK;
+}
+
+// The expert counts llama.cpp asserts on while reading them (llama_model_base::load_hparams).
+int32_t check_experts(const std::string & who, const gguf_context * g, const std::string & arch, size_t n_layer) {
+    double n_expert = 0, n_groups = 0, n_group_used = 0;
+    number(g, arch + ".expert_count", n_expert);
+    number(g, arch + ".expert_group_count", n_groups);
+    number(g, arch + ".expert_group_used_count", n_group_used);
+    std::vector<int64_t> used;
+    per_layer(g, arch + ".expert_used_count", n_layer, used);
+    const double used_max = used.empty() ? 0.0 : (double) *std::max_element(used.begin(), used.end());
+    if ((arch == "hunyuan-dense" || arch == "hunyuan_vl") && n_expert <= 1) {
+        return COSPEC_OK; // llama.cpp reads these as dense models
+    }
+    const std::string count = arch + ".expert_count " + std::to_string((long long) n_expert);
+    if (!(n_expert >= 0 && n_expert <= MAX_EXPERTS)) {
+        return refuse(who, arch + ".expert_count must be between 0 and " + std::to_string((int) MAX_EXPERTS));
+    }
+    if (std::any_of(used.begin(), used.end(), [](int64_t v) { return v < 0; }) || used_max > n_expert) {
+        return refuse(who, arch + ".expert_used_count must be between 0 and the " + count);
+    }
+    if (n_expert == 0) {
+        if (used_max > 0 || n_groups != 0) {
+            return refuse(who, arch + ".expert_used_count and expert_group_count must be 0 without experts");
+        }
+        return COSPEC_OK;
+    }
+    if (used_max == 0) {
+        return refuse(who, arch + ".expert_used_count must be positive with " + count);
+    }
+    if (!(n_groups >= 0 && n_groups < n_expert)) {
+        return refuse(who, arch + ".expert_group_count must be below the " + count);
+    }
+    if (n_groups > 1 && (std::fmod(n_expert, n_groups) != 0 || !(n_group_used > 0 && n_group_used < n_groups))) {
+        return refuse(who, arch + ".expert_group_count must divide the " + count +
+                               " and expert_group_used_count be between 1 and it, exclusive");
+    }
+    return COSPEC_OK;
+}
+
+// Multi-section rotary embedding (mRoPE): ggml's kernel asserts that the sections fit the head
+// (GGML_ASSERT(sect_dims <= ne0)) and divides by their sum.
+int32_t check_rope_sections(const std::string & who, const gguf_context * g, const std::string & arch) {
+    const std::string key = arch + ".rope.dimension_sections";
+    std::vector<int64_t> sections;
+    if (!per_layer(g, key, 4, sections)) {
+        return COSPEC_OK; // absent: llama.cpp refuses the file itself where the architecture needs it
+    }
+    int64_t sum = 0;
+    for (const int64_t v : sections) {
+        if (v < 0) {
+            return refuse(who, key + " has a negative entry");
+        }
+        sum += v;
+    }
+    if (sum == 0 && MROPE_ARCHS.count(arch) > 0) {
+        return refuse(who, key + " adds up to 0");
+    }
+    double head_dim = 0, n_embd = 0;
+    std::vector<int64_t> heads;
+    if (!number(g, arch + ".attention.key_length", head_dim) && number(g, arch + ".embedding_length", n_embd) &&
+        per_layer(g, arch + ".attention.head_count", 1, heads) && !heads.empty() && heads[0] > 0) {
+        head_dim = std::floor(n_embd / (double) heads[0]);
+    }
+    if (head_dim > 0 && (double) sum > head_dim) {
+        return refuse(who, key + " add up to " + std::to_string(sum) + ", past the head's " +
+                               std::to_string((long long) head_dim) + " dimensions");
+    }
+    return COSPEC_OK;
 }
 
 } // namespace
@@ -160,14 +304,14 @@ int32_t check_loaded_model_metadata(const std::string & who, const gguf_context 
             return bad(arch + key + " must be a finite positive number");
         }
     }
-    // A layer without attention heads is a real thing in some architectures (deci's linear layers);
-    // in the others a 0 divides by zero inside llama.cpp.
-    if (arch != "deci") {
-        for (const char * key : {".attention.head_count", ".attention.head_count_kv", ".feed_forward_length"}) {
-            if (has_zero_entry(g, arch + key)) {
-                return bad(arch + key + " has a zero entry");
-            }
-        }
+    if (const int32_t status = check_layer_widths(who, g, arch, (size_t) n_layer); status != COSPEC_OK) {
+        return status;
+    }
+    if (const int32_t status = check_experts(who, g, arch, (size_t) n_layer); status != COSPEC_OK) {
+        return status;
+    }
+    if (const int32_t status = check_rope_sections(who, g, arch); status != COSPEC_OK) {
+        return status;
     }
     const std::string tokenizer = text(g, "tokenizer.ggml.model");
     if (tokenizer == "bert" || tokenizer == "no_vocab") {

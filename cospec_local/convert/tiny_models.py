@@ -1,0 +1,245 @@
+"""Tiny random models of every architecture family llama.cpp runs, made in seconds from
+transformers configs by llama.cpp's own converter (`convert_hf_to_gguf.py`, vendored in
+llama-cpp-python's sdist; `./install.sh --dev` unpacks it into .venv/src/llama.cpp).
+
+Every model gets SmolLM2's vocabulary (its GGUF tokenizer keys copied in place of the converter's
+vocabulary step), so any two of them, and SmolLM2 itself, make a draft/target pair. Weights are
+random: outputs are noise, but each architecture's real graph, memory kind (attention, sliding
+window, recurrent, hybrid) and rollback path run. The zoo test and the rollback benchmark use them.
+
+    python -m cospec_local.convert.tiny_models --out DIR [NAME ...]     # default: every name
+
+Runs torch: keep it out of a process that decodes with llama.cpp (call `build` from elsewhere;
+it starts this module as a child process).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+# Small enough to build and run in a second or two each, large enough for every layer kind:
+# hidden 64, 4 layers (two of each kind in the hybrids), 4 heads of 16, 2 KV heads.
+HIDDEN = 64
+LAYERS = 4
+HEADS = 4
+KV_HEADS = 2
+HEAD_DIM = 16
+FFN = 128
+CONTEXT = 4096
+SLIDING_WINDOW = 32  # gemma3 and gpt-oss: short, so a test's prompt runs past it
+# Weights this wide (transformers initialises with 0.02) make the next token depend on the context,
+# so a random model writes varied text instead of one token over and over, and two of them disagree.
+INIT_STD = 0.3
+
+
+def _common(vocab: int) -> dict:
+    return dict(vocab_size=vocab, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                num_key_value_heads=KV_HEADS, intermediate_size=FFN, max_position_embeddings=CONTEXT,
+                tie_word_embeddings=False, initializer_range=INIT_STD, bos_token_id=1, eos_token_id=2, pad_token_id=None)
+
+
+def _config(name: str, vocab: int):
+    """The transformers config of one zoo model."""
+    import transformers as tf
+
+    c = _common(vocab)
+    attn_mamba = ["mamba", "attention", "mamba", "attention"]
+    if name == "llama":
+        return tf.LlamaConfig(**c)
+    if name == "qwen2":
+        return tf.Qwen2Config(**c)
+    if name == "qwen3":
+        return tf.Qwen3Config(**c, head_dim=HEAD_DIM)
+    if name == "qwen3moe":
+        return tf.Qwen3MoeConfig(**c, head_dim=HEAD_DIM, num_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=64, decoder_sparse_step=1, mlp_only_layers=[])
+    if name == "gemma3":
+        return tf.Gemma3TextConfig(**c, head_dim=HEAD_DIM, query_pre_attn_scalar=HEAD_DIM, sliding_window=SLIDING_WINDOW,
+                                   layer_types=["sliding_attention", "sliding_attention", "sliding_attention",
+                                                "full_attention"])
+    if name == "phi3":
+        return tf.Phi3Config(**c)
+    if name == "gptoss":
+        return tf.GptOssConfig(**c, head_dim=HEAD_DIM, num_local_experts=4, num_experts_per_tok=2,
+                               sliding_window=SLIDING_WINDOW,
+                               layer_types=["sliding_attention", "full_attention"] * (LAYERS // 2))
+    if name == "mamba2":
+        return tf.Mamba2Config(vocab_size=vocab, hidden_size=HIDDEN, num_hidden_layers=LAYERS, expand=2,
+                               num_heads=2 * HIDDEN // HEAD_DIM, head_dim=HEAD_DIM, n_groups=1, state_size=16,
+                               conv_kernel=4, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if name == "lfm2":
+        return tf.Lfm2Config(**c, layer_types=["conv", "full_attention", "conv", "full_attention"])
+    if name == "falconh1":
+        return tf.FalconH1Config(**c, head_dim=HEAD_DIM, mamba_d_ssm=2 * HIDDEN, mamba_n_heads=2 * HIDDEN // HEAD_DIM,
+                                 mamba_d_head=HEAD_DIM, mamba_d_state=16, mamba_d_conv=4, mamba_n_groups=1,
+                                 mamba_expand=2)
+    if name == "granitehybrid":
+        return tf.GraniteMoeHybridConfig(**c, layer_types=attn_mamba, num_local_experts=0, num_experts_per_tok=0,
+                                         shared_intermediate_size=FFN, mamba_n_heads=2 * HIDDEN // HEAD_DIM,
+                                         mamba_d_head=HEAD_DIM, mamba_d_state=16, mamba_d_conv=4, mamba_n_groups=1,
+                                         mamba_expand=2)
+    if name == "qwen35":
+        # mRoPE sections count rotary pairs: half the head's 16 rotary dimensions.
+        return tf.Qwen3_5TextConfig(**c, head_dim=HEAD_DIM, linear_num_key_heads=2, linear_num_value_heads=4,
+                                    linear_key_head_dim=HEAD_DIM, linear_value_head_dim=HEAD_DIM,
+                                    linear_conv_kernel_dim=4,
+                                    layer_types=["linear_attention", "full_attention"] * (LAYERS // 2),
+                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                     "partial_rotary_factor": 1.0, "mrope_section": [3, 3, 2]})
+    if name in ("nemotronh", "nemotronhmoe"):
+        last = "mlp" if name == "nemotronh" else "moe"
+        return tf.NemotronHConfig(**c, head_dim=HEAD_DIM, layers_block_type=["mamba", "attention", "mamba", last],
+                                  mamba_num_heads=8, mamba_head_dim=HEAD_DIM, ssm_state_size=16, n_groups=1,
+                                  conv_kernel=4, expand=2, n_routed_experts=4, num_experts_per_tok=2,
+                                  moe_intermediate_size=64, moe_shared_expert_intermediate_size=64, n_group=1,
+                                  topk_group=1)
+    if name == "jamba":
+        return tf.JambaConfig(**c, num_experts=4, num_experts_per_tok=2, attn_layer_period=2, attn_layer_offset=1,
+                              expert_layer_period=2, expert_layer_offset=1, mamba_d_state=16, mamba_d_conv=4,
+                              mamba_expand=2, use_mamba_kernels=False)
+    raise KeyError(name)
+
+
+def _older_layer_names(name: str, config: dict) -> dict:
+    """The model's settings (config.json as the converter loads it) in the names the converter reads. transformers 5.25 writes hybrids'
+    layer kinds as "linear_attention" / "full_attention"; the converter's Granite and dense
+    Nemotron-H paths look for the older names and, not finding them, write files whose layers are
+    all of one kind (which llama.cpp then refuses)."""
+    if name == "granitehybrid":
+        config["layer_types"] = ["attention" if t == "full_attention" else "mamba" for t in config["layer_types"]]
+    if name == "nemotronh":
+        kinds = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-"}
+        config["hybrid_override_pattern"] = "".join(kinds[t] for t in config.pop("layers_block_type"))
+        config["num_hidden_layers"] = len(config["hybrid_override_pattern"])
+        # The converter reads these keys' presence as "mixture of experts" (transformers writes its
+        # defaults), and writes an expert count that makes llama.cpp abort on a dense file.
+        for key in ("num_experts_per_tok", "n_routed_experts", "n_group", "topk_group"):
+            config.pop(key, None)
+    return config
+
+
+# name: (what it stands for, its memory kind in llama.cpp)
+ARCHITECTURES = {
+    "llama": "attention",
+    "qwen2": "attention",
+    "qwen3": "attention",
+    "qwen3moe": "attention, mixture of experts",
+    "gemma3": "attention with a sliding window",
+    "phi3": "attention",
+    "gptoss": "attention with a sliding window, mixture of experts",
+    "mamba2": "recurrent",
+    "lfm2": "hybrid: convolution and attention",
+    "falconh1": "hybrid: attention and Mamba-2 in every layer",
+    "granitehybrid": "hybrid: Mamba-2 and attention layers",
+    "qwen35": "hybrid: gated delta-net and attention",
+    "nemotronh": "hybrid: Mamba-2, attention and MLP layers",
+    "nemotronhmoe": "hybrid: Mamba-2, attention and mixture-of-experts layers",
+    "jamba": "hybrid: Mamba and attention layers, mixture of experts",
+}
+
+
+def vocabulary_source() -> Path:
+    """The GGUF whose tokenizer every zoo model gets: SmolLM2's."""
+    from cospec_local.model_paths import find_smollm2_gguf
+
+    return find_smollm2_gguf()
+
+
+def llama_cpp_source() -> Path:
+    """llama.cpp's source tree as llama-cpp-python's sdist vendors it."""
+    root = Path(os.environ.get("COSPEC_LLAMA_CPP_SRC", Path(sys.prefix) / "src" / "llama.cpp"))
+    if not (root / "convert_hf_to_gguf.py").is_file():
+        raise FileNotFoundError(f"llama.cpp's source is not at {root}: ./install.sh --dev unpacks it there "
+                                "(or set COSPEC_LLAMA_CPP_SRC to a llama.cpp checkout of the pinned version)")
+    return root
+
+
+def build(names: list[str], out: Path, timeout: float = 600.0) -> dict[str, Path]:
+    """Make the named zoo models under out (NAME.gguf), in a child process; returns their paths.
+    A model already there is kept."""
+    out = Path(out)
+    missing = [n for n in names if not (out / f"{n}.gguf").is_file()]
+    if missing:
+        subprocess.run([sys.executable, "-m", "cospec_local.convert.tiny_models", "--out", str(out), *missing],
+                       check=True, timeout=timeout, capture_output=True, text=True)
+    return {n: out / f"{n}.gguf" for n in names}
+
+
+def _copy_vocabulary(writer, source: Path) -> None:
+    """Write the tokenizer.* keys of source into writer, types kept."""
+    import gguf
+
+    reader = gguf.GGUFReader(source)
+    for field in reader.fields.values():
+        if not field.name.startswith("tokenizer."):
+            continue
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(field.name, field.contents(), vtype, sub_type=field.types[-1])
+        else:
+            writer.add_key_value(field.name, field.contents(), vtype)
+
+
+def _convert(name: str, out: Path, vocab_source: Path, n_vocab: int) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import conversion  # llama.cpp's converter package (sys.path set by main)
+    import gguf
+
+    torch.manual_seed(sum(map(ord, name)))
+    config = _config(name, n_vocab)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    hf_dir = out / f".{name}-hf"
+    model.save_pretrained(hf_dir)
+    if name == "gemma3":
+        # Gemma's converter cuts the embedding to the tokenizer's size, which it counts in tokenizer.json.
+        (hf_dir / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {f"t{i}": i for i in range(n_vocab)}},
+                                                           "added_tokens": []}))
+    hparams = _older_layer_names(name, conversion.ModelBase.load_hparams(hf_dir, False))
+    model_class = conversion.get_model_class(conversion.get_model_architecture(hparams, conversion.ModelType.TEXT))
+    if getattr(model_class, "supports_mtp_export", False):
+        model_class.no_mtp = True  # the tiny model has no multi-token-prediction layers
+    target = out / f"{name}.gguf"
+    partial = out / f".{name}.gguf.partial"
+    instance = model_class(hf_dir, gguf.LlamaFileType.MOSTLY_F16, partial, hparams=hparams, model_name="tiny random model")  # a name with "phi3" in it changes how llama.cpp reads the vocabulary
+    # SmolLM2's vocabulary in place of the converter's tokenizer step: no tokenizer files needed,
+    # and every zoo model pairs with every other.
+    instance.set_vocab = lambda: _copy_vocabulary(instance.gguf_writer, vocab_source)
+    instance.write()
+    partial.replace(target)
+    shutil.rmtree(hf_dir)
+    return target
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("names", nargs="*", help=f"default: all of {', '.join(ARCHITECTURES)}")
+    a = ap.parse_args(argv)
+    names = a.names or list(ARCHITECTURES)
+    unknown = [n for n in names if n not in ARCHITECTURES]
+    if unknown:
+        ap.error(f"unknown: {', '.join(unknown)}; known: {', '.join(ARCHITECTURES)}")
+    src = llama_cpp_source()
+    sys.path.insert(0, str(src / "gguf-py"))  # the converter's own gguf-py, before any installed one
+    sys.path.insert(0, str(src))
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    vocab_source = vocabulary_source()
+    import gguf
+
+    n_vocab = len(gguf.GGUFReader(vocab_source).fields["tokenizer.ggml.tokens"].data)
+    a.out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        print(_convert(name, a.out, vocab_source, n_vocab), flush=True)
+
+
+if __name__ == "__main__":
+    main()
