@@ -89,6 +89,9 @@ NATIVE_STATS_NAMES = {
     "t_verify_ms": "verify_ms",
     "t_sample_ms": "sample_ms",
     "arbiter_abstained": "arbiter_abstained",
+    "n_target_decoded": "target_decoded",
+    "n_draft_decoded": "draft_decoded",
+    "n_restored": "restored",
 }
 
 
@@ -115,6 +118,9 @@ class Stats:
     verify_ms: float = 0.0       # inside target-model llama_decode calls (verification or plain steps)
     sample_ms: float = 0.0       # choosing tokens from logits
     arbiter_abstained: bool = False  # the learned arbiter's domain gate refused the prompt
+    target_decoded: int = 0      # tokens the target decoded after the prompt (verify batches, plain steps, catch-ups)
+    draft_decoded: int = 0       # tokens the draft model decoded after the prompt
+    restored: int = 0            # rollbacks of a recurrent or hybrid model's memory to its saved state
 
     # The derived values to_json() gives, each after the field named here.
     _JSON_DERIVED: ClassVar[dict[str, tuple[str, ...]]] = {

@@ -471,6 +471,9 @@ struct cospec_stats {
     double  t_verify_ms;       // inside target-model llama_decode calls (verification or plain steps)
     double  t_sample_ms;       // choosing tokens from logits (argmax, sampling, acceptance tests)
     bool    arbiter_abstained; // the learned arbiter's domain gate refused the prompt: lossless speculative decoding
+    int32_t n_target_decoded;  // tokens the target decoded after the prompt (verify batches, plain steps, catch-ups)
+    int32_t n_draft_decoded;   // tokens the draft model decoded after the prompt
+    int32_t n_restored;        // rollbacks of a recurrent or hybrid model's memory to its saved state (either model)
 };
 
 typedef struct cospec_result cospec_result;

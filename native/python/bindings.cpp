@@ -132,6 +132,9 @@ py::dict stats_to_dict(const cospec_stats & s) {
     d["t_verify_ms"] = s.t_verify_ms;
     d["t_sample_ms"] = s.t_sample_ms;
     d["arbiter_abstained"] = s.arbiter_abstained;
+    d["n_target_decoded"] = s.n_target_decoded;
+    d["n_draft_decoded"] = s.n_draft_decoded;
+    d["n_restored"] = s.n_restored;
     return d;
 }
 

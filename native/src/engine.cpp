@@ -402,6 +402,7 @@ static int32_t create_context(const cospec_engine_params & p, cospec_engine & e,
     }
     slot.batch = llama_batch_init(e.n_batch, 0, 1);
     slot.cached.clear();
+    slot.tail_fixed = llama_model_is_recurrent(slot.model) || llama_model_is_hybrid(slot.model);
     return COSPEC_OK;
 }
 
@@ -640,8 +641,7 @@ void cospec_engine_reset(cospec_engine * engine) {
     }
     for (model_slot * s : {&engine->target, &engine->draft}) {
         if (s->ctx != nullptr) {
-            llama_memory_clear(llama_get_memory(s->ctx), true);
-            s->cached.clear();
+            s->clear_cache();
         }
     }
     // A reset may follow an abort of the generation it replaced: the engine is ready again.

@@ -26,12 +26,29 @@ struct model_slot {
     llama_batch batch {};
     // Tokens whose keys and values are in the cache, at positions 0..n-1.
     std::vector<llama_token> cached;
+    // A recurrent or hybrid model's memory cannot drop a tail (llama_memory_seq_rm fails): its
+    // state is saved before tokens a rollback may take back, and restored instead of decoding
+    // the whole context again. The recurrent part alone is saved (llama.cpp's partial state, the
+    // same size at any context length); a hybrid's attention cache drops its tail as usual.
+    bool tail_fixed = false;
+    struct checkpoint {
+        std::vector<uint8_t> state;
+        size_t n_tokens = 0; // the state after cached[0..n_tokens)
+        bool valid = false;
+    } saved;
     std::string chat_template;
     bool has_chat_template = false;
     std::string desc;
     // What the context was created with (cospec_engine_flash_attn); an arbiter that reads
     // the draft's cache (learned_arbiter.cpp) needs a context laid out the same way.
     llama_flash_attn_type flash_attn = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+
+    // Empty the cache (and forget the checkpoint, which described its contents).
+    void clear_cache() {
+        llama_memory_clear(llama_get_memory(ctx), true);
+        cached.clear();
+        saved.valid = false;
+    }
 
     model_slot() = default;
     model_slot(const model_slot &) = delete;

@@ -175,6 +175,9 @@ class generation {
         // Prompt work is not generation work.
         st.t_draft_ms = 0.0;
         st.t_verify_ms = 0.0;
+        st.n_target_decoded = 0;
+        st.n_draft_decoded = 0;
+        st.n_restored = 0;
 
         const auto t_gen = clock_type::now();
         while (status == COSPEC_OK && stop == COSPEC_STOP_NONE) {
@@ -258,10 +261,13 @@ class generation {
             llama_synchronize(s.ctx);
         }
         t_acc += ms_since(t0);
+        (&s == &e.target ? st.n_target_decoded : st.n_draft_decoded) += s.batch.n_tokens;
         if (ret == 0) {
             return COSPEC_OK;
         }
-        llama_memory_seq_rm(llama_get_memory(s.ctx), 0, pos0, -1);
+        if (!llama_memory_seq_rm(llama_get_memory(s.ctx), 0, pos0, -1)) {
+            s.clear_cache(); // a memory that cannot drop the failed batch's part starts over
+        }
         s.cached.resize(std::min(s.cached.size(), (size_t) pos0));
         if (ret == 2 || e.abort_flag.load()) {
             stop = COSPEC_STOP_ABORTED;
@@ -289,12 +295,16 @@ class generation {
         if (keep_n < s.cached.size()) {
             if (llama_memory_seq_rm(llama_get_memory(s.ctx), 0, (llama_pos) keep_n, -1)) {
                 s.cached.resize(keep_n);
+            } else if (restore(s, keep_n)) {
+                keep_n = s.cached.size();
             } else {
-                // Some memories (recurrent models) cannot drop a tail: start over.
-                llama_memory_clear(llama_get_memory(s.ctx), true);
-                s.cached.clear();
+                // A memory that cannot drop a tail and has no saved state below it: start over.
+                s.clear_cache();
                 keep_n = 0;
             }
+        }
+        if (s.saved.valid && s.saved.n_tokens > s.cached.size()) {
+            s.saved.valid = false; // it described tokens the cache no longer holds
         }
         if (n_reused != nullptr) {
             *n_reused = keep_n;
@@ -310,6 +320,37 @@ class generation {
             keep_n += chunk;
         }
         return COSPEC_OK;
+    }
+
+    // Before decoding tokens a rollback may take back (a block's drafts), save the state of a
+    // memory that cannot drop a tail. A failed save only costs the rollback a full re-decode.
+    void checkpoint(model_slot & s) {
+        if (!s.tail_fixed || (s.saved.valid && s.saved.n_tokens == s.cached.size())) {
+            return;
+        }
+        const size_t size = llama_state_seq_get_size_ext(s.ctx, 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+        s.saved.state.resize(size);
+        s.saved.valid = size > 0 && llama_state_seq_get_data_ext(s.ctx, s.saved.state.data(), size, 0,
+                                                                 LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) == size;
+        s.saved.n_tokens = s.cached.size();
+    }
+
+    // Roll s back to its saved state where that lies within the first keep_n cached tokens: the
+    // recurrent part from the checkpoint, the attention part of a hybrid by dropping its tail.
+    bool restore(model_slot & s, size_t keep_n) {
+        if (!s.saved.valid || s.saved.n_tokens > keep_n) {
+            return false;
+        }
+        llama_memory_t mem = llama_get_memory(s.ctx);
+        const size_t size = s.saved.state.size();
+        if (llama_state_seq_set_data_ext(s.ctx, s.saved.state.data(), size, 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) != size ||
+            !llama_memory_seq_rm(mem, 0, (llama_pos) s.saved.n_tokens, -1)) {
+            s.saved.valid = false;
+            return false;
+        }
+        s.cached.resize(s.saved.n_tokens);
+        st.n_restored += 1;
+        return true;
     }
 
     // A model whose weights or metadata are broken can compute NaN or infinite
@@ -479,6 +520,7 @@ class generation {
         }
         const double catch_up_ms = draft_time.lap();
         const double first_ms = n_past + 1 - n_reused > BLOCK_CATCH_UP ? -1.0 : catch_up_ms;
+        checkpoint(e.draft);
         int32_t n_steps = 0; // single-token draft steps after the first call
         const int32_t nv = e.draft.n_vocab;
         if (keep_draft_logits) {
@@ -589,6 +631,7 @@ class generation {
             return status;
         }
         model_slot & t = e.target;
+        checkpoint(t);
         fill_batch(t, &seq.back(), 1, (llama_pos) n_past, true);
         for (int32_t i = 0; i < kd; ++i) {
             t.batch.token[i + 1] = drafted[i];

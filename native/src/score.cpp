@@ -41,15 +41,13 @@ int32_t cospec_score(cospec_engine * engine, int32_t which, const cospec_token *
     engine->abort_flag.store(false);
     model_slot & s = which == 0 ? engine->target : engine->draft;
     // Start from an empty cache: every position's logits must be computed now.
-    llama_memory_clear(llama_get_memory(s.ctx), true);
-    s.cached.clear();
+    s.clear_cache();
     for (int32_t done = 0; done < n_tokens;) {
         const int32_t chunk = std::min(engine->n_batch, n_tokens - done);
         cospec::fill_batch(s, tokens + done, chunk, done, true);
         const int32_t ret = llama_decode(s.ctx, s.batch);
         if (ret != 0) {
-            llama_memory_clear(llama_get_memory(s.ctx), true);
-            s.cached.clear();
+            s.clear_cache();
             if (ret == 2 || engine->abort_flag.load()) {
                 return fail(COSPEC_ERR_CANCELLED, "cospec_score: aborted");
             }
@@ -63,8 +61,7 @@ int32_t cospec_score(cospec_engine * engine, int32_t which, const cospec_token *
             }
             for (int32_t v = 0; v < n_vocab; ++v) {
                 if (!std::isfinite(row[v])) {
-                    llama_memory_clear(llama_get_memory(s.ctx), true);
-                    s.cached.clear();
+                    s.clear_cache();
                     return fail(COSPEC_ERR_DECODE, "cospec_score: the model computed non-finite logits "
                                                    "(corrupt weights or metadata?)");
                 }
