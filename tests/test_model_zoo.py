@@ -1,0 +1,130 @@
+"""Every architecture llama.cpp runs, as target and as draft: tiny random models of 15 families
+(attention, sliding window, mixture of experts, recurrent, hybrid) made by llama.cpp's own
+converter (cospec_local/convert/tiny_models.py), all with SmolLM2's vocabulary. Greedy speculative
+decoding must give the target's own tokens whatever the draft proposes, and a memory that cannot
+drop a tail must roll back from its saved state, not by decoding the context again."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from cospec_local import Engine
+from cospec_local.convert import tiny_models
+
+REPO = Path(__file__).resolve().parents[1]
+ARCHS = list(tiny_models.ARCHITECTURES)
+RECURRENT_OR_HYBRID = [a for a, kind in tiny_models.ARCHITECTURES.items() if "recurrent" in kind or "hybrid" in kind]
+# Past the sliding window of the zoo's gemma3 and gpt-oss (32 tokens), so rollbacks cross it.
+PROMPT = ("Speculative decoding lets a small draft model propose a block of tokens that the large target "
+          "model checks in one batched pass; where they disagree, the target's token is taken and the block "
+          "ends. The text here only has to be long enough to pass a short sliding window.")
+N_PREDICT = 40
+
+
+@pytest.fixture(scope="session")
+def zoo() -> dict[str, Path]:
+    # Kept in the checkout's .cache, under a key of the builder's source: a later run reuses them.
+    key = hashlib.sha256(Path(tiny_models.__file__).read_bytes()).hexdigest()[:12]
+    return tiny_models.build(ARCHS, REPO / ".cache" / "tiny-models" / key)
+
+
+def other_than(arch: str) -> str:
+    """A zoo model of another family: its proposals almost never agree with arch's."""
+    return "qwen3" if arch != "qwen3" else "llama"
+
+
+def generate(engine: Engine, **params):
+    return engine.generate(PROMPT, max_tokens=N_PREDICT, **params)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_each_architecture_loads_and_speculates_losslessly_as_target(zoo, arch):
+    with Engine(zoo[arch], zoo[other_than(arch)], n_ctx=512) as engine:
+        reference = generate(engine, mode="target-only")
+        assert reference.stats.predicted_n == N_PREDICT
+        assert len(set(reference.tokens)) > 5, "a random model that repeats one token tests no rollback"
+        for k in (1, 4, 8):
+            result = generate(engine, draft_max=k, adaptive_draft=False)
+            assert result.tokens == reference.tokens, f"K={k}"
+            s = result.stats
+            assert s.draft_n > 0 and s.target_fallbacks > 0  # the draft proposed and was refused
+            # Each block decodes its K + 1 tokens and, after a rollback, the tokens it accepted:
+            # a memory that decoded the context again would pass this bound many times over.
+            assert s.target_decoded <= 2 * (s.draft_n + s.blocks) + s.plain, f"K={k}"
+            if arch in RECURRENT_OR_HYBRID:
+                assert s.restored > 0, f"K={k}"
+        fly = generate(engine, arbiter="fly", draft_max=8, adaptive_draft=False)
+        assert fly.stats.predicted_n == N_PREDICT and fly.stats.blocks > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_each_architecture_drafts_for_itself_and_for_another_target(zoo, arch):
+    with Engine(zoo[arch], zoo[arch], n_ctx=512) as engine:
+        reference = generate(engine, mode="target-only")
+        result = generate(engine, draft_max=4, adaptive_draft=False)
+        assert result.tokens == reference.tokens
+        assert result.stats.acceptance_rate > 0.9
+    with Engine(zoo[other_than(arch)], zoo[arch], n_ctx=512) as engine:
+        reference = generate(engine, mode="target-only")
+        result = generate(engine, draft_max=4, adaptive_draft=False)
+        assert result.tokens == reference.tokens
+        s = result.stats
+        assert s.draft_decoded <= 2 * (s.draft_n + s.blocks) + s.plain
+        if arch in RECURRENT_OR_HYBRID:
+            assert s.restored > 0
+
+
+def test_a_hybrid_rollback_decodes_only_the_accepted_tokens(zoo):
+    """Counted exactly on a long prompt: no decode grows with the context."""
+    with Engine(zoo["falconh1"], zoo["qwen3"], n_ctx=2048) as engine:
+        prompt = PROMPT * 12
+        n_prompt = len(engine.tokenize(prompt))
+        reference = engine.generate(prompt, max_tokens=N_PREDICT, mode="target-only")
+        result = engine.generate(prompt, max_tokens=N_PREDICT, draft_max=4, adaptive_draft=False)
+    assert result.tokens == reference.tokens
+    s = result.stats
+    assert n_prompt > 500 and s.restored > 0
+    # Per block: [last, d1..d4] to verify; after a restore, [last, accepted...] again; every
+    # generated token but the first is some block's fallback or bonus.
+    assert s.target_decoded <= 2 * (s.draft_n + s.blocks) + s.plain < n_prompt
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+@pytest.mark.slow
+def test_gemma3_270m_rolls_back_past_its_sliding_window(zoo):
+    """The real Gemma 3 270M (a 512-token window) with a prompt past the window, and a draft of its
+    vocabulary that disagrees almost everywhere: every rollback crosses the window's edge.
+
+    Verify batches of 9 or more tokens multiply Gemma's Q4_K weights with other CPU kernels than
+    one-token steps (docs/lossless-output.md): there the output may leave target-only's at a
+    near-tie, where the batch's rounding picks the target's second choice; with shorter blocks,
+    and wherever the batches agree, it is the same token for token."""
+    import numpy as np
+
+    from cospec_local.model_paths import find_gemma3_gguf
+
+    gemma = find_gemma3_gguf(REPO / ".cache" / "models")
+    draft = tiny_models.build(["llama"], REPO / ".cache" / "tiny-models" / "gemma3-vocab", vocab=gemma)["llama"]
+    prompt = "Summarise the following notes in one sentence.\n" + "\n".join(
+        f"Note {i}: the shipment of {i * 7 % 23 + 2} crates left warehouse {i % 5} on day {i}." for i in range(40))
+    for drafter in (draft, gemma):
+        with Engine(gemma, drafter, n_ctx=1024) as engine:
+            prompt_tokens = engine.tokenize(prompt)
+            assert len(prompt_tokens) > 600
+            reference = engine.generate(prompt, max_tokens=48, mode="target-only")
+            for k in (1, 4, 8):
+                result = engine.generate(prompt, max_tokens=48, draft_max=k, adaptive_draft=False)
+                at = first_difference(result.tokens, reference.tokens)
+                if k < 8 or at is None:
+                    assert at is None, f"K={k}"
+                    continue
+                row = engine.score(prompt_tokens + reference.tokens[:at])[-1]
+                top2 = np.sort(row)[-2:]
+                assert result.tokens[at] == int(np.argsort(row)[-2]) and top2[1] - top2[0] < 0.5, f"K={k}"
+            if drafter == draft:
+                assert result.stats.target_fallbacks > 0
