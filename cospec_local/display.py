@@ -5,7 +5,7 @@ from __future__ import annotations
 from .engine import Generation
 
 # ANSI colours for --color: which tokens came from the draft.
-COLORS = {"match": "\x1b[32m", "kept": "\x1b[35;1m"}
+COLORS = {"match": "\x1b[32m", "kept": "\x1b[35;1m", "ngram": "\x1b[36m"}
 RESET = "\x1b[0m"
 
 

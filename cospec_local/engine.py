@@ -35,6 +35,7 @@ PROVENANCE = {
     _cospec.PROV_BONUS: "bonus",
     _cospec.PROV_TARGET: "target",
     _cospec.PROV_DRAFT: "draft",
+    _cospec.PROV_NGRAM: "ngram",
 }
 STOP_REASONS = {
     _cospec.STOP_EOG: "eog",
@@ -92,6 +93,9 @@ NATIVE_STATS_NAMES = {
     "n_target_decoded": "target_decoded",
     "n_draft_decoded": "draft_decoded",
     "n_restored": "restored",
+    "n_blocks_ngram": "blocks_ngram",
+    "n_drafted_ngram": "draft_n_ngram",
+    "n_accepted_ngram": "draft_n_matched_ngram",
 }
 
 
@@ -121,6 +125,9 @@ class Stats:
     target_decoded: int = 0      # tokens the target decoded after the prompt (verify batches, plain steps, catch-ups)
     draft_decoded: int = 0       # tokens the draft model decoded after the prompt
     restored: int = 0            # rollbacks of a recurrent or hybrid model's memory to its saved state
+    blocks_ngram: int = 0        # of blocks: drafted by the n-gram drafter
+    draft_n_ngram: int = 0       # of draft_n: proposed by the n-gram drafter
+    draft_n_matched_ngram: int = 0  # of draft_n_matched: n-gram tokens the target agreed with
 
     # The derived values to_json() gives, each after the field named here.
     _JSON_DERIVED: ClassVar[dict[str, tuple[str, ...]]] = {

@@ -371,6 +371,7 @@ enum cospec_provenance {
     COSPEC_PROV_BONUS    = 3, // target token after a block that survived whole
     COSPEC_PROV_TARGET   = 4, // a plain target step (target-only mode, or a step that drafted nothing)
     COSPEC_PROV_DRAFT    = 5, // draft-only decoding
+    COSPEC_PROV_NGRAM    = 6, // n-gram drafter token the target agreed with
 };
 
 enum cospec_stop_reason {
@@ -400,8 +401,25 @@ typedef bool (*cospec_token_fn)(cospec_token token, int32_t provenance, const ch
 // K draft tokens and the token before them).
 #define COSPEC_N_DRAFT_MAX 63
 
+// Where a block's draft tokens come from: cospec_generate_params.draft_sources lists them in order
+// of precedence, and each block takes the first that proposes something (the draft model always
+// does; the n-gram drafter where the text's end occurred before). With adaptive_draft and no
+// arbiter that keeps mismatches, each source's block length comes from its own measured
+// acceptance and the target's measured costs, so a source that does not pay drafts nothing.
+enum cospec_draft_source {
+    COSPEC_DRAFT_NONE  = 0, // ends the list; a list that starts with it drafts nothing
+    COSPEC_DRAFT_MODEL = 1, // the draft model (skipped where the engine has none)
+    COSPEC_DRAFT_NGRAM = 2, // the n-gram drafter: what followed the longest earlier match of the text's end
+    // The default: the n-gram drafter, then the draft model; the draft model alone with an arbiter
+    // that keeps mismatches (a learned arbiter decides the draft model's mismatches only, and n-gram
+    // blocks would change which of them it meets).
+    COSPEC_DRAFT_AUTO  = 3,
+};
+#define COSPEC_N_DRAFT_SOURCES 2
+
 struct cospec_generate_params {
     int32_t mode;              // enum cospec_mode (default speculative)
+    int32_t draft_sources[COSPEC_N_DRAFT_SOURCES]; // enum cospec_draft_source in order (default {AUTO, NONE})
     cospec_arbiter * arbiter;  // NULL = the target arbiter (lossless)
     int32_t n_predict;         // most tokens to generate (must be > 0; default 128)
     int32_t n_draft;           // K: most draft tokens per block (1..COSPEC_N_DRAFT_MAX; default 8)
@@ -449,7 +467,8 @@ struct cospec_generate_params {
 struct cospec_generate_params cospec_generate_default_params(void);
 
 // One set of counters, used by every mode.
-// In speculative mode n_accepted + n_kept + n_fallback + n_bonus + n_plain == n_generated;
+// In speculative mode n_accepted + n_kept + n_fallback + n_bonus + n_plain == n_generated
+// (n_accepted counts the n-gram drafter's matched tokens too);
 // in the plain modes n_plain == n_generated.
 struct cospec_stats {
     int32_t n_prompt;          // prompt tokens evaluated in this call, the last one included (it is decoded with
@@ -474,6 +493,9 @@ struct cospec_stats {
     int32_t n_target_decoded;  // tokens the target decoded after the prompt (verify batches, plain steps, catch-ups)
     int32_t n_draft_decoded;   // tokens the draft model decoded after the prompt
     int32_t n_restored;        // rollbacks of a recurrent or hybrid model's memory to its saved state (either model)
+    int32_t n_blocks_ngram;    // of n_blocks: drafted by the n-gram drafter
+    int32_t n_drafted_ngram;   // of n_drafted: proposed by the n-gram drafter
+    int32_t n_accepted_ngram;  // of n_accepted: n-gram tokens that matched the target (provenance NGRAM)
 };
 
 typedef struct cospec_result cospec_result;

@@ -2,6 +2,7 @@
 // Native work runs with the GIL released; callbacks into Python take it back.
 #include "cospec.h"
 #include "../src/draft_tuner.h" // exposed for replaying timings in tests
+#include "../src/ngram_drafter.h" // exposed for checking proposals on crafted token sequences
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -135,6 +136,9 @@ py::dict stats_to_dict(const cospec_stats & s) {
     d["n_target_decoded"] = s.n_target_decoded;
     d["n_draft_decoded"] = s.n_draft_decoded;
     d["n_restored"] = s.n_restored;
+    d["n_blocks_ngram"] = s.n_blocks_ngram;
+    d["n_drafted_ngram"] = s.n_drafted_ngram;
+    d["n_accepted_ngram"] = s.n_accepted_ngram;
     return d;
 }
 
@@ -720,6 +724,20 @@ PYBIND11_MODULE(_cospec, m) {
 
     // The adaptive length's model on its own, fed with chosen timings: what it decides from a
     // given history of costs can be checked without depending on this machine's clock.
+    py::class_<cospec::ngram_drafter>(m, "NgramDrafter")
+        .def(py::init<>())
+        .def("begin", [](cospec::ngram_drafter & d, const std::vector<llama_token> & prompt) { d.begin(prompt.data(), prompt.size()); },
+             py::arg("prompt"))
+        .def("append", &cospec::ngram_drafter::append, py::arg("token"))
+        .def("propose", [](cospec::ngram_drafter & d, int32_t k) {
+                 std::vector<llama_token> out;
+                 d.propose(k, out);
+                 return out;
+             }, py::arg("k"))
+        .def("feedback", &cospec::ngram_drafter::feedback, py::arg("n_accepted"))
+        .def("clear", &cospec::ngram_drafter::clear)
+        .def_property_readonly("pool_size", &cospec::ngram_drafter::pool_size);
+
     py::class_<cospec::draft_tuner>(m, "DraftTuner")
         .def(py::init<>())
         .def("choose", &cospec::draft_tuner::choose, py::arg("k_max"))
@@ -776,6 +794,11 @@ PYBIND11_MODULE(_cospec, m) {
     m.attr("PROV_BONUS") = (int) COSPEC_PROV_BONUS;
     m.attr("PROV_TARGET") = (int) COSPEC_PROV_TARGET;
     m.attr("PROV_DRAFT") = (int) COSPEC_PROV_DRAFT;
+    m.attr("PROV_NGRAM") = (int) COSPEC_PROV_NGRAM;
+    m.attr("DRAFT_NONE") = (int) COSPEC_DRAFT_NONE;
+    m.attr("DRAFT_MODEL") = (int) COSPEC_DRAFT_MODEL;
+    m.attr("DRAFT_NGRAM") = (int) COSPEC_DRAFT_NGRAM;
+    m.attr("DRAFT_AUTO") = (int) COSPEC_DRAFT_AUTO;
     m.attr("FLASH_ATTN_AUTO") = (int) COSPEC_FLASH_ATTN_AUTO;
     m.attr("FLASH_ATTN_CPU_OFF_MAX_PARAMS") = (unsigned long long) COSPEC_FLASH_ATTN_CPU_OFF_MAX_PARAMS;
     m.attr("FLASH_ATTN_OFF") = (int) COSPEC_FLASH_ATTN_OFF;
@@ -823,6 +846,18 @@ PYBIND11_MODULE(_cospec, m) {
                                        "cospec_generate_params: constructed with cospec_generate_default_params()")
         .def(py::init([] { return cospec_generate_default_params(); }))
         .def_readwrite("mode", &cospec_generate_params::mode)
+        .def_property(
+            "draft_sources",
+            [](const cospec_generate_params & p) {
+                return std::vector<int32_t>(p.draft_sources, p.draft_sources + COSPEC_N_DRAFT_SOURCES);
+            },
+            [](cospec_generate_params & p, const std::vector<int32_t> & sources) {
+                if (sources.size() > COSPEC_N_DRAFT_SOURCES) {
+                    throw py::value_error("at most " + std::to_string(COSPEC_N_DRAFT_SOURCES) + " draft sources");
+                }
+                std::fill(p.draft_sources, p.draft_sources + COSPEC_N_DRAFT_SOURCES, COSPEC_DRAFT_NONE);
+                std::copy(sources.begin(), sources.end(), p.draft_sources);
+            })
         .def_readwrite("n_predict", &cospec_generate_params::n_predict)
         .def_readwrite("n_draft", &cospec_generate_params::n_draft)
         .def_readwrite("draft_p_min", &cospec_generate_params::draft_p_min)

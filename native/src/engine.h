@@ -2,6 +2,7 @@
 #pragma once
 
 #include "draft_tuner.h"
+#include "ngram_drafter.h"
 #include "internal.h"
 #include "llama.h"
 #include "rpc.h"
@@ -84,6 +85,10 @@ struct cospec_engine {
     std::atomic<std::thread::id> generating {};
     // Acceptance and cost estimates of this draft/target pair, kept across calls.
     cospec::draft_tuner tuner;
+    // The n-gram drafter's pool of every text this engine has seen (a chat's turns, a server's
+    // requests) and its own acceptance estimate; the target's costs are the same measurements.
+    cospec::ngram_drafter ngram;
+    cospec::draft_tuner ngram_tuner;
     // The --draft-p-min its acceptance was learned under: blocks the draft
     // declines count as ended, so another p-min starts the estimate afresh.
     float tuner_draft_p_min = 0.0f;

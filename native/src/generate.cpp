@@ -34,6 +34,8 @@ constexpr uint64_t ARBITER_SEED_SALT = 0xa5b17e4c0ffee5edULL;
 // drafted token and the target's bonus or fallback. A longer catch-up (after
 // plain steps) is no draft step, so the tuner is not told its time.
 constexpr size_t BLOCK_CATCH_UP = 2;
+// The fixed cost model's price of an n-gram proposal, in target steps: a table lookup.
+constexpr double NGRAM_DRAFT_COST = 0.001;
 
 double ms_since(clock_type::time_point t0) {
     return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
@@ -141,11 +143,28 @@ class generation {
         if (e.has_draft) {
             n_shared = std::min(e.target.n_vocab, e.draft.n_vocab);
         }
+        choose_sources(keeping_arbiter);
+        draft_can_read = p.mode != COSPEC_MODE_SPECULATIVE || use_model; // no draft model: nothing to feed it
+        if (use_ngram) {
+            // Where the output must be a function of the call's inputs (an arbiter that keeps,
+            // sampling), proposals come from this call's text alone and lengths from counts.
+            if (keeping_arbiter || !greedy) {
+                call_ngram_tuner.use_fixed_costs(NGRAM_DRAFT_COST, p.verify_cost >= 0.0f ? p.verify_cost : trained_verify_cost());
+                ngram = &call_ngram;
+                ngram_tuner = &call_ngram_tuner;
+            } else {
+                ngram = &e.ngram;
+                ngram_tuner = &e.ngram_tuner;
+            }
+        }
     }
 
     int32_t run(const cospec_token * prompt, int32_t n_prompt) {
         seq.assign(prompt, prompt + n_prompt);
         const size_t n_before_last = seq.size() - 1;
+        if (use_ngram) {
+            ngram->begin(prompt, (size_t) n_prompt);
+        }
         for (int32_t i = 0; i < n_prompt && e.has_draft; ++i) {
             draft_can_read = draft_can_read && prompt[i] < e.draft.n_vocab;
         }
@@ -217,6 +236,15 @@ class generation {
     float keep_threshold = 0.5f;
     cospec::draft_tuner call_tuner;
     cospec::draft_tuner * tuner = nullptr;
+    // Draft sources (cospec_draft_source): which this call uses, and which comes first.
+    bool use_model = false;
+    bool use_ngram = false;
+    bool ngram_first = true;
+    cospec::ngram_drafter call_ngram;
+    cospec::ngram_drafter * ngram = nullptr;
+    cospec::draft_tuner call_ngram_tuner;
+    cospec::draft_tuner * ngram_tuner = nullptr;
+    bool block_from_ngram = false; // the block being verified came from the n-gram drafter
     bool greedy = true;
     // Tokens in this call's last target decode (0: none yet, the prompt's
     // batch came last). llama.cpp rebuilds its graph when the size changes, so
@@ -245,6 +273,26 @@ class generation {
     std::vector<uint8_t> mismatch;
     std::vector<float> p_keep;
     cospec_block block {};
+
+    // The draft sources of this call, COSPEC_DRAFT_AUTO resolved (see enum cospec_draft_source).
+    void choose_sources(bool keeping_arbiter) {
+        if (p.mode != COSPEC_MODE_SPECULATIVE) {
+            return;
+        }
+        int32_t rank = 0, model_rank = -1, ngram_rank = -1;
+        for (int32_t i = 0; i < COSPEC_N_DRAFT_SOURCES && p.draft_sources[i] != COSPEC_DRAFT_NONE; ++i) {
+            const int32_t src = p.draft_sources[i];
+            if ((src == COSPEC_DRAFT_NGRAM || (src == COSPEC_DRAFT_AUTO && !keeping_arbiter)) && ngram_rank < 0) {
+                ngram_rank = rank++;
+            }
+            if ((src == COSPEC_DRAFT_MODEL || src == COSPEC_DRAFT_AUTO) && model_rank < 0) {
+                model_rank = rank++;
+            }
+        }
+        use_model = model_rank >= 0 && e.has_draft;
+        use_ngram = ngram_rank >= 0;
+        ngram_first = !use_model || ngram_rank < model_rank;
+    }
 
     // ------------------------------------------------------------ llama.cpp calls
 
@@ -399,8 +447,12 @@ class generation {
         r.provenance.push_back(provenance);
         st.n_generated += 1;
         draft_can_read = draft_can_read && (!e.has_draft || tok < e.draft.n_vocab);
+        if (use_ngram) {
+            ngram->append(tok);
+        }
         switch (provenance) {
             case COSPEC_PROV_MATCH:    st.n_accepted += 1; break;
+            case COSPEC_PROV_NGRAM:    st.n_accepted += 1; st.n_accepted_ngram += 1; break;
             case COSPEC_PROV_KEPT:     st.n_kept += 1; break;
             case COSPEC_PROV_FALLBACK: st.n_fallback += 1; break;
             case COSPEC_PROV_BONUS:    st.n_bonus += 1; break;
@@ -587,6 +639,21 @@ class generation {
         } else if (j == kd) {
             cospec::sampling_probs(row, nv, scfg, target_probs);
             target_tokens[j] = cospec::sample_from(target_probs, rng);
+        } else if (block_from_ngram) {
+            // The n-gram drafter proposes one token with certainty (q = 1 there): accept it with
+            // probability p, else sample from p without it, which is lossless speculative sampling.
+            cospec::sampling_probs(row, nv, scfg, target_probs);
+            const llama_token d = drafted[j];
+            if (cospec::uniform01(rng) < target_probs[d]) {
+                target_tokens[j] = d;
+                mismatch[j] = 0;
+            } else {
+                residual = target_probs;
+                residual[d] = 0.0f;
+                const bool left = std::any_of(residual.begin(), residual.end(), [](float x) { return x > 0.0f; });
+                target_tokens[j] = cospec::sample_from(left ? residual : target_probs, rng);
+                mismatch[j] = 1;
+            }
         } else {
             cospec::sampling_probs(row, nv, scfg, target_probs);
             const std::vector<float> & q = draft_probs[j];
@@ -612,15 +679,45 @@ class generation {
 
     // How many tokens the next block drafts: never past the token budget, the
     // context or the batch; with adaptive drafting, what the tuner expects to pay.
-    int32_t block_length(size_t n_past) {
+    int32_t block_length(size_t n_past, cospec::draft_tuner & source_tuner) {
+        int32_t k = block_budget(n_past);
+        if (p.adaptive_draft && k > 0) { // (a step the budget makes plain asks nothing, starts no probe)
+            k = std::min(k, source_tuner.choose(p.n_draft));
+        }
+        return std::max(k, 0);
+    }
+
+    // The most draft tokens the next block may hold: K, within the token budget, the context and the batch.
+    int32_t block_budget(size_t n_past) const {
         int32_t k = p.n_draft;
         k = std::min(k, p.n_predict - st.n_generated - 1);
         k = std::min(k, e.n_ctx - (int32_t) n_past - 1);
-        k = std::min(k, e.n_batch - 1);
-        if (p.adaptive_draft && k > 0) { // (a step the budget makes plain asks nothing, starts no probe)
-            k = std::min(k, tuner->choose(p.n_draft));
+        return std::min(k, e.n_batch - 1);
+    }
+
+    // The n-gram drafter's proposal for the next block, where it has one and its tuner takes a
+    // block now (drafted holds it); false: this step is not an n-gram block.
+    bool propose_ngram(size_t n_past, std::optional<tuner_samples::draft_calls> & timing) {
+        const int32_t k_max = block_budget(n_past);
+        if (k_max <= 0) {
+            return false;
         }
-        return std::max(k, 0);
+        const auto t0 = clock_type::now();
+        ngram->propose(k_max, drafted);
+        const double lookup_ms = std::max(ms_since(t0), 1e-6);
+        if (drafted.empty()) {
+            return false;
+        }
+        const int32_t k = p.adaptive_draft ? std::min(k_max, ngram_tuner->choose(p.n_draft)) : k_max;
+        if (k <= 0) {
+            drafted.clear();
+            return false;
+        }
+        // A proposal shorter than the block allowed ended early, as a draft that declines does.
+        draft_declined = (int32_t) drafted.size() < k;
+        drafted.resize(std::min(drafted.size(), (size_t) k));
+        timing = tuner_samples::draft_calls {lookup_ms, 0.0, 0};
+        return true;
     }
 
     // Decode [last, d_1..d_kd] with the target in one batch, logits everywhere,
@@ -675,7 +772,7 @@ class generation {
             if (!std::isfinite(logits[(size_t) j * nv + target_tokens[j]])) {
                 return nonfinite_logits();
             }
-            if (j < kd && mismatch[j] && !arbiter_can_keep) {
+            if (j < kd && mismatch[j] && !arbiter_decides()) {
                 break;
             }
         }
@@ -721,6 +818,9 @@ class generation {
         return COSPEC_OK;
     }
 
+    // An arbiter that keeps decides the draft model's mismatches; an n-gram block's are refused.
+    bool arbiter_decides() const { return arbiter_can_keep && !block_from_ngram; }
+
     // A learned arbiter carries the verify cost its training blocks were drafted
     // under (arbiter.gguf's verify_cost, checked when it loaded): the lengths
     // it decides in are then the ones it learned from.
@@ -750,10 +850,10 @@ class generation {
         int32_t j = 0;
         for (; j < kd && stop == COSPEC_STOP_NONE; ++j) {
             if (!mismatch[j]) {
-                emit(drafted[j], COSPEC_PROV_MATCH);
+                emit(drafted[j], block_from_ngram ? COSPEC_PROV_NGRAM : COSPEC_PROV_MATCH);
                 continue;
             }
-            if (arbiter_can_keep && !scored) {
+            if (arbiter_decides() && !scored) {
                 if (const int32_t status = arbitrate(n_past, rows); status != COSPEC_OK) {
                     return status;
                 }
@@ -762,8 +862,8 @@ class generation {
                     break; // aborted during the arbiter's own decode
                 }
             }
-            const bool keep = arbiter_can_keep && decide(p_keep[j]);
-            if (arbiter_can_keep) {
+            const bool keep = arbiter_decides() && decide(p_keep[j]);
+            if (arbiter_decides()) {
                 r.decisions.push_back({st.n_blocks - 1, j, (int32_t) r.tokens.size(), p_keep[j], keep});
             }
             if (keep) {
@@ -794,10 +894,45 @@ class generation {
             stop = COSPEC_STOP_CONTEXT_FULL;
             return COSPEC_OK;
         }
-        const int32_t k = draft_can_read ? block_length(n_past) : 0;
+        // The first source in order that proposes a block drafts it; else a plain target step.
         tuner_samples samples;
-        const int32_t status = k == 0 ? plain_target_step(samples) : block_step(n_past, k, samples);
-        tell_tuner(samples);
+        block_from_ngram = use_ngram && ngram_first && propose_ngram(n_past, samples.draft);
+        int32_t k = 0;
+        if (!block_from_ngram && use_model && draft_can_read) {
+            k = block_length(n_past, *tuner);
+        }
+        if (k == 0 && !block_from_ngram && use_ngram && !ngram_first) {
+            block_from_ngram = propose_ngram(n_past, samples.draft);
+        }
+        int32_t status;
+        if (block_from_ngram) {
+            status = ngram_block_step(n_past, samples);
+        } else {
+            status = k == 0 ? plain_target_step(samples) : block_step(n_past, k, samples);
+        }
+        // The source's own tuner learns from its block; both learn the target's costs.
+        cospec::draft_tuner & source = block_from_ngram ? *ngram_tuner : *tuner;
+        tell_tuner(source, samples);
+        cospec::draft_tuner * other = block_from_ngram ? (use_model ? tuner : nullptr) : (use_ngram ? ngram_tuner : nullptr);
+        if (other != nullptr && samples.verify) {
+            other->observe_verify(samples.verify->n_tokens, samples.verify->ms, samples.verify->fair);
+        }
+        block_from_ngram = false;
+        return status;
+    }
+
+    int32_t ngram_block_step(size_t n_past, tuner_samples & samples) {
+        const float * rows = nullptr;
+        const int32_t kd = (int32_t) drafted.size();
+        if (const int32_t status = verify_block(n_past, &rows, samples.verify); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+            return status;
+        }
+        st.n_blocks_ngram += 1;
+        st.n_drafted_ngram += kd;
+        const int32_t status = walk_block(n_past, rows, samples.block);
+        if (samples.block) {
+            ngram->feedback(samples.block->n_accepted);
+        }
         return status;
     }
 
@@ -832,15 +967,15 @@ class generation {
     }
 
     // In the order the step took them: its draft calls, its verify, its outcome.
-    void tell_tuner(const tuner_samples & samples) {
+    static void tell_tuner(cospec::draft_tuner & to, const tuner_samples & samples) {
         if (samples.draft) {
-            tuner->observe_draft(samples.draft->first_ms, samples.draft->step_ms, samples.draft->n_steps);
+            to.observe_draft(samples.draft->first_ms, samples.draft->step_ms, samples.draft->n_steps);
         }
         if (samples.verify) {
-            tuner->observe_verify(samples.verify->n_tokens, samples.verify->ms, samples.verify->fair);
+            to.observe_verify(samples.verify->n_tokens, samples.verify->ms, samples.verify->fair);
         }
         if (samples.block) {
-            tuner->observe_block(samples.block->n_drafted, samples.block->n_accepted, samples.block->ended_early);
+            to.observe_block(samples.block->n_drafted, samples.block->n_accepted, samples.block->ended_early);
         }
     }
 };
@@ -856,8 +991,27 @@ int32_t check_params(const cospec_engine * e, const cospec_token * prompt, int32
     if (p->mode < COSPEC_MODE_SPECULATIVE || p->mode > COSPEC_MODE_DRAFT_ONLY) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "unknown mode " + std::to_string(p->mode));
     }
-    if (p->mode != COSPEC_MODE_TARGET_ONLY && !e->has_draft) {
+    bool names_model = false, names_ngram = false;
+    for (int32_t i = 0; i < COSPEC_N_DRAFT_SOURCES && p->draft_sources[i] != COSPEC_DRAFT_NONE; ++i) {
+        const int32_t src = p->draft_sources[i];
+        if (src < COSPEC_DRAFT_NONE || src > COSPEC_DRAFT_AUTO) {
+            return fail(COSPEC_ERR_INVALID_ARGUMENT, "unknown draft source " + std::to_string(src));
+        }
+        names_model = names_model || src == COSPEC_DRAFT_MODEL || src == COSPEC_DRAFT_AUTO;
+        names_ngram = names_ngram || src == COSPEC_DRAFT_NGRAM || src == COSPEC_DRAFT_AUTO;
+    }
+    if (p->mode == COSPEC_MODE_DRAFT_ONLY && !e->has_draft) {
         return fail(COSPEC_ERR_NO_DRAFT, "this mode needs a draft model, but the engine was opened without one");
+    }
+    if (p->mode == COSPEC_MODE_SPECULATIVE && names_model && !names_ngram && !e->has_draft) {
+        return fail(COSPEC_ERR_NO_DRAFT, "the draft sources name the draft model alone, but the engine was opened "
+                                         "without one");
+    }
+    const bool keeping = p->mode == COSPEC_MODE_SPECULATIVE && p->arbiter != nullptr && p->arbiter->can_keep();
+    if (keeping && !(names_model && e->has_draft)) {
+        return fail(e->has_draft ? COSPEC_ERR_INVALID_ARGUMENT : COSPEC_ERR_NO_DRAFT,
+                    std::string("arbiter '") + p->arbiter->name() + "' decides the draft model's mismatches, but " +
+                        (e->has_draft ? "the draft sources leave the draft model out" : "the engine has no draft model"));
     }
     if (p->n_predict <= 0) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "n_predict must be positive, got " + std::to_string(p->n_predict));
@@ -919,6 +1073,8 @@ extern "C" {
 cospec_generate_params cospec_generate_default_params(void) {
     cospec_generate_params p {};
     p.mode = COSPEC_MODE_SPECULATIVE;
+    p.draft_sources[0] = COSPEC_DRAFT_AUTO;
+    p.draft_sources[1] = COSPEC_DRAFT_NONE;
     p.arbiter = nullptr;
     p.n_predict = 128;
     p.n_draft = 8;

@@ -1,0 +1,77 @@
+// Draft-free proposals: where the end of the text occurred before (in the prompt, the reply so
+// far, or earlier generations on this engine), propose the tokens that followed it. Edits,
+// reformatting, extraction and code that repeats its input copy long spans this way, at no
+// model cost.
+//
+// Against llama.cpp's n-gram kinds (common/ngram-map.cpp, ngram-mod.cpp, ngram-cache.cpp) and
+// prompt lookup (a fixed n-gram size, the most recent occurrence, its continuation copied):
+//   - the longest match wins: candidates come from an index of 1- to 4-grams, and each is
+//     measured backwards (up to MATCH_CAP tokens), so a 12-token match beats a recent 3-gram;
+//   - several candidates vote for the next token, weighted by their match length and by how
+//     often that continuation was accepted or refused before, and each token is chosen again
+//     after the last (the proposal follows the best source, and leaves it where sources part);
+//   - a proposal stops where the vote is split or the match too short, so it is often shorter
+//     than the block the tuner allows, which costs nothing to verify;
+//   - the pool lives on: a chat's turns and a server's requests on one engine search every
+//     text the engine has seen (bounded by POOL_MAX tokens).
+#pragma once
+
+#include "llama.h"
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+namespace cospec {
+
+class ngram_drafter {
+  public:
+    static constexpr int32_t INDEX_N = 4;       // n-grams indexed: 1 to INDEX_N tokens
+    static constexpr int32_t MATCH_CAP = 32;    // matches are measured up to this many tokens
+    static constexpr int32_t FIRST_MATCH = 2;   // a proposal's first token needs a match this long
+    static constexpr int32_t CANDIDATES = 32;   // most recent occurrences weighed per token
+    static constexpr size_t POOL_MAX = 1 << 16; // tokens kept (about 10 MB with the index); beyond it the oldest half goes
+
+    // Start a generation from `prompt`: it continues the current text where that is its prefix
+    // (the next turn of a chat), else it begins a new text (the old ones stay searchable).
+    void begin(const llama_token * prompt, size_t n);
+    // A token joined the current text.
+    void append(llama_token token);
+    // Up to k tokens to follow the current text (none: no match worth verifying).
+    void propose(int32_t k, std::vector<llama_token> & out);
+    // The target accepted the first n_accepted tokens of the last proposal (and refused the
+    // next, if the proposal was longer).
+    void feedback(int32_t n_accepted);
+    void clear();
+
+    size_t pool_size() const { return pool.size(); }
+
+  private:
+    static constexpr llama_token SEPARATOR = -1; // between texts: no n-gram spans it
+
+    struct vote {
+        llama_token token;
+        double weight;
+        int32_t longest;
+    };
+
+    void index_end(size_t end); // index the n-grams that end at pool[end]
+    void rebuild();             // drop the oldest half of the pool and index the rest again
+    // Candidates for the token after `text` (the current text's tail and the proposal so far).
+    void count_votes(const std::vector<llama_token> & text, std::vector<vote> & votes) const;
+    static uint64_t hash(const llama_token * tokens, int32_t n);
+    static uint64_t outcome_key(const std::vector<llama_token> & text, llama_token next);
+
+    std::vector<llama_token> pool;
+    size_t current = 0; // where the current text begins in the pool
+    std::unordered_map<uint64_t, std::vector<uint32_t>> index; // n-gram hash -> positions where it ends
+    struct outcome {
+        float accepted = 0;
+        float refused = 0;
+    };
+    std::unordered_map<uint64_t, outcome> outcomes; // (last 2 tokens, proposed token) -> how it went
+    std::vector<uint64_t> proposed_keys;            // the last proposal's outcome keys, in order
+    mutable std::vector<llama_token> text;          // scratch: the tail matched against
+};
+
+} // namespace cospec
