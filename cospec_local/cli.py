@@ -163,30 +163,64 @@ def generation_options(exclude: tuple[str, ...] = (), fresh_seed: bool = False, 
     return decorate
 
 
-def pick_draft(target: str, draft: str | None, quiet: bool = False) -> str | None:
-    """The draft the user gave, or one chosen for the target (said on stderr); None: there is none."""
+def pick_draft(target: str, draft: str | None, quiet: bool = False, measuring: bool = False) -> str | None:
+    """The draft the user gave, or one chosen for the target (said on stderr); None: there is none.
+    measuring (bench, eval): any named model with the target's vocabulary will do, since a pair is
+    what they measure; otherwise only a bundled draft measured to pay for the target."""
     if draft is not None:
         return draft
     from .models import choose_draft
 
     try:
-        chosen, why = choose_draft(target)
+        chosen, why = choose_draft(target, paying_only=not measuring)
     except FileNotFoundError as exc:
         raise click.ClickException(str(exc)) from None
     if not quiet and target != DEFAULT_TARGET and why:
-        click.echo(f"note: draft {chosen}: {why} (-md to choose another)" if chosen else
-                   f"note: {why}: decoding with the target alone (-md DRAFT to speculate)", err=True)
+        if chosen:
+            click.echo(f"note: draft {chosen}: {why} (-md to choose another)", err=True)
+        elif measuring:
+            click.echo(f"note: {why}: decoding with the target alone (-md DRAFT to speculate)", err=True)
     return chosen
 
 
 def draft_for_mode(target: str, draft: str | None, params: GenerationParams,
                    quiet: bool = False) -> tuple[str | None, GenerationParams]:
-    """The draft to load for this mode (none for target-only), and the settings: target-only
-    when no draft can be found."""
+    """The draft model to load for this mode (none for target-only, nor where --spec-type leaves
+    it out), and the settings; said once on stderr. Without a draft model the n-gram drafter
+    drafts alone; where --spec-type asks for the draft model and none is to be had, that is an
+    error, and where nothing can draft the mode is target-only."""
+    from .params import spec_type_uses_model
+
     if params.mode == "target-only":
         return None, params
+    if params.mode == "speculative" and not spec_type_uses_model(params.spec_type):
+        if draft is not None and not quiet:
+            click.echo(f"note: --spec-type {params.spec_type} leaves the draft model out: -md {draft} not loaded",
+                       err=True)
+        return None, params
     draft = pick_draft(target, draft, quiet)
-    return draft, params if draft is not None else params.updated(mode="target-only")
+    if draft is not None:
+        return draft, params
+    if params.mode == "draft-only" or params.spec_type in ("draft", "draft-simple"):
+        flag = "--mode draft-only" if params.mode == "draft-only" else f"--spec-type {params.spec_type}"
+        raise click.UsageError(f"{flag} needs a draft model: give one with -md DRAFT")
+    return None, params
+
+
+def drafting_line(draft: str | None, params: GenerationParams | None) -> str:
+    """Where draft tokens come from, in words: the draft model's file and, where the settings draft
+    with it, the n-gram drafter."""
+    from .params import parse_spec_type
+
+    from .arbiters import resolve_auto
+
+    sources = parse_spec_type(params.spec_type) if params is not None and params.mode == "speculative" else []
+    arbiter = params.arbiter if params is None or params.arbiter != "auto" else resolve_auto(
+        resolve_model(draft) if draft else None)
+    ngram = _cospec.DRAFT_NGRAM in sources or (_cospec.DRAFT_AUTO in sources and arbiter in ("target", None))
+    if draft is None:
+        return "- (the n-gram drafter drafts; -md DRAFT adds a draft model)" if ngram else "-"
+    return f"{resolve_model(draft)}" + (" and the n-gram drafter" if ngram else "")
 
 
 def gpu_notice(load: LoadSettings, quiet: bool) -> None:
@@ -198,8 +232,10 @@ def gpu_notice(load: LoadSettings, quiet: bool) -> None:
                    "CMAKE_ARGS=\"-DGGML_CUDA=on\" ./install.sh, or -DGGML_METAL=on on a Mac)", err=True)
 
 
-def open_engine(load: LoadSettings, draft: str | None, quiet: bool = False) -> Engine:
-    """The engine for these settings, with `draft` (the one chosen for the mode; None: target alone)."""
+def open_engine(load: LoadSettings, draft: str | None, quiet: bool = False,
+                params: GenerationParams | None = None) -> Engine:
+    """The engine for these settings, with `draft` (the one chosen for the mode; None: target alone).
+    Says which models load and, with params, where draft tokens will come from."""
     show = not quiet and sys.stderr.isatty()
     last = {"which": None, "shown": -1}
 
@@ -213,8 +249,7 @@ def open_engine(load: LoadSettings, draft: str | None, quiet: bool = False) -> E
     gpu_notice(load, quiet)
     try:
         if not quiet:
-            click.echo(f"target: {resolve_model(load.target)}\ndraft:  {resolve_model(draft) if draft else '-'}",
-                       err=True)
+            click.echo(f"target: {resolve_model(load.target)}\ndraft:  {drafting_line(draft, params)}", err=True)
         return Engine(**load.engine_options(draft), progress=progress)
     except VocabMismatchError as exc:
         raise click.ClickException(f"{exc}\nfix: -md with a draft that has the target's tokenizer, or --mode "
@@ -270,7 +305,7 @@ def generate(load, params, prompt, prompt_file, as_chat, as_json, color):
         if not prompt.strip():
             raise click.UsageError("the prompt is empty")
     draft, params = draft_for_mode(load.target, load.draft, params, quiet=as_json)
-    engine = open_engine(load, draft, quiet=as_json)
+    engine = open_engine(load, draft, quiet=as_json, params=params)
     with engine:
         try:
             tokens = engine.render_chat([{"role": "user", "content": prompt}]) if as_chat else prompt
@@ -321,7 +356,7 @@ def chat(load, params, system, color):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     draft, params = draft_for_mode(load.target, load.draft, params)
-    engine = open_engine(load, draft)
+    engine = open_engine(load, draft, params=params)
     with engine:
         try:
             engine.arbiter_for(params) \
@@ -378,7 +413,7 @@ def serve(load, params, host, port, parallel, max_waiting, api_key, alias, stric
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     draft, params = draft_for_mode(load.target, load.draft, params)
     gpu_notice(load, quiet=False)
-    click.echo(f"target: {resolve_model(load.target)}\ndraft:  {resolve_model(draft) if draft else '-'}", err=True)
+    click.echo(f"target: {resolve_model(load.target)}\ndraft:  {drafting_line(draft, params)}", err=True)
     spec = EngineSpec(**load.engine_options(draft), preload=params)
     workers = [EngineWorker(spec) for _ in range(parallel)]
     try:
@@ -494,7 +529,7 @@ def bench(load, params, draft_max_list, runs_text, prompts_file,
         ks = [int(k) for k in draft_max_list.split(",") if k.strip()]
     except ValueError:
         raise click.BadParameter("--draft-max takes integers, e.g. 1,2,4,8") from None
-    draft = pick_draft(load.target, load.draft, quiet=as_json)
+    draft = pick_draft(load.target, load.draft, quiet=as_json, measuring=True)
     runs = parse_runs_option(runs_text, draft, "target-only,sps,fly")
     if prompts_file and task_families:
         raise click.BadParameter("give either --prompts or --task")
@@ -577,7 +612,7 @@ def eval_command(load, params, task, split, limit, runs_text,
     from .evaluate import evaluate, markdown
     from .tasks import load_task, score
 
-    draft = pick_draft(load.target, load.draft, quiet=as_json)
+    draft = pick_draft(load.target, load.draft, quiet=as_json, measuring=True)
     runs = parse_runs_option(runs_text, draft, "target-only,draft-only,sps,fly")
     try:
         problems = load_task(task, split, limit)

@@ -23,6 +23,8 @@ def stats_line(result: Generation) -> str:
     if s.blocks:
         line += (f" | drafted {s.draft_n}, accepted {s.draft_n_accepted} ({100 * s.acceptance_rate:.0f}%),"
                  f" arbiter keeps {s.arbiter_keeps}, {s.mean_accepted_per_block:.2f} per block")
+        if s.blocks_ngram:
+            line += f"; n-gram drafted {s.draft_n_ngram}, accepted {s.draft_n_matched_ngram}"
     return line + f", stop: {result.stop_reason}]"
 
 
@@ -32,15 +34,19 @@ DRAFT_OFF_MIN_TOKENS = 16  # too short a reply to tell
 
 
 def draft_off_note(result: Generation) -> str | None:
-    """A plain-words note where speculative decoding ran with the draft nearly off (the tuner
-    found it too rarely agrees with the target), else None."""
+    """A plain-words note where the draft model's tuner all but switched it off (it agrees with the
+    target too rarely to pay), else None. Tokens the n-gram drafter settled are left out: where it
+    drafts, the draft model is not asked."""
     s = result.stats
-    if result.mode != "speculative" or s.predicted_n < DRAFT_OFF_MIN_TOKENS:
+    model_drafted = s.draft_n - s.draft_n_ngram
+    rest = s.predicted_n - s.draft_n_matched_ngram - s.blocks_ngram  # tokens not settled by n-gram blocks
+    if result.mode != "speculative" or not result.used_draft_model or rest < DRAFT_OFF_MIN_TOKENS:
         return None
-    if s.draft_n >= DRAFT_OFF_SHARE * s.predicted_n:
+    if model_drafted >= DRAFT_OFF_SHARE * rest:
         return None
-    return (f"(the draft agrees with the target too rarely here: it drafted {s.draft_n} tokens for "
-            f"{s.predicted_n}, so the target is decoding almost alone; a draft closer to the target speeds it up)")
+    return (f"(the draft model agrees with the target too rarely here: it drafted {model_drafted} tokens for "
+            f"{rest}, so it is switched off and the target decodes{' with the n-gram drafter' if s.blocks_ngram else ' alone'}; "
+            "a draft closer to the target speeds it up)")
 
 
 def abstained_note(result: Generation) -> str | None:

@@ -26,7 +26,7 @@ from .template_process import IsolatedChatTemplate
 from .errors import (ArbiterDraftError, ArbiterError, ArbiterSettingsWarning, GenerationError, InvalidArgumentError,
                      from_native)
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
-from .params import DEFAULTS, GenerationParams
+from .params import DEFAULTS, GenerationParams, spec_type_uses_model
 
 PROVENANCE = {
     _cospec.PROV_MATCH: "match",
@@ -215,6 +215,7 @@ class Generation:
     arbiter: str | None = None  # the arbiter's name in speculative mode
     decisions: list[Decision] = field(default_factory=list)
     prompt_tokens: int = 0
+    used_draft_model: bool = False  # the draft model was one of its draft sources
 
     @property
     def label(self) -> str:
@@ -491,6 +492,8 @@ class Engine:
             arbiter=request.arbiter_name,
             decisions=[Decision(*d) for d in raw["decisions"]],
             prompt_tokens=len(request.prompt),
+            used_draft_model=(request.params.mode == "speculative" and self.has_draft
+                              and spec_type_uses_model(request.params.spec_type)),
         )
         self.last_result = result
         if raw.get("callback_error") is not None:

@@ -165,8 +165,13 @@ TASK_PAIR_SCOPE = ("The demo pair knows only what it was trained on: arithmetic 
 
 DEFAULT_TARGET = "demo-target"
 DEFAULT_DRAFT = "demo-draft"
-# Named targets and the bundled draft made for each.
+# Named targets and the bundled draft made for each (benchmarks and evaluations pair them).
 PAIRED_DRAFTS = {"demo-target": "demo-draft", "smollm2-135m": "smollm2-135m-draft",
+                 **{f"smollm2-135m-as-{size}": "smollm2-135m-draft" for size in SMOLLM2_AT_COST}}
+# Of those, the pairs whose draft model pays on a CPU with adaptive lengths (bench/RESULTS.md):
+# `-m` alone loads these drafts. SmolLM2-135M's own distilled draft does not (0.95-0.97x the
+# target alone): that target alone drafts with the n-gram drafter.
+PAYING_DRAFTS = {"demo-target": "demo-draft",
                  **{f"smollm2-135m-as-{size}": "smollm2-135m-draft" for size in SMOLLM2_AT_COST}}
 
 
@@ -194,12 +199,18 @@ def vocabulary_signature(path: Path) -> tuple:
     return tuple(head.get(k) for k in keys)
 
 
-def choose_draft(target: str | os.PathLike) -> tuple[str | None, str]:
-    """A draft for a target given without one, and why: the bundled draft made for a named target,
-    else the smallest named model already on this machine (nothing is built or fetched for it)
-    that is smaller than the target and shares its vocabulary; else (None, why not). A target whose
-    header cannot be read gives (None, ""): loading it will say what is wrong with it."""
+def choose_draft(target: str | os.PathLike, paying_only: bool = True) -> tuple[str | None, str]:
+    """A draft model for a target given without one, and why. paying_only (generate, chat, serve):
+    the bundled draft of a named target where it is measured to pay, else (None, why): the n-gram
+    drafter alone then drafts. Otherwise (bench and eval, which measure a pair): the bundled draft
+    made for a named target, else the smallest named model already on this machine (nothing is
+    built or fetched for it) that is smaller than the target and shares its vocabulary. A target
+    whose header cannot be read gives (None, ""): loading it will say what is wrong with it."""
     key = os.fspath(target)
+    if paying_only:
+        if key in PAYING_DRAFTS:
+            return PAYING_DRAFTS[key], f"the bundled draft made for {key}"
+        return None, "no bundled draft model is measured to pay for this target"
     if key in PAIRED_DRAFTS:
         return PAIRED_DRAFTS[key], f"the bundled draft made for {key}"
     target_path = resolve_model(key)

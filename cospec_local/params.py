@@ -23,6 +23,38 @@ _NATIVE_MODE = {"speculative": _cospec.MODE_SPECULATIVE, "target-only": _cospec.
                 "draft-only": _cospec.MODE_DRAFT_ONLY}
 
 
+# --spec-type: where draft tokens come from (cospec.h's enum cospec_draft_source), spelled as
+# llama.cpp spells it where the meaning is the same (its draft-simple is the draft model).
+SPEC_TYPES = {"ngram": _cospec.DRAFT_NGRAM, "draft": _cospec.DRAFT_MODEL, "draft-simple": _cospec.DRAFT_MODEL,
+              "auto": _cospec.DRAFT_AUTO, "none": _cospec.DRAFT_NONE}
+# llama.cpp's other kinds, which this engine does not have: each names what to use instead.
+_FOREIGN_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-eagle3",
+                       "draft-mtp", "draft-dflash", "draft-dspark")
+
+
+def parse_spec_type(text: str) -> list[int]:
+    """The draft sources of a --spec-type value (a comma list in order of precedence), as
+    cospec_draft_source values; ValueError naming what is wrong."""
+    names = [n.strip() for n in str(text).split(",")]
+    sources = []
+    for name in names:
+        if name in _FOREIGN_SPEC_TYPES:
+            raise ValueError(f"{name!r} is one of llama.cpp's kinds that this engine does not have; ngram is its "
+                             "n-gram drafter (longest earlier match of the text's end, over the prompt, the reply "
+                             "and earlier requests), draft the draft model")
+        if name not in SPEC_TYPES:
+            raise ValueError(f"unknown {name!r}: use ngram, draft, a comma list of them (ngram,draft), auto or none")
+        if SPEC_TYPES[name] in sources or ((name in ("auto", "none")) and len(names) > 1):
+            raise ValueError(f"{text!r}: each of ngram and draft at most once; auto and none stand alone")
+        sources.append(SPEC_TYPES[name])
+    return sources
+
+
+def spec_type_uses_model(text: str) -> bool:
+    """Whether these draft sources can draft with the draft model (auto can)."""
+    return any(s in (_cospec.DRAFT_MODEL, _cospec.DRAFT_AUTO) for s in parse_spec_type(text))
+
+
 def _f(default: Any, help: str, flags: tuple[str, ...] = (), **extra) -> Any:
     return field(default=default, metadata={"help": help, "flags": flags, **extra})
 
@@ -37,6 +69,12 @@ class GenerationParams:
                                 "a learned arbiter (named, e.g. demo-lora, or its folder), auto (the bundled learned "
                                 "arbiter made for this draft if there is one, else target), or an Arbiter object.",
                       ("--arbiter",))
+    spec_type: str = _f("auto", "Where draft tokens come from, in order of precedence: ngram (the n-gram drafter: what "
+                                "followed the longest earlier match of the text's end, in the prompt, the reply or "
+                                "earlier requests), draft (the draft model), ngram,draft (the n-gram proposal where "
+                                "there is one, else the draft model's), none. auto: ngram,draft, the draft model "
+                                "alone with an arbiter that keeps mismatches (it decides the draft model's).",
+                        ("--spec-type",))
     max_tokens: int = _f(_NATIVE.n_predict, "Most tokens to generate.", ("-n", "--n-predict"))
     draft_max: int = _f(_NATIVE.n_draft, "Most draft tokens per block (K).", ("--draft-max",))
     draft_p_min: float = _f(_NATIVE.draft_p_min, "End a block early when the draft's top probability is below this "
@@ -104,6 +142,14 @@ class GenerationParams:
 
         if self.mode not in MODES:
             bad("mode", f"{self.mode!r} is not one of {', '.join(MODES)}")
+        try:
+            parse_spec_type(self.spec_type)
+        except ValueError as exc:
+            bad("spec_type", str(exc))
+        keeping = isinstance(self.arbiter, str) and self.arbiter not in ("target", "auto")
+        if self.mode == "speculative" and keeping and not spec_type_uses_model(self.spec_type):
+            bad("spec_type", f"{self.spec_type!r} leaves the draft model out, but arbiter {self.arbiter!r} decides "
+                             "the draft model's mismatches (ngram,draft keeps both)")
         if not 0 < self.max_tokens < 2**31:
             bad("max_tokens", "must be a positive 32-bit number")
         if not 1 <= self.draft_max <= _cospec.N_DRAFT_MAX:
@@ -141,6 +187,7 @@ class GenerationParams:
         """The native parameters struct (arbiter and stop strings travel beside it)."""
         n = _cospec.GenerateParams()
         n.mode = _NATIVE_MODE[self.mode]
+        n.draft_sources = parse_spec_type(self.spec_type)
         n.n_predict = self.max_tokens
         n.n_draft = self.draft_max
         n.draft_p_min = self.draft_p_min

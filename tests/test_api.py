@@ -93,13 +93,13 @@ def test_a_draft_that_declines_every_token_leads_to_plain_steps():
     learned under one p-min is not carried into a call with another."""
     with Engine.open_default(n_ctx=512, n_threads=1) as engine:  # a pair where drafting pays
         prompt = "What is 37 - 19?"
-        engine.generate(prompt, max_tokens=64, ignore_eos=True)
-        declined = engine.generate(prompt, max_tokens=128, ignore_eos=True, draft_p_min=1.0)
+        engine.generate(prompt, max_tokens=64, ignore_eos=True, spec_type="draft")
+        declined = engine.generate(prompt, max_tokens=128, ignore_eos=True, draft_p_min=1.0, spec_type="draft")
         s = declined.stats
         assert s.plain > s.predicted_n / 2, f"{s.blocks} blocks drafted {s.draft_n} tokens"
         # Back at p-min 0 the pair drafts again within the first exploring interval (16 steps);
         # with the declined run's estimate kept, the next exploration would be 48 steps away.
-        again = engine.generate(prompt, max_tokens=24, ignore_eos=True)
+        again = engine.generate(prompt, max_tokens=24, ignore_eos=True, spec_type="draft")
         assert again.stats.draft_n > 0
 
 

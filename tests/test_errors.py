@@ -104,7 +104,13 @@ def test_modes_needing_a_draft(target_path):
     with Engine(target_path) as engine:
         assert engine.generate("Hi", mode="target-only", max_tokens=2, ignore_eos=True).tokens
         with pytest.raises(NoDraftError):
-            engine.generate("Hi", mode="speculative", max_tokens=2)
+            engine.generate("Hi", mode="speculative", spec_type="draft", max_tokens=2)
+        with pytest.raises(NoDraftError):
+            engine.generate("Hi", mode="draft-only", max_tokens=2)
+        # without a draft model, speculative decoding drafts with the n-gram drafter alone
+        plain = engine.generate("a b c a b c a b", mode="target-only", max_tokens=24, ignore_eos=True)
+        ngram = engine.generate("a b c a b c a b", mode="speculative", max_tokens=24, ignore_eos=True)
+        assert ngram.tokens == plain.tokens and ngram.stats.draft_n == ngram.stats.draft_n_ngram
 
 
 @pytest.mark.slow

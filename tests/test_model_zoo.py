@@ -46,7 +46,7 @@ def test_each_architecture_loads_and_speculates_losslessly_as_target(zoo, arch):
         assert reference.stats.predicted_n == N_PREDICT
         assert len(set(reference.tokens)) > 5, "a random model that repeats one token tests no rollback"
         for k in (1, 4, 8):
-            result = generate(engine, draft_max=k, adaptive_draft=False)
+            result = generate(engine, draft_max=k, adaptive_draft=False, spec_type="draft")
             assert result.tokens == reference.tokens, f"K={k}"
             s = result.stats
             assert s.draft_n > 0 and s.target_fallbacks > 0  # the draft proposed and was refused
@@ -57,18 +57,29 @@ def test_each_architecture_loads_and_speculates_losslessly_as_target(zoo, arch):
                 assert s.restored > 0, f"K={k}"
         fly = generate(engine, arbiter="fly", draft_max=8, adaptive_draft=False)
         assert fly.stats.predicted_n == N_PREDICT and fly.stats.blocks > 0
+        # The n-gram drafter on the same memory: a prompt that holds the other family's reply to
+        # itself makes it propose that reply again, which the target refuses; its refusals roll
+        # back as the draft model's do.
+        echo = PROMPT + generate(engine, mode="draft-only").text + "\n" + PROMPT
+        reference = engine.generate(echo, max_tokens=N_PREDICT, mode="target-only")
+        ngram = engine.generate(echo, max_tokens=N_PREDICT, spec_type="ngram", adaptive_draft=False)
+        assert ngram.tokens == reference.tokens
+        s = ngram.stats
+        assert s.blocks_ngram > 0 and s.draft_n_ngram > s.draft_n_matched_ngram  # proposed, and refused
+        if arch in RECURRENT_OR_HYBRID:
+            assert s.restored > 0
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_each_architecture_drafts_for_itself_and_for_another_target(zoo, arch):
     with Engine(zoo[arch], zoo[arch], n_ctx=512) as engine:
         reference = generate(engine, mode="target-only")
-        result = generate(engine, draft_max=4, adaptive_draft=False)
+        result = generate(engine, draft_max=4, adaptive_draft=False, spec_type="draft")
         assert result.tokens == reference.tokens
         assert result.stats.acceptance_rate > 0.9
     with Engine(zoo[other_than(arch)], zoo[arch], n_ctx=512) as engine:
         reference = generate(engine, mode="target-only")
-        result = generate(engine, draft_max=4, adaptive_draft=False)
+        result = generate(engine, draft_max=4, adaptive_draft=False, spec_type="draft")
         assert result.tokens == reference.tokens
         s = result.stats
         assert s.draft_decoded <= 2 * (s.draft_n + s.blocks) + s.plain
@@ -82,7 +93,7 @@ def test_a_hybrid_rollback_decodes_only_the_accepted_tokens(zoo):
         prompt = PROMPT * 12
         n_prompt = len(engine.tokenize(prompt))
         reference = engine.generate(prompt, max_tokens=N_PREDICT, mode="target-only")
-        result = engine.generate(prompt, max_tokens=N_PREDICT, draft_max=4, adaptive_draft=False)
+        result = engine.generate(prompt, max_tokens=N_PREDICT, draft_max=4, adaptive_draft=False, spec_type="draft")
     assert result.tokens == reference.tokens
     s = result.stats
     assert n_prompt > 500 and s.restored > 0
@@ -118,7 +129,7 @@ def test_gemma3_270m_rolls_back_past_its_sliding_window(zoo):
             assert len(prompt_tokens) > 600
             reference = engine.generate(prompt, max_tokens=48, mode="target-only")
             for k in (1, 4, 8):
-                result = engine.generate(prompt, max_tokens=48, draft_max=k, adaptive_draft=False)
+                result = engine.generate(prompt, max_tokens=48, draft_max=k, adaptive_draft=False, spec_type="draft")
                 at = first_difference(result.tokens, reference.tokens)
                 if k < 8 or at is None:
                     assert at is None, f"K={k}"

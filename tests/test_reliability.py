@@ -120,7 +120,7 @@ def test_a_draft_lacking_target_tokens_falls_back_to_target_steps(tmp_path):
             assert any(t >= n_draft for t in tokens), problem.id
             target = engine.generate(tokens, mode="target-only", max_tokens=120)
             for arbiter in ("target", "fly"):
-                spec = engine.generate(tokens, arbiter=arbiter, max_tokens=120)
+                spec = engine.generate(tokens, arbiter=arbiter, spec_type="draft", max_tokens=120)
                 if arbiter == "target":
                     assert spec.tokens == target.tokens  # lossless, whatever the draft lacks
                 assert spec.stop_reason in ("eog", "max_tokens")
@@ -128,7 +128,7 @@ def test_a_draft_lacking_target_tokens_falls_back_to_target_steps(tmp_path):
             # the same pair drafts on the part of the prompt it can read: no drafting above is the fallback
             readable = tokens[:next(i for i, t in enumerate(tokens) if t >= n_draft)]
             assert len(readable) >= 2
-            drafted = engine.generate(readable, max_tokens=8, adaptive_draft=False)
+            drafted = engine.generate(readable, max_tokens=8, adaptive_draft=False, spec_type="draft")
             assert drafted.stats.blocks > 0 and drafted.stats.draft_n > 0, problem.id
         with pytest.raises(InvalidArgumentError, match="outside the draft's vocabulary"):
             engine.generate([1, 500, 3], mode="draft-only", max_tokens=2)

@@ -214,10 +214,10 @@ class CospecServer:
         d = self.defaults
         info = {"target": self.settings.target, "draft": self.settings.draft, "about": self.settings.about,
                 "n_ctx": self.n_ctx,
-                "default_mode": d.mode if self.has_draft else "target-only",
+                "default_mode": d.mode,
                 "default_arbiter": d.arbiter if isinstance(d.arbiter, str) else getattr(d.arbiter, "name", None),
                 "arbiters": sorted(self.arbiters), "modes": ["speculative", "target-only", "draft-only"]
-                if self.has_draft else ["target-only"]}
+                if self.has_draft else ["speculative", "target-only"]}
         return JSONResponse({"object": "list", "data": [
             {"id": m, "object": "model", "created": self.created, "owned_by": "cospec-local", "cospec": info}
             for m in sorted(self.model_ids)]})

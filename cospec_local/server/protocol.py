@@ -3,7 +3,7 @@
 Requests are validated with pydantic. Fields OpenAI defines but this server cannot honour
 (n > 1, logprobs, tools, ...) are refused with 400 naming the field, not silently ignored.
 Unknown fields are ignored, as OpenAI's own API does, unless the server runs with --strict.
-Extension fields (`mode`, `arbiter`, `top_k`, `min_p`, `repeat_penalty`, `draft_max`,
+Extension fields (`mode`, `arbiter`, `spec_type`, `top_k`, `min_p`, `repeat_penalty`, `draft_max`,
 `ignore_eos`, `provenance`) are top-level, as llama-server's are; OpenAI clients send them with `extra_body`.
 """
 from __future__ import annotations
@@ -74,6 +74,7 @@ class _Common(BaseModel):
     # Extensions.
     mode: Literal[MODES] | None = None  # type: ignore[valid-type]
     arbiter: str | None = None
+    spec_type: str | None = None  # --spec-type: ngram, draft, ngram,draft, auto, none
     top_k: int | None = Field(None, ge=0, lt=2**31)
     min_p: float | None = Field(None, ge=0, le=1)
     repeat_penalty: float | None = Field(None, gt=0, le=100)
@@ -171,7 +172,7 @@ def parse_request(cls: type[_Common], data: Any, strict: bool) -> _Common:
 
 
 # The request's fields that set the GenerationParams field of the same name.
-_PARAM_FIELDS = ("temperature", "top_p", "seed", "mode", "arbiter", "top_k", "min_p", "repeat_penalty", "draft_max",
+_PARAM_FIELDS = ("temperature", "top_p", "seed", "mode", "arbiter", "spec_type", "top_k", "min_p", "repeat_penalty", "draft_max",
                  "ignore_eos")
 
 
@@ -193,12 +194,20 @@ def generation_params(request: _Common, defaults: GenerationParams, allowed_arbi
         raise APIError(400, f"arbiter {changes['arbiter']!r} is not served here; one of: "
                             f"{', '.join(sorted(allowed_arbiters))}", param="arbiter")
     params = defaults.updated(**changes)
-    if params.mode != "target-only" and not has_draft:
-        if "mode" in changes:
-            raise APIError(400, f"mode {params.mode!r} needs a draft model; this server has none", param="mode")
-        params = params.updated(mode="target-only")
     try:
         params.validate()
     except ValueError as exc:
         raise APIError(400, str(exc), param=getattr(exc, "field", None)) from None
+    if not has_draft:
+        # Without a draft model the n-gram drafter drafts alone.
+        if params.mode == "draft-only":
+            raise APIError(400, "mode 'draft-only' needs a draft model; this server has none", param="mode")
+        if params.mode == "speculative" and params.spec_type in ("draft", "draft-simple"):
+            raise APIError(400, f"spec_type {params.spec_type!r} needs a draft model; this server has none",
+                           param="spec_type")
+        if params.mode == "speculative" and params.arbiter not in ("target", "auto"):
+            if "arbiter" in changes:
+                raise APIError(400, f"arbiter {params.arbiter!r} decides a draft model's mismatches; this server "
+                                    "has no draft model", param="arbiter")
+            params = params.updated(arbiter="target")
     return params
