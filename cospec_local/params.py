@@ -77,6 +77,9 @@ class GenerationParams:
                         ("--spec-type",))
     max_tokens: int = _f(_NATIVE.n_predict, "Most tokens to generate.", ("-n", "--n-predict"))
     draft_max: int = _f(_NATIVE.n_draft, "Most draft tokens per block (K).", ("--draft-max",))
+    draft_max_ngram: int = _f(_NATIVE.n_draft_ngram, "Most tokens per n-gram block: a copied span costs no model "
+                                                     "step to draft and is often accepted whole.",
+                              ("--draft-max-ngram",))
     draft_p_min: float = _f(_NATIVE.draft_p_min, "End a block early when the draft's top probability is below this "
                                                  "(greedy; 0: off).", ("--draft-p-min",))
     adaptive_draft: bool = _f(_NATIVE.adaptive_draft,
@@ -154,6 +157,8 @@ class GenerationParams:
             bad("max_tokens", "must be a positive 32-bit number")
         if not 1 <= self.draft_max <= _cospec.N_DRAFT_MAX:
             bad("draft_max", f"must be in [1, {_cospec.N_DRAFT_MAX}]")
+        if not 1 <= self.draft_max_ngram <= _cospec.N_DRAFT_MAX:
+            bad("draft_max_ngram", f"must be in [1, {_cospec.N_DRAFT_MAX}]")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             bad("temperature", "must be a finite number >= 0")
         if not 0 <= self.top_k < 2**31:
@@ -190,6 +195,7 @@ class GenerationParams:
         n.draft_sources = parse_spec_type(self.spec_type)
         n.n_predict = self.max_tokens
         n.n_draft = self.draft_max
+        n.n_draft_ngram = self.draft_max_ngram
         n.draft_p_min = self.draft_p_min
         n.adaptive_draft = self.adaptive_draft
         n.draft_cost = self.draft_cost

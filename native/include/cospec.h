@@ -423,6 +423,9 @@ struct cospec_generate_params {
     cospec_arbiter * arbiter;  // NULL = the target arbiter (lossless)
     int32_t n_predict;         // most tokens to generate (must be > 0; default 128)
     int32_t n_draft;           // K: most draft tokens per block (1..COSPEC_N_DRAFT_MAX; default 8)
+    // Most tokens of an n-gram block (1..COSPEC_N_DRAFT_MAX; default 32): a copied span is
+    // drafted at no model cost and often accepted whole, so its blocks may run longer than K.
+    int32_t n_draft_ngram;
     float   draft_p_min;       // stop a block early when the draft's top probability falls below this (greedy; 0 = off)
     // Choose each block's length in [0, n_draft] (default on). With the lossless
     // target arbiter it maximises measured tokens per second (wall-clock costs
@@ -507,7 +510,8 @@ typedef struct cospec_result cospec_result;
 int32_t cospec_generate(cospec_engine * engine, const cospec_token * prompt, int32_t n_prompt,
                         const struct cospec_generate_params * params, cospec_result ** out);
 
-// Forget the cached prefix of both models and clear a pending abort. Call it between
+// Forget the cached prefix of both models and the n-gram drafter's pool of earlier texts, and
+// clear a pending abort. Call it between
 // generations (the Python layer aborts a running one and queues the reset behind it).
 void cospec_engine_reset(cospec_engine * engine);
 

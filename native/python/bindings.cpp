@@ -860,6 +860,7 @@ PYBIND11_MODULE(_cospec, m) {
             })
         .def_readwrite("n_predict", &cospec_generate_params::n_predict)
         .def_readwrite("n_draft", &cospec_generate_params::n_draft)
+        .def_readwrite("n_draft_ngram", &cospec_generate_params::n_draft_ngram)
         .def_readwrite("draft_p_min", &cospec_generate_params::draft_p_min)
         .def_readwrite("draft_cost", &cospec_generate_params::draft_cost)
         .def_readwrite("verify_cost", &cospec_generate_params::verify_cost)

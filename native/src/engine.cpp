@@ -644,6 +644,7 @@ void cospec_engine_reset(cospec_engine * engine) {
             s->clear_cache();
         }
     }
+    engine->ngram.clear(); // the texts it has seen go too: a reset engine proposes from the next prompt alone
     // A reset may follow an abort of the generation it replaced: the engine is ready again.
     engine->abort_flag.store(false);
 }

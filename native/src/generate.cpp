@@ -680,16 +680,16 @@ class generation {
     // How many tokens the next block drafts: never past the token budget, the
     // context or the batch; with adaptive drafting, what the tuner expects to pay.
     int32_t block_length(size_t n_past, cospec::draft_tuner & source_tuner) {
-        int32_t k = block_budget(n_past);
+        int32_t k = block_budget(n_past, p.n_draft);
         if (p.adaptive_draft && k > 0) { // (a step the budget makes plain asks nothing, starts no probe)
             k = std::min(k, source_tuner.choose(p.n_draft));
         }
         return std::max(k, 0);
     }
 
-    // The most draft tokens the next block may hold: K, within the token budget, the context and the batch.
-    int32_t block_budget(size_t n_past) const {
-        int32_t k = p.n_draft;
+    // The most draft tokens the next block may hold: k_max, within the token budget, the context and the batch.
+    int32_t block_budget(size_t n_past, int32_t k_max) const {
+        int32_t k = k_max;
         k = std::min(k, p.n_predict - st.n_generated - 1);
         k = std::min(k, e.n_ctx - (int32_t) n_past - 1);
         return std::min(k, e.n_batch - 1);
@@ -698,7 +698,7 @@ class generation {
     // The n-gram drafter's proposal for the next block, where it has one and its tuner takes a
     // block now (drafted holds it); false: this step is not an n-gram block.
     bool propose_ngram(size_t n_past, std::optional<tuner_samples::draft_calls> & timing) {
-        const int32_t k_max = block_budget(n_past);
+        const int32_t k_max = block_budget(n_past, p.n_draft_ngram);
         if (k_max <= 0) {
             return false;
         }
@@ -708,7 +708,7 @@ class generation {
         if (drafted.empty()) {
             return false;
         }
-        const int32_t k = p.adaptive_draft ? std::min(k_max, ngram_tuner->choose(p.n_draft)) : k_max;
+        const int32_t k = p.adaptive_draft ? std::min(k_max, ngram_tuner->choose(p.n_draft_ngram)) : k_max;
         if (k <= 0) {
             drafted.clear();
             return false;
@@ -1016,6 +1016,11 @@ int32_t check_params(const cospec_engine * e, const cospec_token * prompt, int32
     if (p->n_predict <= 0) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "n_predict must be positive, got " + std::to_string(p->n_predict));
     }
+    if (p->n_draft_ngram <= 0 || p->n_draft_ngram > COSPEC_N_DRAFT_MAX) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "the n-gram block length (n_draft_ngram) must be in [1, " +
+                                                     std::to_string(COSPEC_N_DRAFT_MAX) + "], got " +
+                                                     std::to_string(p->n_draft_ngram));
+    }
     if (p->n_draft <= 0 || p->n_draft > COSPEC_N_DRAFT_MAX) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "the draft length (n_draft) must be in [1, " +
                                                      std::to_string(COSPEC_N_DRAFT_MAX) + "], got " +
@@ -1078,6 +1083,7 @@ cospec_generate_params cospec_generate_default_params(void) {
     p.arbiter = nullptr;
     p.n_predict = 128;
     p.n_draft = 8;
+    p.n_draft_ngram = 32;
     p.draft_p_min = 0.0f;
     p.adaptive_draft = true;
     p.draft_cost = 0.0f;

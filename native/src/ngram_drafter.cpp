@@ -146,8 +146,7 @@ void ngram_drafter::propose(int32_t k, std::vector<llama_token> & out) {
             total += v.weight;
             best = v.weight > best->weight ? &v : best;
         }
-        const int32_t needed = out.empty() ? FIRST_MATCH : 1;
-        if (best->longest < needed || best->weight < MIN_VOTE_SHARE * total) {
+        if (best->longest < MIN_MATCH || best->weight < MIN_VOTE_SHARE * total) {
             break;
         }
         proposed_keys.push_back(outcome_key(text, best->token));

@@ -28,7 +28,7 @@ class ngram_drafter {
   public:
     static constexpr int32_t INDEX_N = 4;       // n-grams indexed: 1 to INDEX_N tokens
     static constexpr int32_t MATCH_CAP = 32;    // matches are measured up to this many tokens
-    static constexpr int32_t FIRST_MATCH = 2;   // a proposal's first token needs a match this long
+    static constexpr int32_t MIN_MATCH = 2;     // each proposed token needs a match this long (one token is noise)
     static constexpr int32_t CANDIDATES = 32;   // most recent occurrences weighed per token
     static constexpr size_t POOL_MAX = 1 << 16; // tokens kept (about 10 MB with the index); beyond it the oldest half goes
 
