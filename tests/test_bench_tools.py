@@ -244,3 +244,23 @@ def test_compare_llama_cpp_stops_with_llama_cpps_error(tmp_path):
                 "-md", "demo-draft", "--runs", 1, check=False)
     assert ran.returncode == 1
     assert "llama-speculative-simple failed" in ran.stderr and "invalid argument: --spec-type" in ran.stderr
+
+
+@pytest.mark.slow
+def test_ngram_against_llama_cpp_builds_and_runs_llama_cpps_own_program(tmp_path):
+    """bench/ngram_vs_llama_cpp.py builds llama-speculative-simple from the vendored source against
+    the installed libraries (seconds) and runs it for real beside the engine's n-gram drafter."""
+    out = tmp_path / "out"
+    done = bench("ngram_vs_llama_cpp.py", "-m", "smollm2-135m", "--limit", 2, "-n", 24, "-t", 1,
+                 "--kinds", "ngram-simple,ngram-mod", "--llama-bin", tmp_path / "bin", "--out", out)
+    record = json.loads((out / "results.json").read_text())
+    assert (tmp_path / "bin" / "llama-speculative-simple").is_file()
+    assert record["summary"]["prompts"] == len(record["rows"]) == 2
+    for row in record["rows"]:
+        assert set(row["llama"]) == {"ngram-simple", "ngram-mod"}
+        assert all(r["tokens"] == 24 and r["tps"] > 0 for r in row["llama"].values())
+        assert row["ngram_tps"] > 0 and row["target_only_tps"] > 0
+        assert row["identical"] == (row["difference"] is None)
+    ratios = [r["ngram_tps"] / r["target_only_tps"] for r in record["rows"]]
+    assert abs(record["summary"]["ngram_over_target_only"] - (ratios[0] * ratios[1]) ** 0.5) < 1e-9
+    assert "llama-speculative-simple `--spec-type ngram-mod`" in (out / "results.md").read_text()

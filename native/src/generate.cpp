@@ -36,6 +36,11 @@ constexpr uint64_t ARBITER_SEED_SALT = 0xa5b17e4c0ffee5edULL;
 constexpr size_t BLOCK_CATCH_UP = 2;
 // The fixed cost model's price of an n-gram proposal, in target steps: a table lookup.
 constexpr double NGRAM_DRAFT_COST = 0.001;
+// An n-gram proposal whose first token continues a match this long is a copied span: it is drafted
+// whole (up to n_draft_ngram), whatever the tuner's length. Its tokens are accepted in runs, which
+// the tuner's model of independent per-token acceptance undervalues (a 0.7 rate caps the expected
+// run near 3 tokens, where a copied span runs until the reply leaves its source).
+constexpr int32_t NGRAM_COPY_MATCH = 12;
 
 double ms_since(clock_type::time_point t0) {
     return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
@@ -703,12 +708,15 @@ class generation {
             return false;
         }
         const auto t0 = clock_type::now();
-        ngram->propose(k_max, drafted);
+        const int32_t match = ngram->propose(k_max, drafted);
         const double lookup_ms = std::max(ms_since(t0), 1e-6);
         if (drafted.empty()) {
             return false;
         }
-        const int32_t k = p.adaptive_draft ? std::min(k_max, ngram_tuner->choose(p.n_draft_ngram)) : k_max;
+        int32_t k = p.adaptive_draft ? std::min(k_max, ngram_tuner->choose(p.n_draft_ngram)) : k_max;
+        if (match >= NGRAM_COPY_MATCH) {
+            k = k_max;
+        }
         if (k <= 0) {
             drafted.clear();
             return false;

@@ -126,11 +126,12 @@ void ngram_drafter::count_votes(const std::vector<llama_token> & tail, std::vect
     }
 }
 
-void ngram_drafter::propose(int32_t k, std::vector<llama_token> & out) {
+int32_t ngram_drafter::propose(int32_t k, std::vector<llama_token> & out) {
     out.clear();
     proposed_keys.clear();
+    int32_t first_match = 0;
     if (k <= 0 || pool.size() <= current) {
-        return;
+        return first_match;
     }
     text.assign(pool.begin() + (ptrdiff_t) std::max(current, pool.size() - std::min(pool.size(), (size_t) MATCH_CAP)),
                 pool.end());
@@ -150,9 +151,11 @@ void ngram_drafter::propose(int32_t k, std::vector<llama_token> & out) {
             break;
         }
         proposed_keys.push_back(outcome_key(text, best->token));
+        first_match = out.empty() ? best->longest : first_match;
         out.push_back(best->token);
         text.push_back(best->token);
     }
+    return first_match;
 }
 
 void ngram_drafter::feedback(int32_t n_accepted) {

@@ -37,8 +37,9 @@ class ngram_drafter {
     void begin(const llama_token * prompt, size_t n);
     // A token joined the current text.
     void append(llama_token token);
-    // Up to k tokens to follow the current text (none: no match worth verifying).
-    void propose(int32_t k, std::vector<llama_token> & out);
+    // Up to k tokens to follow the current text (none: no match worth verifying). Returns how
+    // many tokens the first proposed token's best match spans (0: no proposal).
+    int32_t propose(int32_t k, std::vector<llama_token> & out);
     // The target accepted the first n_accepted tokens of the last proposal (and refused the
     // next, if the proposal was longer).
     void feedback(int32_t n_accepted);
