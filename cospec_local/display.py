@@ -44,9 +44,9 @@ def draft_off_note(result: Generation) -> str | None:
         return None
     if model_drafted >= DRAFT_OFF_SHARE * rest:
         return None
-    return (f"(the draft model agrees with the target too rarely here: it drafted {model_drafted} tokens for "
-            f"{rest}, so it is switched off and the target decodes{' with the n-gram drafter' if s.blocks_ngram else ' alone'}; "
-            "a draft closer to the target speeds it up)")
+    alone = "with the n-gram drafter" if s.blocks_ngram else "almost alone"
+    return (f"(the draft agrees with the target too rarely here: the draft model drafted {model_drafted} tokens for "
+            f"{rest}, so the target is decoding {alone}; a draft closer to the target speeds it up)")
 
 
 def abstained_note(result: Generation) -> str | None:

@@ -117,7 +117,7 @@ def test_the_draft_all_but_off_is_said_once_in_plain_words():
     replies: the first times the draft's blocks and may draft too much to be called off."""
     env = dict(os.environ, TERM="dumb", PYTHONUNBUFFERED="1")
     child = pexpect.spawn(sys.executable, [*CLI[1:], "chat", "-m", "smollm2-135m", "-md", "smollm2-135m-first4",
-                                           "-n", "64", "-t", "1", "--temp", "0"], env=env, encoding="utf-8",
+                                           "-n", "64", "-t", "1", "--temp", "0", "--spec-type", "draft"], env=env, encoding="utf-8",
                           timeout=300)
     child.expect_exact(">>> ")
     notes = 0

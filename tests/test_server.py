@@ -418,7 +418,7 @@ def test_a_draft_that_rarely_agrees_is_said_once_in_the_log(target_path, draft_p
     blocks (a fresh engine's first reply may draft a third of its tokens, more on a loaded machine),
     so of four replies the later ones are the draft-off ones."""
     note = "the draft agrees with the target too rarely"
-    body = {"model": "smollm2", "prompt": "The sea is", "max_tokens": 48, "ignore_eos": True}
+    body = {"model": "smollm2", "prompt": "The sea is", "max_tokens": 48, "ignore_eos": True, "spec_type": "draft"}
     srv = ServerProcess("-m", target_path, "-md", draft_paths["disagreeing"], "-a", "smollm2", "-c", "1024")
     try:
         with httpx.Client(base_url=srv.url, timeout=120) as http:

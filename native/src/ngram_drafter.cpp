@@ -8,7 +8,7 @@ namespace {
 // How much a refusal of a continuation counts against it, against an acceptance for it: a
 // continuation refused once after being accepted once weighs a third as much as a fresh one.
 constexpr double REFUSAL_WEIGHT = 2.0;
-// A proposal goes on only while its token has at least this share of the votes.
+// A proposal goes on only while its token has more than this share of the votes.
 constexpr double MIN_VOTE_SHARE = 0.5;
 } // namespace
 
@@ -147,7 +147,8 @@ int32_t ngram_drafter::propose(int32_t k, std::vector<llama_token> & out) {
             total += v.weight;
             best = v.weight > best->weight ? &v : best;
         }
-        if (best->longest < MIN_MATCH || best->weight < MIN_VOTE_SHARE * total) {
+        // A weight below MIN_MATCH is a match too short, or one the target refused since.
+        if (best->longest < MIN_MATCH || best->weight < MIN_MATCH || best->weight <= MIN_VOTE_SHARE * total) {
             break;
         }
         proposed_keys.push_back(outcome_key(text, best->token));
