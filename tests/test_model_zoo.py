@@ -5,7 +5,6 @@ decoding must give the target's own tokens whatever the draft proposes, and a me
 drop a tail must roll back from its saved state, not by decoding the context again."""
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pytest
@@ -25,9 +24,7 @@ N_PREDICT = 40
 
 @pytest.fixture(scope="session")
 def zoo() -> dict[str, Path]:
-    # Kept in the checkout's .cache, under a key of the builder's source: a later run reuses them.
-    key = hashlib.sha256(Path(tiny_models.__file__).read_bytes()).hexdigest()[:12]
-    return tiny_models.build(ARCHS, REPO / ".cache" / "tiny-models" / key)
+    return tiny_models.build(ARCHS, tiny_models.cache_dir(REPO))  # a later run reuses them
 
 
 def other_than(arch: str) -> str:

@@ -74,3 +74,101 @@ def test_the_pool_lives_across_generations_and_a_chat_continues_its_text():
     assert d.pool_size == before + 2
     d.clear()
     assert d.pool_size == 0 and d.propose(3) == []
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    with Engine(resolve_model("smollm2-135m"), None, n_ctx=2048, n_threads=2) as engine:
+        yield engine
+
+
+def test_ngram_tokens_are_apart_in_provenance_and_stats(smollm2):
+    prompt = "Repeat exactly: the red fox, the blue fox, the red fox, the blue fox, the red fox"
+    plain = smollm2.generate(prompt, mode="target-only", max_tokens=32, ignore_eos=True)
+    smollm2.reset()
+    result = smollm2.generate(prompt, spec_type="ngram", max_tokens=32, ignore_eos=True)
+    s = result.stats
+    assert result.tokens == plain.tokens
+    assert s.blocks_ngram > 0 and s.blocks == s.blocks_ngram and s.draft_n == s.draft_n_ngram
+    assert result.provenance.count("ngram") == s.draft_n_matched_ngram == s.draft_n_matched > 0
+    assert "match" not in result.provenance and not result.used_draft_model
+    assert result.to_json()["stats"]["draft_n_ngram"] == s.draft_n_ngram
+
+
+@pytest.mark.slow
+def test_lossless_on_every_grounded_prompt(smollm2):
+    """Greedy n-gram drafting gives target-only's tokens on each grounded prompt, or leaves them
+    only where batched verification rounds a near-tie of the target the other way: the two tokens
+    are the target's two likeliest there, within half a logit (docs/lossless-output.md)."""
+    drafted = 0
+    for row in GROUNDED:
+        smollm2.reset()
+        plain = smollm2.generate(row["prompt"], mode="target-only", max_tokens=48, ignore_eos=True)
+        smollm2.reset()
+        ngram = smollm2.generate(row["prompt"], spec_type="ngram", max_tokens=48, ignore_eos=True)
+        drafted += ngram.stats.draft_n_ngram
+        at = next((i for i, (x, y) in enumerate(zip(ngram.tokens, plain.tokens)) if x != y), None)
+        if at is None:
+            continue
+        scores = smollm2.score(smollm2.tokenize(row["prompt"]) + plain.tokens[:at])[-1]
+        top2 = set(np.argsort(scores)[-2:].tolist())
+        assert {plain.tokens[at], ngram.tokens[at]} == top2, row["kind"]
+        assert abs(scores[plain.tokens[at]] - scores[ngram.tokens[at]]) < 0.5, row["kind"]
+    assert drafted > 24 * 16  # the set is grounded: the drafter proposes on every prompt
+
+
+@pytest.mark.slow
+def test_sampled_ngram_drafting_keeps_the_targets_distribution(smollm2):
+    """At temperature > 0 an n-gram proposal is accepted with the target's probability of it and a
+    refusal samples the rest: the first two tokens are distributed as target-only's."""
+    from collections import Counter
+
+    from scipy.stats import chi2_contingency
+
+    prompt = "red fox, blue fox, red fox, blue fox, red"  # the drafter proposes " fox, blue" here
+    counts = {"target-only": Counter(), "speculative": Counter()}
+    proposed = 0
+    for mode, seeds in (("target-only", range(400)), ("speculative", range(10_000, 10_400))):
+        for seed in seeds:
+            r = smollm2.generate(prompt, mode=mode, spec_type="ngram", max_tokens=2, temperature=1.5, seed=seed,
+                                 ignore_eos=True, adaptive_draft=False)
+            counts[mode][tuple(r.tokens)] += 1
+            proposed += r.stats.draft_n_ngram > 0
+    assert proposed > 350  # nearly every speculative run verified a proposal
+    a, b = counts["target-only"], counts["speculative"]
+    assert len(a) >= 5, "the prompt should spread probability over several continuations"
+    common = [k for k in set(a) | set(b) if a[k] + b[k] >= 10]
+    rows = [[c[k] for k in common] + [sum(c.values()) - sum(c[k] for k in common)] for c in (a, b)]
+    assert chi2_contingency(rows)[1] > 1e-3
+
+
+def run_cli(*args):
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def test_spec_type_refusals_are_one_clear_line():
+    out = run_cli("generate", "-p", "Hi", "-n", 2, "--spec-type", "ngram-mod")
+    assert out.returncode != 0 and "is one of llama.cpp's kinds that this engine does not have" in out.stderr
+    assert "Traceback" not in out.stderr
+    out = run_cli("generate", "-p", "Hi", "-n", 2, "--spec-type", "bogus")
+    assert out.returncode != 0 and "--spec-type" in out.stderr and "unknown 'bogus'" in out.stderr
+    out = run_cli("generate", "-m", "smollm2-135m", "-p", "Hi", "-n", 2, "--spec-type", "draft")
+    assert out.returncode != 0 and "--spec-type draft needs a draft model: give one with -md DRAFT" in out.stderr
+    out = run_cli("generate", "-p", "Hi", "-n", 2, "--spec-type", "ngram", "--arbiter", "demo-lora")
+    assert out.returncode != 0 and "leaves the draft model out, but arbiter 'demo-lora'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_the_draft_line_says_which_sources_draft():
+    out = run_cli("generate", "-m", "smollm2-135m", "-p", "Hi", "-n", 2)
+    assert out.returncode == 0 and "draft:  - (the n-gram drafter drafts; -md DRAFT adds a draft model)" in out.stderr
+    out = run_cli("generate", "-p", "1 + 2 =", "-n", 2)  # the demo pair, its learned arbiter: the model alone
+    assert out.returncode == 0 and "n-gram" not in out.stderr
+    out = run_cli("generate", "-p", "1 + 2 =", "-n", 2, "--arbiter", "target")
+    assert out.returncode == 0 and "demo" in out.stderr and "and the n-gram drafter" in out.stderr
+
+
+def test_a_learned_arbiter_without_the_draft_model_is_refused_by_the_engine():
+    with Engine.open_default(n_ctx=512, n_threads=1) as engine:
+        with pytest.raises(InvalidArgumentError, match="leaves the draft model out"):
+            engine.generate("1 + 2 =", arbiter="demo-features", spec_type="ngram", max_tokens=2)

@@ -159,6 +159,15 @@ def llama_cpp_source() -> Path:
     return root
 
 
+def cache_dir(checkout: Path) -> Path:
+    """Where a checkout keeps the zoo it built: under .cache, by a key of this builder's source, so
+    the tests and benchmarks share one build until the builder changes."""
+    import hashlib
+
+    key = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+    return Path(checkout) / ".cache" / "tiny-models" / key
+
+
 def build(names: list[str], out: Path, vocab: Path | None = None, timeout: float = 600.0) -> dict[str, Path]:
     """Make the named zoo models under out (NAME.gguf), in a child process; returns their paths.
     A model already there is kept. vocab: the GGUF whose tokenizer they get (default SmolLM2's)."""
