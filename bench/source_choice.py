@@ -8,7 +8,8 @@ repeated. Runs: target-only; `-m` alone (the n-gram drafter, no draft model); th
 
 Reports each run's tokens/s over target-only's, pooled over every prompt and repeat (total tokens
 over total time) and as the geometric mean of per-prompt ratios, and whether every output equals
-target-only's.
+target-only's. Each reply starts from a reset engine (no n-gram pool of earlier replies, no cached
+prompt): the worst case for the n-gram drafter, a new conversation.
 """
 from __future__ import annotations
 
@@ -58,6 +59,9 @@ def main(argv=None) -> int:
                 for name in order:
                     mode, spec_type, with_draft = RUNS[name]
                     extra = {"spec_type": spec_type} if spec_type else {}
+                    # Each reply from a fresh engine: the n-gram pool would otherwise hold this very
+                    # prompt's earlier replies (a repeat, or another run's), and predict them whole.
+                    engines[with_draft].reset()
                     with load.window():
                         results[name] = engines[with_draft].generate(prompt, mode=mode, max_tokens=a.n, **extra)
                 for name, r in results.items():
