@@ -215,7 +215,7 @@ def drafting_line(draft: str | None, params: GenerationParams | None) -> str:
     from .arbiters import resolve_auto
 
     sources = parse_spec_type(params.spec_type) if params is not None and params.mode == "speculative" else []
-    arbiter = params.arbiter if params is None or params.arbiter != "auto" else resolve_auto(
+    arbiter = None if params is None else params.arbiter if params.arbiter != "auto" else resolve_auto(
         resolve_model(draft) if draft else None)
     ngram = _cospec.DRAFT_NGRAM in sources or (_cospec.DRAFT_AUTO in sources and arbiter in ("target", None))
     if draft is None:

@@ -291,6 +291,7 @@ class Engine:
                 loading.result.close()
             raise
         self._native = loading.outcome()
+        self._draft_loaded = self._native.has_draft  # read once: a result may finish after close()
         self.last_result: Generation | None = None
         self._chat_template: ChatTemplate | None = None
         self._chat_template_override = chat_template
@@ -492,7 +493,7 @@ class Engine:
             arbiter=request.arbiter_name,
             decisions=[Decision(*d) for d in raw["decisions"]],
             prompt_tokens=len(request.prompt),
-            used_draft_model=(request.params.mode == "speculative" and self.has_draft
+            used_draft_model=(request.params.mode == "speculative" and self._draft_loaded
                               and spec_type_uses_model(request.params.spec_type)),
         )
         self.last_result = result

@@ -258,7 +258,7 @@ def test_ngram_against_llama_cpp_builds_and_runs_llama_cpps_own_program(tmp_path
     assert record["summary"]["prompts"] == len(record["rows"]) == 2
     for row in record["rows"]:
         assert set(row["llama"]) == {"ngram-simple", "ngram-mod"}
-        assert all(r["tokens"] == 24 and r["tps"] > 0 for r in row["llama"].values())
+        assert all(r["tokens"] >= 24 and r["tps"] > 0 for r in row["llama"].values()), row["llama"]
         assert row["ngram_tps"] > 0 and row["target_only_tps"] > 0
         assert row["identical"] == (row["difference"] is None)
     ratios = [r["ngram_tps"] / r["target_only_tps"] for r in record["rows"]]

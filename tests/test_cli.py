@@ -238,8 +238,10 @@ def test_gguf_header_reader_matches_the_gguf_package(target_path, draft_paths, t
 
 @pytest.mark.slow
 def test_a_target_alone_gets_a_draft_with_its_vocabulary_or_runs_target_only(target_path, tmp_path):
-    """`-m` without `-md`: the bundled draft made for a named target, a smaller named model with the
-    target's vocabulary for a file, else target-only decoding; each said in one line."""
+    """`-m` without `-md`: generate, chat and serve load a bundled draft only where it is measured to
+    pay, else draft with the n-gram drafter alone; bench and eval, which measure a pair, take the
+    bundled draft made for a named target, a smaller named model with the target's vocabulary for
+    a file, else decode with the target alone; each said in one line."""
     import gguf
 
     from cospec_local.gguf_edit import open_gguf, rewrite_gguf
@@ -247,17 +249,23 @@ def test_a_target_alone_gets_a_draft_with_its_vocabulary_or_runs_target_only(tar
 
     env = dict(os.environ, COSPEC_LOCAL_CACHE=str(tmp_path))
     out = run_cli("generate", "-m", "smollm2-135m", "-p", "The capital of France is", "-n", 4, "-t", 1, env=env)
-    assert out.returncode == 0 and "note: draft smollm2-135m-draft: the bundled draft made for smollm2-135m" in out.stderr
-    out = run_cli("generate", "-m", target_path, "-p", "The capital of France is", "-n", 4, "-t", 1, env=env)
+    assert out.returncode == 0 and "the n-gram drafter drafts; -md DRAFT adds a draft model" in out.stderr
+    assert "note: draft" not in out.stderr  # its distilled draft does not pay on a CPU
+    out = run_cli("generate", "-m", "smollm2-135m-as-1b", "-p", "The capital of France is", "-n", 4, "-t", 1, env=env)
+    assert out.returncode == 0 and "note: draft smollm2-135m-draft: the bundled draft made for" in out.stderr
+    out = run_cli("bench", "-m", target_path, "-n", 4, "-t", 1, "--runs", "target-only", "--n-prompts", 1,
+                  "--task", "arith", env=env)
     assert out.returncode == 0 and "note: draft smollm2-135m-draft: a smaller named model" in out.stderr, out.stderr
     # a vocabulary nobody else has (another BOS id): the target alone, said once
     lonely = rewrite_gguf(open_gguf(demo_model("target")), tmp_path / "lonely.gguf",
                           kv_edit=lambda key, value: 3 if key == gguf.Keys.Tokenizer.BOS_ID else value)
     out = run_cli("generate", "-m", lonely, "-p", "1 + 2 =", "-n", 4, "-t", 1, "--json", env=env)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["mode"] == "target-only"
-    out = run_cli("generate", "-m", lonely, "-p", "1 + 2 =", "-n", 4, "-t", 1, env=env)
-    assert "decoding with the target alone" in out.stderr
+    stats = json.loads(out.stdout)["stats"]
+    assert json.loads(out.stdout)["mode"] == "speculative" and stats["draft_n"] == stats["draft_n_ngram"]
+    out = run_cli("bench", "-m", lonely, "-n", 4, "-t", 1, "--runs", "target-only", "--n-prompts", 1,
+                  "--task", "arith", env=env)
+    assert "decoding with the target alone" in out.stderr, out.stderr
     # an incompatible pair says how to fix it; a wrong name lists the names and the closest one
     out = run_cli("generate", "-m", "smollm2-135m", "-md", "demo-draft", "-p", "Hi", "-n", 2, env=env)
     assert out.returncode == 1 and "fix: -md with a draft that has the target's tokenizer" in out.stderr

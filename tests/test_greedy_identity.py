@@ -64,7 +64,7 @@ def test_sps_matches_target_only(exact_engine_for, reference, kind, k):
     engine = exact_engine_for(kind)
     totals = {"match": 0, "fallback": 0, "bonus": 0, "target": 0}  # target: the last token, when no room is left to draft
     for prompt in PROMPTS:
-        r = engine.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=k, ignore_eos=True,
+        r = engine.generate(prompt, mode="speculative", spec_type="draft", max_tokens=N_TOKENS, draft_max=k, ignore_eos=True,
                             adaptive_draft=False)
         assert r.tokens == reference(kind, prompt), f"sps diverged from target-only ({kind} draft, K={k}): {prompt!r}"
         assert r.stop_reason == "max_tokens"
@@ -86,8 +86,8 @@ def test_prompt_cache_does_not_change_output(exact_engine_for, reference):
     engine = exact_engine_for("disagreeing")
     prompt = PROMPTS[1]
     engine.reset()
-    first = engine.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True, adaptive_draft=False)
-    again = engine.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True, adaptive_draft=False)
+    first = engine.generate(prompt, mode="speculative", spec_type="draft", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True, adaptive_draft=False)
+    again = engine.generate(prompt, mode="speculative", spec_type="draft", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True, adaptive_draft=False)
     assert first.stats.cache_n == 0 and again.stats.cache_n > 0
     assert first.tokens == again.tokens == reference("disagreeing", prompt)
 
@@ -100,9 +100,9 @@ def test_adaptive_draft_length_is_lossless_and_backs_off(exact_engine_for, refer
     engine = exact_engine_for(kind)
     fixed_drafted = adaptive_drafted = 0
     for prompt in PROMPTS:
-        fixed = engine.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=8, ignore_eos=True,
+        fixed = engine.generate(prompt, mode="speculative", spec_type="draft", max_tokens=N_TOKENS, draft_max=8, ignore_eos=True,
                                 adaptive_draft=False)
-        adaptive = engine.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=8, ignore_eos=True,
+        adaptive = engine.generate(prompt, mode="speculative", spec_type="draft", max_tokens=N_TOKENS, draft_max=8, ignore_eos=True,
                                    adaptive_draft=True)
         assert adaptive.tokens == fixed.tokens == reference(kind, prompt)
         assert adaptive.stats.draft_n <= 8 * adaptive.stats.blocks
@@ -130,7 +130,7 @@ def test_zero_ffn_blocks_keep_the_function(target_path, model_dir, reference, we
     with Engine(path, target_path, n_ctx=512) as costly:
         for prompt in PROMPTS:
             alone = costly.generate(prompt, mode="target-only", max_tokens=N_TOKENS, ignore_eos=True)
-            verified = costly.generate(prompt, mode="speculative", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True,
+            verified = costly.generate(prompt, mode="speculative", spec_type="draft", max_tokens=N_TOKENS, draft_max=4, ignore_eos=True,
                                        adaptive_draft=False)
             assert alone.tokens == verified.tokens == reference("self", prompt)
             assert verified.stats.target_fallbacks == 0
@@ -172,7 +172,7 @@ def test_blocks_with_a_mismatch_emit_the_verify_passs_choices(request, pair):
         for prompt in prompts:
             blocks.clear()
             engine.reset()
-            r = engine.generate(prompt, mode="speculative", arbiter=recorder, max_tokens=n_tokens, draft_max=4,
+            r = engine.generate(prompt, mode="speculative", spec_type="draft", arbiter=recorder, max_tokens=n_tokens, draft_max=4,
                                 adaptive_draft=False, ignore_eos=True)
             sequence = engine.tokenize(prompt) + list(r.tokens)
             for b in blocks:
