@@ -122,7 +122,7 @@ class generation {
         // (default: from the pair's sizes), never clocks.
         if (keeping_arbiter || !greedy) {
             call_tuner.use_fixed_costs(p.draft_cost > 0.0f ? p.draft_cost : e.draft_cost_ratio,
-                                       p.verify_cost >= 0.0f ? p.verify_cost : trained_verify_cost());
+                                       fixed_verify_cost());
             if (arbiter_can_keep) {
                 call_tuner.set_acceptance_prior(cospec::draft_tuner::KEEPING_PRIOR_ACCEPTED,
                                                 cospec::draft_tuner::KEEPING_PRIOR_REJECTED);
@@ -154,7 +154,7 @@ class generation {
             // Where the output must be a function of the call's inputs (an arbiter that keeps,
             // sampling), proposals come from this call's text alone and lengths from counts.
             if (keeping_arbiter || !greedy) {
-                call_ngram_tuner.use_fixed_costs(NGRAM_DRAFT_COST, p.verify_cost >= 0.0f ? p.verify_cost : trained_verify_cost());
+                call_ngram_tuner.use_fixed_costs(NGRAM_DRAFT_COST, fixed_verify_cost());
                 ngram = &call_ngram;
                 ngram_tuner = &call_ngram_tuner;
             } else {
@@ -836,6 +836,9 @@ class generation {
         const char * v = p.arbiter != nullptr ? p.arbiter->meta("verify_cost") : nullptr;
         return v != nullptr ? std::strtod(v, nullptr) : cospec::draft_tuner::FIXED_VERIFY_MARGINAL;
     }
+
+    // The fixed cost model's verify cost: the call's own, else the one its arbiter was trained under.
+    double fixed_verify_cost() const { return p.verify_cost >= 0.0f ? p.verify_cost : trained_verify_cost(); }
 
     bool decide(float p_keep_i) {
         if (p.sample_arbiter) {
