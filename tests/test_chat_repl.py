@@ -66,10 +66,10 @@ def test_a_seed_nobody_set_is_new_for_each_reply(monkeypatch):
     assert f"seed = random (the last reply's: {drawn[-1]}; " in text
     # and a fresh seed gives a fresh sample: these three seeds' replies differ (fixed here, so the
     # check cannot fail by the chance of three random draws sampling the same reply)
-    seeds = iter([1, 2, 3])
+    seeds = iter([1, 2, 3, 4, 5])
     monkeypatch.setattr(chat_session, "random_seed", lambda: next(seeds))
-    engine, session, out = session_on_demo([QUESTION, "/clear", QUESTION, "/clear", QUESTION],
-                                           seed_fixed=False, temperature=1.5)
+    engine, session, out = session_on_demo([QUESTION, "/clear", QUESTION, "/clear", QUESTION, "/clear", QUESTION,
+                                            "/clear", QUESTION], seed_fixed=False, temperature=1.5)
     with engine:
         session.run()
     assert len(set(replies(out.getvalue()))) > 1

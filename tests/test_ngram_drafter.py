@@ -57,12 +57,70 @@ def test_a_split_vote_stops_the_proposal():
 def test_a_refused_continuation_is_not_proposed_again_and_an_accepted_one_gains():
     d = drafter([1, 2, 3, 9, 5, 1, 2, 3])
     assert d.propose(1) == [9]  # a three-token match
-    d.feedback(0)  # the target refused it
+    d.feedback(1, 0)  # the target refused it
     assert d.propose(1) == []
     e = drafter([1, 2, 3, 9, 5, 1, 2, 4, 7, 1, 2, 3, 9, 6, 1, 2])
     assert e.propose(1) == [3]  # "1 2" -> 3 twice, -> 4 once
-    e.feedback(0)
+    e.feedback(1, 0)
     assert e.propose(1) == [4]  # refused: 3's votes weigh a third, and the other continuation leads
+
+
+def test_each_proposed_token_carries_the_acceptance_learned_at_its_match_length():
+    bucket = _cospec.NgramDrafter.support_bucket
+    assert [bucket(m) for m in (2, 3, 4, 5, 6, 7, 9, 10, 13, 14, 19, 20, 31, 32)] == \
+        [0, 1, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8]
+    # 5 6 7 -> 8 9: "8" continues a 3-token match, "9" a 4-token one (the match grows along a copy)
+    d = drafter([5, 6, 7, 8, 9, 1, 5, 6, 7])
+    assert d.propose(2) == [8, 9]
+    assert d.acceptance == pytest.approx([3 / 5, 4 / 6])  # the priors m / (m + 2), before any verdict
+    d.feedback(1, 0)  # the first token refused: the 3-token bucket falls, the 4-token one saw nothing
+    assert d.bucket_acceptance(bucket(3)) == pytest.approx((2 * 0.6) / 3)
+    assert d.bucket_acceptance(bucket(4)) == pytest.approx(4 / 6)
+    # tokens the tuner held back were not verified: they teach nothing
+    e = drafter([5, 6, 7, 8, 9, 1, 5, 6, 7])
+    e.propose(2)
+    e.feedback(1, 1)
+    assert e.bucket_acceptance(bucket(3)) == pytest.approx((1 + 2 * 0.6) / 3)
+    assert e.bucket_acceptance(bucket(4)) == pytest.approx(4 / 6)
+    # what was learned survives a reset, which forgets the texts only
+    e.clear()
+    assert e.bucket_acceptance(bucket(3)) == pytest.approx((1 + 2 * 0.6) / 3)
+
+
+def proposal_tuner(plain_ms: float = 10.0, extra_token_ms: float = 4.0) -> _cospec.DraftTuner:
+    """A tuner that has timed plain steps and blocks of 2 and 9 tokens (costs linear in the tokens)."""
+    t = _cospec.DraftTuner()
+    for n in (1, 1, 2, 2, 9, 9):
+        t.observe_verify(n, plain_ms + (n - 1) * extra_token_ms, True)
+    return t
+
+
+def test_the_tuner_verifies_as_much_of_a_proposal_as_pays_and_holds_the_rest():
+    t = proposal_tuner()
+    # verifying 1 token costs 1.4 steps: a chance of 0.3 (1.3 tokens) does not pay, with its margin
+    assert t.choose_for_proposal([0.3, 0.3, 0.3], k_in_use=0) == 0
+    # a copied span's chances: the whole proposal (8 tokens for 3.8 steps)
+    assert t.choose_for_proposal([0.98] * 8, k_in_use=0) == 8
+    # a sure start and then a coin flip: the sure tokens, a little past them at most
+    assert t.choose_for_proposal([0.98, 0.98, 0.98, 0.98, 0.2, 0.2, 0.2, 0.2], k_in_use=0) in (4, 5)
+
+
+def test_held_proposals_are_explored_at_a_doubling_interval():
+    t = proposal_tuner()
+    low = [0.3, 0.3]
+
+    def held_until_verified() -> int:
+        for held in range(1, 1000):
+            if t.choose_for_proposal(low, k_in_use=0) > 0:
+                return held
+            t.observe_held()
+        raise AssertionError("never explored")
+
+    assert held_until_verified() == _cospec.DraftTuner.HELD_EXPLORE_MIN
+    t.observe_block(1, 0, True)  # the exploration was refused: explore half as often
+    assert held_until_verified() == 2 * _cospec.DraftTuner.HELD_EXPLORE_MIN
+    t.observe_block(1, 1, False)  # accepted: back to the shortest interval
+    assert held_until_verified() == _cospec.DraftTuner.HELD_EXPLORE_MIN
 
 
 def test_the_pool_lives_across_generations_and_a_chat_continues_its_text():

@@ -734,7 +734,10 @@ PYBIND11_MODULE(_cospec, m) {
                  d.propose(k, out);
                  return out;
              }, py::arg("k"))
-        .def("feedback", &cospec::ngram_drafter::feedback, py::arg("n_accepted"))
+        .def("feedback", &cospec::ngram_drafter::feedback, py::arg("n_verified"), py::arg("n_accepted"))
+        .def_property_readonly("acceptance", &cospec::ngram_drafter::acceptance)
+        .def("bucket_acceptance", &cospec::ngram_drafter::bucket_acceptance, py::arg("bucket"))
+        .def_static("support_bucket", &cospec::ngram_drafter::support_bucket, py::arg("match"))
         .def("clear", &cospec::ngram_drafter::clear)
         .def_property_readonly("pool_size", &cospec::ngram_drafter::pool_size);
 
@@ -744,7 +747,13 @@ PYBIND11_MODULE(_cospec, m) {
         .def("observe_block", &cospec::draft_tuner::observe_block, py::arg("kd"), py::arg("accepted"), py::arg("ended_early"))
         .def("observe_draft", &cospec::draft_tuner::observe_draft, py::arg("first_ms"), py::arg("step_ms"), py::arg("n_steps"))
         .def("observe_verify", &cospec::draft_tuner::observe_verify, py::arg("n_tokens"), py::arg("ms"), py::arg("fair"))
+        .def("choose_for_proposal", [](cospec::draft_tuner & t, const std::vector<double> & acceptance, int32_t k_in_use) {
+                 return t.choose_for_proposal(acceptance.data(), (int32_t) acceptance.size(), k_in_use);
+             }, py::arg("acceptance"), py::arg("k_in_use"))
+        .def("observe_held", &cospec::draft_tuner::observe_held)
         .def_property_readonly("acceptance", &cospec::draft_tuner::acceptance);
+    m.attr("DraftTuner").attr("HELD_EXPLORE_MIN") = py::int_(cospec::draft_tuner::HELD_EXPLORE_MIN);
+    m.attr("DraftTuner").attr("HELD_EXPLORE_MAX") = py::int_(cospec::draft_tuner::HELD_EXPLORE_MAX);
     // Its rate model alone: the lengths it picks for given costs (verify_cost(n): verifying n tokens).
     m.def("fastest_length", [](int32_t k_max, double acceptance, double first_draft, double draft_step,
                                const py::function & verify_cost, double switch_cost, int32_t k_in_use, bool plain_in_use,

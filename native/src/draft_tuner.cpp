@@ -55,7 +55,7 @@ length_choice fastest_length(const rate_inputs & in, int32_t k_max) {
     double best_drafting_rate = 0.0;
     double tokens = 1.0, a_pow = 1.0;
     for (int32_t k = 1; k <= k_max; ++k) {
-        a_pow *= in.acceptance;
+        a_pow *= in.acceptance_at != nullptr ? std::min(in.acceptance_at[k - 1], MAX_ACCEPTANCE) : in.acceptance;
         tokens += a_pow; // 1 + a + ... + a^k
         const double rate = tokens / (in.first_draft + (k - 1) * in.draft_step + block_verify_cost(k + 1) + switching(k));
         if (rate > best_rate) {
@@ -222,6 +222,11 @@ int32_t probe_schedule::next(const length_choice & fastest, int32_t k_max, bool 
 
 void draft_tuner::observe_block(int32_t kd, int32_t accepted, bool ended_early) {
     const bool plain_step = kd <= 0 && !ended_early;
+    if (held_exploring && !plain_step) {
+        // An exploration whose first token was refused confirms holding: explore more rarely.
+        held_exploring = false;
+        held_explore_every = accepted > 0 ? HELD_EXPLORE_MIN : std::min(2 * held_explore_every, HELD_EXPLORE_MAX);
+    }
     schedule.count_step(plain_step);
     costs.tick();
     // A block the draft declined whole verified one token, as a plain step does:
@@ -264,6 +269,38 @@ int32_t draft_tuner::choose(int32_t k_max) {
     }
     return last_k;
 }
+
+int32_t draft_tuner::choose_for_proposal(const double * acceptance, int32_t n, int32_t k_in_use) {
+    n = std::clamp(n, 0, COSPEC_N_DRAFT_MAX);
+    // A plain step's cost first: the blocks' costs are extrapolated from it until measured.
+    if (n == 0 || !costs.plain_step_timed()) {
+        return 0;
+    }
+    double verify[MAX_BLOCK_BATCH + 1];
+    costs.verify_costs(n + 1, verify);
+    rate_inputs in;
+    in.acceptance = 0.0;
+    in.acceptance_at = acceptance;
+    in.first_draft = 0.0; // the proposal is drafted already
+    in.draft_step = 0.0;
+    in.verify = verify;
+    in.switch_cost = SWITCH_COST * verify[1];
+    in.k_in_use = k_in_use;
+    in.plain_in_use = k_in_use == 0;
+    in.plain_margin = costs.fixed() ? 1.0 : MIN_GAIN;
+    const length_choice fastest = fastest_length(in, n);
+    if (fastest.best > 0) {
+        return fastest.best;
+    }
+    if (held + 1 >= held_explore_every) {
+        held = 0;
+        held_exploring = true;
+        return fastest.best_drafting;
+    }
+    return 0;
+}
+
+void draft_tuner::observe_held() { held += 1; }
 
 // Measure the three costs first, fairly: plain steps until one follows
 // another, then full blocks until one follows another.

@@ -40,6 +40,9 @@ struct rate_inputs {
     int32_t k_in_use;      // the length in use (0: plain steps), which pays no switch
     bool plain_in_use;     // plain steps pay no switch either: the last block verified one token, as they do
     double plain_margin;   // drafting must promise this factor over plain steps
+    // Where the proposal's tokens have chances of their own (the n-gram drafter's): the chance
+    // of the k-th token, given the ones before it, is acceptance_at[k - 1]; acceptance is unused.
+    const double * acceptance_at = nullptr;
 };
 
 struct length_choice {
@@ -181,6 +184,19 @@ class draft_tuner {
 
     double acceptance() const { return acc_sum / (acc_sum + rej_sum); }
 
+    // A proposal in hand whose n tokens each carry their own chance of acceptance (the n-gram
+    // drafter's estimates by match length): how many of them to verify, 0 to hold it (a plain
+    // target step instead). The costs are this tuner's; drafting them costs nothing more.
+    // k_in_use: the draft tokens of the target's last decode (0: a plain step), which a block of
+    // the same length follows without a graph rebuild.
+    int32_t choose_for_proposal(const double * acceptance, int32_t n, int32_t k_in_use);
+    // The last proposal was held: a plain step followed. Every HELD_EXPLORE_MIN held
+    // proposals (doubling to HELD_EXPLORE_MAX while explorations are refused) one is verified
+    // anyway, its best length above 0, so that estimates which fell too low can rise again.
+    void observe_held();
+    static constexpr int32_t HELD_EXPLORE_MIN = 16;
+    static constexpr int32_t HELD_EXPLORE_MAX = 128;
+
   private:
     // Blocks taken to time a block fairly: blocks cut short (by --draft-p-min,
     // say) are timed at their size, and if none reaches a second block of its
@@ -201,6 +217,9 @@ class draft_tuner {
     // exploration's (its blocks are the last decodes the next choice follows).
     int32_t settled_k = 0;
     bool declined_whole = false;  // the last block drafted nothing: the draft declined (p-min)
+    int32_t held = 0;                               // proposals held since the last exploration
+    int32_t held_explore_every = HELD_EXPLORE_MIN;  // held proposals between explorations
+    bool held_exploring = false;                    // the last block verified was an exploration
 };
 
 } // namespace cospec

@@ -36,11 +36,6 @@ constexpr uint64_t ARBITER_SEED_SALT = 0xa5b17e4c0ffee5edULL;
 constexpr size_t BLOCK_CATCH_UP = 2;
 // The fixed cost model's price of an n-gram proposal, in target steps: a table lookup.
 constexpr double NGRAM_DRAFT_COST = 0.001;
-// An n-gram proposal whose first token continues a match this long is a copied span: it is drafted
-// whole (up to n_draft_ngram), whatever the tuner's length. Its tokens are accepted in runs, which
-// the tuner's model of independent per-token acceptance undervalues (a 0.7 rate caps the expected
-// run near 3 tokens, where a copied span runs until the reply leaves its source).
-constexpr int32_t NGRAM_COPY_MATCH = 12;
 
 double ms_since(clock_type::time_point t0) {
     return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
@@ -701,29 +696,31 @@ class generation {
     }
 
     // The n-gram drafter's proposal for the next block, where it has one and its tuner takes a
-    // block now (drafted holds it); false: this step is not an n-gram block.
+    // block now (drafted holds it); false: this step is not an n-gram block. The tuner weighs
+    // each proposed token by the acceptance the drafter learned at its match length, so a copied
+    // span (long matches, accepted in runs) is verified far further than a 2-token match in chat.
     bool propose_ngram(size_t n_past, std::optional<tuner_samples::draft_calls> & timing) {
         const int32_t k_max = block_budget(n_past, p.n_draft_ngram);
         if (k_max <= 0) {
             return false;
         }
         const auto t0 = clock_type::now();
-        const int32_t match = ngram->propose(k_max, drafted);
+        ngram->propose(k_max, drafted);
         const double lookup_ms = std::max(ms_since(t0), 1e-6);
         if (drafted.empty()) {
             return false;
         }
-        int32_t k = p.adaptive_draft ? std::min(k_max, ngram_tuner->choose(p.n_draft_ngram)) : k_max;
-        if (match >= NGRAM_COPY_MATCH) {
-            k = k_max;
-        }
+        const int32_t n = (int32_t) drafted.size();
+        const int32_t k = p.adaptive_draft ? ngram_tuner->choose_for_proposal(ngram->acceptance().data(), n, last_target_n - 1) : n;
         if (k <= 0) {
+            ngram->feedback(0, 0);
+            ngram_tuner->observe_held();
             drafted.clear();
             return false;
         }
-        // A proposal shorter than the block allowed ended early, as a draft that declines does.
-        draft_declined = (int32_t) drafted.size() < k;
-        drafted.resize(std::min(drafted.size(), (size_t) k));
+        // The n-gram tuner learns acceptance from the drafter's estimates, not from how blocks end.
+        draft_declined = false;
+        drafted.resize((size_t) k);
         timing = tuner_samples::draft_calls {lookup_ms, 0.0, 0};
         return true;
     }
@@ -942,7 +939,7 @@ class generation {
         st.n_drafted_ngram += kd;
         const int32_t status = walk_block(n_past, rows, samples.block);
         if (samples.block) {
-            ngram->feedback(samples.block->n_accepted);
+            ngram->feedback(kd, samples.block->n_accepted);
         }
         return status;
     }

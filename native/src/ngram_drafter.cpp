@@ -10,7 +10,29 @@ namespace {
 constexpr double REFUSAL_WEIGHT = 2.0;
 // A proposal goes on only while its token has more than this share of the votes.
 constexpr double MIN_VOTE_SHARE = 0.5;
+// Each verified token of a bucket decays its counts by this: the estimate follows the last ~20.
+constexpr double BUCKET_DECAY = 0.95;
+// The prior, worth PRIOR_WEIGHT verified tokens: a match of m tokens is accepted with chance
+// m / (m + PRIOR_HALF) before any is verified (2 tokens: 0.5; 12: 0.86; 32: 0.94).
+constexpr double PRIOR_WEIGHT = 2.0;
+constexpr double PRIOR_HALF = 2.0;
+// The smallest match of each bucket; the last bucket is MATCH_CAP alone.
+constexpr int32_t BUCKET_FLOOR[ngram_drafter::N_SUPPORT_BUCKETS] = {2, 3, 4, 5, 7, 10, 14, 20, ngram_drafter::MATCH_CAP};
 } // namespace
+
+int32_t ngram_drafter::support_bucket(int32_t match) {
+    int32_t b = 0;
+    while (b + 1 < N_SUPPORT_BUCKETS && match >= BUCKET_FLOOR[b + 1]) {
+        b += 1;
+    }
+    return b;
+}
+
+double ngram_drafter::bucket_acceptance(int32_t bucket) const {
+    const double floor = BUCKET_FLOOR[bucket];
+    const double prior = floor / (floor + PRIOR_HALF);
+    return (bucket_accepted[bucket] + PRIOR_WEIGHT * prior) / (bucket_accepted[bucket] + bucket_refused[bucket] + PRIOR_WEIGHT);
+}
 
 uint64_t ngram_drafter::hash(const llama_token * tokens, int32_t n) {
     uint64_t h = 0xcbf29ce484222325ULL ^ (uint64_t) n; // FNV-1a, the length mixed in
@@ -33,6 +55,8 @@ void ngram_drafter::clear() {
     index.clear();
     outcomes.clear();
     proposed_keys.clear();
+    proposed_support.clear();
+    proposed_acceptance.clear();
     current = 0;
 }
 
@@ -51,6 +75,8 @@ void ngram_drafter::begin(const llama_token * prompt, size_t n) {
         append(prompt[i]);
     }
     proposed_keys.clear();
+    proposed_support.clear();
+    proposed_acceptance.clear();
 }
 
 void ngram_drafter::append(llama_token token) {
@@ -126,12 +152,13 @@ void ngram_drafter::count_votes(const std::vector<llama_token> & tail, std::vect
     }
 }
 
-int32_t ngram_drafter::propose(int32_t k, std::vector<llama_token> & out) {
+void ngram_drafter::propose(int32_t k, std::vector<llama_token> & out) {
     out.clear();
     proposed_keys.clear();
-    int32_t first_match = 0;
+    proposed_support.clear();
+    proposed_acceptance.clear();
     if (k <= 0 || pool.size() <= current) {
-        return first_match;
+        return;
     }
     text.assign(pool.begin() + (ptrdiff_t) std::max(current, pool.size() - std::min(pool.size(), (size_t) MATCH_CAP)),
                 pool.end());
@@ -152,24 +179,30 @@ int32_t ngram_drafter::propose(int32_t k, std::vector<llama_token> & out) {
             break;
         }
         proposed_keys.push_back(outcome_key(text, best->token));
-        first_match = out.empty() ? best->longest : first_match;
+        proposed_support.push_back(best->longest);
+        proposed_acceptance.push_back(bucket_acceptance(support_bucket(best->longest)));
         out.push_back(best->token);
         text.push_back(best->token);
     }
-    return first_match;
 }
 
-void ngram_drafter::feedback(int32_t n_accepted) {
-    for (size_t i = 0; i < proposed_keys.size(); ++i) {
+void ngram_drafter::feedback(int32_t n_verified, int32_t n_accepted) {
+    // Tokens past the verified ones (the tuner held them) taught nothing.
+    const int32_t n = std::min((int32_t) proposed_keys.size(), std::max(n_verified, 0));
+    for (int32_t i = 0; i < n; ++i) {
+        const bool accepted = i < n_accepted;
         outcome & o = outcomes[proposed_keys[i]];
-        if ((int32_t) i < n_accepted) {
-            o.accepted += 1;
-        } else {
-            o.refused += 1;
+        (accepted ? o.accepted : o.refused) += 1;
+        const int32_t b = support_bucket(proposed_support[i]);
+        bucket_accepted[b] = BUCKET_DECAY * bucket_accepted[b] + (accepted ? 1.0 : 0.0);
+        bucket_refused[b] = BUCKET_DECAY * bucket_refused[b] + (accepted ? 0.0 : 1.0);
+        if (!accepted) {
             break;
         }
     }
     proposed_keys.clear();
+    proposed_support.clear();
+    proposed_acceptance.clear();
 }
 
 } // namespace cospec

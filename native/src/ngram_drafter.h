@@ -12,6 +12,10 @@
 //     after the last (the proposal follows the best source, and leaves it where sources part);
 //   - a proposal stops where the vote is split or the match too short, so it is often shorter
 //     than the block the tuner allows, which costs nothing to verify;
+//   - each proposed token carries the chance that the target accepts it, learned from earlier
+//     proposals whose tokens had a match of the same length: in open chat a 2-token match is
+//     refused more often than not, in a copied span a 20-token one almost never. The tuner
+//     verifies as much of a proposal as pays at these chances, and holds the rest;
 //   - the pool lives on: a chat's turns and a server's requests on one engine search every
 //     text the engine has seen (bounded by POOL_MAX tokens).
 #pragma once
@@ -37,13 +41,24 @@ class ngram_drafter {
     void begin(const llama_token * prompt, size_t n);
     // A token joined the current text.
     void append(llama_token token);
-    // Up to k tokens to follow the current text (none: no match worth verifying). Returns how
-    // many tokens the first proposed token's best match spans (0: no proposal).
-    int32_t propose(int32_t k, std::vector<llama_token> & out);
-    // The target accepted the first n_accepted tokens of the last proposal (and refused the
-    // next, if the proposal was longer).
-    void feedback(int32_t n_accepted);
+    // Up to k tokens to follow the current text (none: no match worth verifying).
+    void propose(int32_t k, std::vector<llama_token> & out);
+    // For each token of the last proposal, the chance that the target accepts it given that it
+    // accepted the tokens before it: the acceptance learned at that token's match length.
+    const std::vector<double> & acceptance() const { return proposed_acceptance; }
+    // The target verified the first n_verified tokens of the last proposal and accepted the
+    // first n_accepted of them (refusing the next, if n_accepted < n_verified).
+    void feedback(int32_t n_verified, int32_t n_accepted);
+    // Forget the texts (a reset engine). What the target accepted at each match length stays:
+    // it is a property of the model and its use, as the tuner's costs are.
     void clear();
+
+    // Match lengths share an acceptance estimate in these buckets: 2, 3, 4, 5-6, 7-9, 10-13,
+    // 14-19, 20-31, 32 (MATCH_CAP).
+    static constexpr int32_t N_SUPPORT_BUCKETS = 9;
+    static int32_t support_bucket(int32_t match);
+    // The acceptance estimate of a bucket: decayed counts over a prior that rises with the match.
+    double bucket_acceptance(int32_t bucket) const;
 
     size_t pool_size() const { return pool.size(); }
 
@@ -72,6 +87,10 @@ class ngram_drafter {
     };
     std::unordered_map<uint64_t, outcome> outcomes; // (last 2 tokens, proposed token) -> how it went
     std::vector<uint64_t> proposed_keys;            // the last proposal's outcome keys, in order
+    std::vector<int32_t> proposed_support;          // the last proposal's match length per token
+    std::vector<double> proposed_acceptance;        // and its acceptance estimate per token
+    double bucket_accepted[N_SUPPORT_BUCKETS] = {}; // decayed counts of verified tokens per bucket
+    double bucket_refused[N_SUPPORT_BUCKETS] = {};
     mutable std::vector<llama_token> text;          // scratch: the tail matched against
 };
 
