@@ -16,7 +16,7 @@ from click.core import ParameterSource
 
 from . import _cospec
 from .chat_template import ChatTemplateError
-from .display import abstained_note, colored, draft_off_note, stats_line
+from .display import abstained_note, colored, draft_off_note, other_vocab_note, stats_line
 from .engine import FLASH_ATTN, Engine
 from .errors import ArbiterSettingsWarning, CospecError, VocabMismatchError
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, NAMED_MODELS, resolve_model
@@ -250,9 +250,13 @@ def open_engine(load: LoadSettings, draft: str | None, quiet: bool = False,
     try:
         if not quiet:
             click.echo(f"target: {resolve_model(load.target)}\ndraft:  {drafting_line(draft, params)}", err=True)
-        return Engine(**load.engine_options(draft), progress=progress)
+        engine = Engine(**load.engine_options(draft), progress=progress)
+        if not quiet and (note := other_vocab_note(engine)) is not None:
+            click.echo(f"note: {note}", err=True)
+        return engine
     except VocabMismatchError as exc:
-        raise click.ClickException(f"{exc}\nfix: -md with a draft that has the target's tokenizer, or --mode "
+        raise click.ClickException(f"{exc}\nfix: -md with a draft whose tokenizer writes any text (byte-level BPE or "
+                                   "SentencePiece with byte fallback, as most current models have), or --mode "
                                    "target-only") from None
     except ChatTemplateError as exc:
         raise click.ClickException(f"the chat template does not compile: {exc}") from None

@@ -33,6 +33,16 @@ DRAFT_OFF_SHARE = 0.25
 DRAFT_OFF_MIN_TOKENS = 16  # too short a reply to tell
 
 
+def other_vocab_note(engine) -> str | None:
+    """Where the draft's vocabulary is not the target's, the one-line note that it drafts through
+    text (said once, when the engine loads), else None."""
+    difference = engine.vocab_difference
+    if difference is None:
+        return None
+    return (f"the draft's vocabulary is not the target's ({difference}): it drafts text, re-encoded into the "
+            "target's tokens, and the target's output is unchanged")
+
+
 def draft_off_note(result: Generation) -> str | None:
     """A plain-words note where the draft model's tuner all but switched it off (it agrees with the
     target too rarely to pay), else None. Tokens the n-gram drafter settled are left out: where it

@@ -345,6 +345,13 @@ class Engine:
         with _native_errors():
             return self._native.has_draft
 
+    @property
+    def vocab_difference(self) -> str | None:
+        """None where the draft shares the target's vocabulary (or there is none); else how the two
+        differ: the draft's proposals then reach the target as text, re-encoded into its tokens."""
+        with _native_errors():
+            return self._native.vocab_difference()
+
     def abort(self) -> None:
         """Stop the running generation (thread-safe); it returns what it has."""
         self._native.abort()

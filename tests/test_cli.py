@@ -268,7 +268,8 @@ def test_a_target_alone_gets_a_draft_with_its_vocabulary_or_runs_target_only(tar
     assert "decoding with the target alone" in out.stderr, out.stderr
     # an incompatible pair says how to fix it; a wrong name lists the names and the closest one
     out = run_cli("generate", "-m", "smollm2-135m", "-md", "demo-draft", "-p", "Hi", "-n", 2, env=env)
-    assert out.returncode == 1 and "fix: -md with a draft that has the target's tokenizer" in out.stderr
+    assert out.returncode == 1 and "do not write each other's texts" in out.stderr
+    assert "fix: -md with a draft whose tokenizer writes any text" in out.stderr
     out = run_cli("generate", "-m", "smollm-135m", "-p", "Hi", "-n", 2, env=env)
     assert out.returncode == 1 and "did you mean 'smollm2-135m'?" in out.stderr and "demo-target" in out.stderr
 

