@@ -1,6 +1,7 @@
 #include "text_bridge.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 namespace cospec {
 
@@ -56,13 +57,22 @@ size_t utf8_complete_end(const std::string & s, size_t end) {
 }
 
 bool texts_round_trip(const llama_vocab * from, const llama_vocab * to, std::string & why) {
-    std::string written;
-    for (const llama_token t : encode(from, ROUND_TRIP_PROBE)) {
-        written += token_bytes(from, t);
+    // A vocabulary without a tokenizer writes nothing (and llama.cpp aborts on tokenizing with it).
+    if (llama_vocab_type(from) == LLAMA_VOCAB_TYPE_NONE || llama_vocab_type(to) == LLAMA_VOCAB_TYPE_NONE) {
+        why = "a vocabulary without a tokenizer writes no text";
+        return false;
     }
-    std::string back;
-    for (const llama_token t : encode(to, written)) {
-        back += token_bytes(to, t);
+    std::string written, back;
+    try {
+        for (const llama_token t : encode(from, ROUND_TRIP_PROBE)) {
+            written += token_bytes(from, t);
+        }
+        for (const llama_token t : encode(to, written)) {
+            back += token_bytes(to, t);
+        }
+    } catch (const std::exception & ex) {
+        why = std::string("a tokenizer failed on the probe text: ") + ex.what(); // e.g. a vocabulary without byte tokens
+        return false;
     }
     if (back == written) {
         return true;
