@@ -252,6 +252,7 @@ class generation {
     // proposed token is one the target may take or not, with no draft probability of it.
     std::optional<cospec::text_bridge> bridge;
     std::vector<llama_token> draft_own; // the draft's proposal in its own tokens
+    bool after_text_block = false;      // the last step verified a text block (its catch-up is a block's)
     bool greedy = true;
     // Tokens in this call's last target decode (0: none yet, the prompt's
     // batch came last). llama.cpp rebuilds its graph when the size changes, so
@@ -965,6 +966,7 @@ class generation {
 
     // Nothing to draft: a plain target step, not a block.
     int32_t plain_target_step(tuner_samples & samples) {
+        after_text_block = false;
         lap_timer verify_time(st.t_verify_ms);
         size_t n_decoded = 0;
         const int32_t status = plain_step(e.target, COSPEC_PROV_TARGET, st.t_verify_ms, &n_decoded);
@@ -1014,6 +1016,7 @@ class generation {
         if (verified != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return verified;
         }
+        after_text_block = true;
         return walk_block(n_past, rows, samples.block);
     }
 
@@ -1030,7 +1033,10 @@ class generation {
             return status;
         }
         const double catch_up_ms = draft_time.lap();
-        const double first_ms = own.size() - n_reused > BLOCK_CATCH_UP ? -1.0 : catch_up_ms;
+        // After a text block the catch-up is the accepted text re-encoded, often more than
+        // BLOCK_CATCH_UP tokens: it is what a block's first call costs here, so it is timed;
+        // after plain steps it reads every token since, and is not.
+        const double first_ms = after_text_block ? catch_up_ms : -1.0;
         checkpoint(e.draft);
         int32_t n_steps = 0;
         const int32_t nv = e.draft.n_vocab;
