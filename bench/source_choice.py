@@ -14,20 +14,22 @@ prompt): the worst case for the n-gram drafter, a new conversation.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+from results_report import command, report  # noqa: E402
 RUNS = {"target-only": ("target-only", None, False), "ngram": ("speculative", "ngram", False),
         "draft": ("speculative", "draft", True), "ngram,draft": ("speculative", "ngram,draft", True)}
 
 
 def main(argv=None) -> int:
     from cospec_local import Engine
-    from cospec_local.machine import OtherLoad, busy_note, machine_identity
+    from cospec_local.machine import OtherLoad
     from cospec_local.models import resolve_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -78,23 +80,16 @@ def main(argv=None) -> int:
     summary = {n: {"pooled": tokens[n] / ms[n] / base,
                    "geomean": math.exp(sum(map(math.log, per_prompt[n])) / len(per_prompt[n])),
                    "identical": same[n], "runs": len(per_prompt[n])} for n in names}
+    cmd = command("source_choice.py", argv)
     lines = [f"# Draft sources on {len(questions)} open chat prompts", "",
-             f"`{' '.join(['python', 'bench/source_choice.py', *(argv or sys.argv[1:])])}`", "",
+             f"`{' '.join(cmd)}`", "",
              f"Target {a.model}, draft model {a.draft}, chat template, greedy, up to {a.n} tokens, adaptive lengths, "
              f"{a.threads} threads, {a.repeats} repeats in rotating order.", "",
              "| run | tokens/s over target-only (pooled) | geometric mean per prompt | same as target-only |",
              "|---|---|---|---|"]
     lines += [f"| {n} | {s['pooled']:.3f}x | {s['geomean']:.3f}x | {s['identical']} of {s['runs']} |"
               for n, s in summary.items()]
-    if (note := busy_note(load.share)) is not None:
-        lines.append(f"\nwarning: {note}")
-    print("\n".join(lines))
-    if a.out is not None:
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "results.json").write_text(json.dumps({
-            "command": ["python", "bench/source_choice.py", *(argv or sys.argv[1:])], "machine": machine_identity(),
-            "other_load": load.share, "summary": summary, "at": time.strftime("%Y-%m-%d")}, indent=1))
-        (a.out / "results.md").write_text("\n".join(lines) + "\n")
+    report(lines, cmd, a.out, load.share, summary=summary, at=time.strftime("%Y-%m-%d"))
     return 0
 
 
