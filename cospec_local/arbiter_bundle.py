@@ -2,6 +2,7 @@
 
     arbiter.gguf   the head's weights (F32) and the metadata binding it to its draft:
                    cospec.arbiter.{version, kind, name, threshold, draft_fingerprint, draft_file,
+                   target_fingerprint, target_file (the target its states came from: a record, unchecked),
                    head_layers, n_features, verify_cost, n_embd, adapter, lora_scale, lora_context, info,
                    draft_max, adaptive_draft, draft_cost (what its states were drafted under),
                    gate_threshold, gate_n_vocab} and, with a domain gate, the tensor gate.bigrams
@@ -233,14 +234,17 @@ def write_onnx(path: Path, head) -> Path:
 def write_arbiter(out_dir: str | Path, *, kind: str, head, draft_gguf: str | Path, threshold: float, name: str,
                   description: str = "", lora: dict | None = None, lora_alpha: float | None = None,
                   n_embd: int | None = None, lora_context: str = "draft", verify_cost: float | None = None,
-                  trained_under: dict | None = None, gate=None, info: dict | None = None, onnx: bool = True) -> Path:
+                  trained_under: dict | None = None, gate=None, info: dict | None = None, onnx: bool = True,
+                  target: dict | None = None) -> Path:
     """Write the arbiter folder from a torch `Head` (and, for `lora`, the adapter's weights);
     `info` (training settings, measurements) goes into arbiter.gguf as one JSON string and into
     info.json beside it, for people. verify_cost is the timing-free length model's verify cost the
     training states were drafted under: the engine drafts under it too wherever a call leaves that
     setting at its default. `trained_under` holds the other drafting settings of those states
     (TRAINED_UNDER's keys); `gate` a domain_gate.DomainGate. onnx=False leaves out head.onnx (the
-    engine's native head does not need it; a training run's intermediate policies skip it)."""
+    engine's native head does not need it; a training run's intermediate policies skip it). `target`:
+    {"fingerprint", "file"} of the target the training states came from (recorded; the engine binds
+    an arbiter to its draft only, which is what it reads)."""
     import gguf
 
     if kind not in KINDS:
@@ -259,6 +263,9 @@ def write_arbiter(out_dir: str | Path, *, kind: str, head, draft_gguf: str | Pat
     writer.add_float32(KEY + "threshold", float(threshold))
     writer.add_string(KEY + "draft_fingerprint", _cospec.model_fingerprint(str(draft_gguf)))
     writer.add_string(KEY + "draft_file", draft_gguf.name)
+    if target is not None:
+        writer.add_string(KEY + "target_fingerprint", target["fingerprint"])
+        writer.add_string(KEY + "target_file", target["file"])
     writer.add_uint32(KEY + "head_layers", n_layers)
     writer.add_uint32(KEY + "n_features", int(_cospec.N_FEATURES))
     writer.add_string(KEY + "features", ",".join(_cospec.FEATURE_NAMES))

@@ -335,6 +335,7 @@ def describe_arbiter(folder: str | os.PathLike, name: str | None = None, where: 
         "name": name or folder.name, "where": where or "folder", "path": str(folder), "kind": meta["kind"],
         "description": meta.get("description", ""), "threshold": float(meta["threshold"]),
         "draft_file": meta.get("draft_file"), "draft_fingerprint": meta.get("draft_fingerprint"),
+        "target_file": meta.get("target_file"), "target_fingerprint": meta.get("target_fingerprint"),
         "trained_under": trained, "lora_context": meta.get("lora_context"), "gate_threshold": meta.get("gate_threshold"),
         "files": {f: (folder / f).stat().st_size for f in (*BUNDLE_FILES, REFERENCE_FILE, EVALUATION_FILE)
                   if (folder / f).is_file()},
@@ -375,6 +376,8 @@ def details_text(row: dict) -> str:
     lines = [f"{row['name']} ({row['where']}, {row['kind']}): {row['description']}",
              f"  folder      {row['path']}",
              f"  draft       {row['draft_file']} (fingerprint {str(row['draft_fingerprint'])[:16]})",
+             *([f"  target      {row['target_file']} (fingerprint {str(row['target_fingerprint'])[:16]}): what its "
+                f"states were collected with"] if row.get("target_fingerprint") else []),
              f"  trained on  {block}; {cost}",
              f"  threshold   keeps a mismatch at P(keep) >= {row['threshold']:.3f}",
              f"  gate        {gate}",

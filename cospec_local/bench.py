@@ -70,19 +70,23 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], runs: S
     others = [r for r in runs if r is not baseline]
     tokenized = [engine.render_chat([{"role": "user", "content": p}]) if as_chat else engine.tokenize(p)
                  for p in prompts]
+    # A draft of another vocabulary reads a chat in its own format.
+    draft_tokenized = [engine.render_draft_chat([{"role": "user", "content": p}]) if as_chat else None
+                       for p in prompts]
 
-    def generate(prompt, run: Run, **overrides):
-        return engine.generate(prompt, params, mode=run.mode, arbiter=run.arbiter or "target", **overrides)
+    def generate(i: int, run: Run, **overrides):
+        return engine.generate(tokenized[i], params, mode=run.mode, arbiter=run.arbiter or "target",
+                               draft_prompt=draft_tokenized[i], **overrides)
 
     # Warm-up: first calls pay for page faults and thread start-up.
     for run in runs:
-        generate(tokenized[0], run, max_tokens=8, draft_max=ks[0])
+        generate(0, run, max_tokens=8, draft_max=ks[0])
     # The draft's cost per token relative to the target's, for the speed bound.
     plain_ms = {}
     costs = None
     if baseline is not None:
         for mode in ("draft-only", "target-only"):
-            stats = [engine.generate(p, params, mode=mode).stats for p in tokenized]
+            stats = [engine.generate(p, params, mode=mode, draft_prompt=d).stats for p, d in zip(tokenized, draft_tokenized)]
             plain_ms[mode] = sum(r.predicted_ms for r in stats) / sum(r.predicted_n for r in stats)
         costs = measure_costs(engine, tokenized, params, plain_ms)
 
@@ -112,12 +116,12 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], runs: S
 
     with OtherLoad() as load:  # what else ran meanwhile: a busy machine makes the ratios meaningless
         for rep in range(repeat):
-            for i, prompt in enumerate(tokenized):
+            for i in range(len(tokenized)):
                 if baseline is not None:
-                    record(None, baseline, rep, generate(prompt, baseline))
+                    record(None, baseline, rep, generate(i, baseline))
                 for k in ks:
                     for run in others:
-                        record(k, run, rep, generate(prompt, run, draft_max=k))
+                        record(k, run, rep, generate(i, run, draft_max=k))
                 say(f"prompt {i + 1}/{len(tokenized)} (repeat {rep + 1}/{repeat})")
 
     def tps(tokens, ms):

@@ -300,7 +300,8 @@ class ChatSession:
                 return
             if not self.seed_fixed:
                 self.settings = self.settings.updated(seed=random_seed())
-            for event in self.engine.stream(prompt, self.settings):
+            draft_prompt = self.engine.render_draft_chat(self.conversation())
+            for event in self.engine.stream(prompt, self.settings, draft_prompt=draft_prompt):
                 pieces.append(event.text)
                 self.say(colored(event.text, event.provenance, color), end="")
             self.say()

@@ -36,6 +36,25 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+# Gemma's turn markers, as its instruction-tuned models' own template writes them (a system
+# message opens the first user turn); for GGUFs that carry no template, as Gemma 3 270M's.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% set system = messages[0]['content'] if messages and messages[0]['role'] == 'system' else '' %}"
+    "{% for m in messages if m['role'] != 'system' %}"
+    "{% set role = 'model' if m['role'] == 'assistant' else 'user' %}"
+    "{{ '<start_of_turn>' + role + '\n' }}{% if loop.first and system %}{{ system | trim }}{{ '\n\n' }}{% endif %}"
+    "{{ (m['content'] or '') | trim }}{{ '<end_of_turn>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+# Names a chat template option takes instead of Jinja text (as llama.cpp's --chat-template does).
+NAMED_TEMPLATES = {"chatml": CHATML_TEMPLATE, "gemma": GEMMA_TEMPLATE}
+
+
+def template_source(given: str) -> str:
+    """The Jinja text of a template option: a named template's, or the text itself."""
+    return NAMED_TEMPLATES.get(given.strip().lower(), given)
 
 # Deadline (time.monotonic()) of the render running in the current context.
 _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("_deadline", default=None)

@@ -41,6 +41,7 @@ class LoadSettings:
     rpc: str | None
     flash_attn: str | None  # None: the engine's default
     chat_template: str | None  # None: the target's own
+    draft_chat_template: str | None  # None: the draft's own (a draft of another vocabulary reads its own format)
     verbose: bool
 
     def engine_options(self, draft: str | None) -> dict:
@@ -50,7 +51,7 @@ class LoadSettings:
                     n_gpu_layers=all_layers if self.n_gpu_layers is None else self.n_gpu_layers,
                     n_gpu_layers_draft=all_layers if self.n_gpu_layers_draft is None else self.n_gpu_layers_draft,
                     rpc=self.rpc, flash_attn=self.flash_attn, chat_template=self.chat_template,
-                    verbose=self.verbose)
+                    draft_chat_template=self.draft_chat_template, verbose=self.verbose)
 
 
 def _check_ctx(ctx, param, value: int) -> int:
@@ -88,24 +89,32 @@ def model_options(fn):
                           "verifying a block dear; llama.cpp's choice for larger models and offloaded layers)."),
         click.option("--chat-template", "chat_template", default=None, metavar="JINJA",
                      help="A chat template instead of the target's own: Jinja text as in a GGUF's "
-                          "tokenizer.chat_template, or chatml."),
+                          "tokenizer.chat_template, or a name: chatml, gemma."),
         click.option("--chat-template-file", "chat_template_file", default=None,
+                     type=click.Path(exists=True, dir_okay=False), help="The same, read from a file."),
+        click.option("--chat-template-draft", "draft_chat_template", default=None, metavar="JINJA",
+                     help="For a draft of another vocabulary, which reads a chat in its own format: a template "
+                          "instead of the draft's own (Jinja text, or a name: chatml, gemma)."),
+        click.option("--chat-template-draft-file", "draft_chat_template_file", default=None,
                      type=click.Path(exists=True, dir_okay=False), help="The same, read from a file."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's own log."),
     ]
     names = ("target", "draft", "n_ctx", "n_threads", "n_gpu_layers", "n_gpu_layers_draft", "rpc", "flash_attn",
-             "chat_template", "verbose")
+             "chat_template", "draft_chat_template", "verbose")
 
     def wrapper(**kwargs):
-        template_file = kwargs.pop("chat_template_file")
-        if template_file is not None:
-            if kwargs["chat_template"] is not None:
-                raise click.UsageError("give --chat-template or --chat-template-file, not both")
+        for name in ("chat_template", "draft_chat_template"):
+            template_file = kwargs.pop(f"{name}_file")
+            flag = "--" + name.replace("draft_chat_template", "chat_template_draft").replace("_", "-")
+            if template_file is None:
+                continue
+            if kwargs[name] is not None:
+                raise click.UsageError(f"give {flag} or {flag}-file, not both")
             try:
                 with open(template_file, encoding="utf-8") as f:
-                    kwargs["chat_template"] = f.read()
+                    kwargs[name] = f.read()
             except (OSError, UnicodeDecodeError) as exc:
-                raise click.BadParameter(str(exc), param_hint="--chat-template-file") from None
+                raise click.BadParameter(str(exc), param_hint=f"{flag}-file") from None
         load = LoadSettings(**{name: kwargs.pop(name) for name in names})
         return fn(load=load, **kwargs)
 
@@ -312,7 +321,9 @@ def generate(load, params, prompt, prompt_file, as_chat, as_json, color):
     engine = open_engine(load, draft, quiet=as_json, params=params)
     with engine:
         try:
-            tokens = engine.render_chat([{"role": "user", "content": prompt}]) if as_chat else prompt
+            messages = [{"role": "user", "content": prompt}]
+            tokens = engine.render_chat(messages) if as_chat else prompt
+            draft_tokens = engine.render_draft_chat(messages) if as_chat else None
         except ChatTemplateError as exc:
             raise click.ClickException(str(exc)) from None
         if as_chat:
@@ -321,13 +332,13 @@ def generate(load, params, prompt, prompt_file, as_chat, as_json, color):
             if params.mode == "speculative":  # a bad arbiter fails before the prompt is echoed
                 engine.arbiter_for(params)
             if as_json:
-                result = engine.generate(tokens, params)
+                result = engine.generate(tokens, params, draft_prompt=draft_tokens)
                 click.echo(json.dumps(result.to_json(), ensure_ascii=False))
                 return
             if not as_chat:
                 click.echo(prompt, nl=False)
             color = color and sys.stdout.isatty()  # no escape codes into a file or a pipe
-            for event in engine.stream(tokens, params):
+            for event in engine.stream(tokens, params, draft_prompt=draft_tokens):
                 click.echo(colored(event.text, event.provenance, color), nl=False)
             click.echo()
             click.echo(stats_line(engine.last_result), err=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import logging
 import os
 import queue
 import threading
@@ -21,12 +22,14 @@ from typing import Callable, ClassVar, Iterator, Sequence
 from . import _cospec
 from .arbiters import (AUTO, NAMED_ARBITERS, Arbiter, another_draft_fix, missing_arbiter_hint, onnx_head,
                        resolve_arbiter_path, resolve_auto)
-from .chat_template import CHATML_TEMPLATE, ChatTemplate, from_gguf_metadata
+from .chat_template import ChatTemplate, ChatTemplateError, from_gguf_metadata, template_source
 from .template_process import IsolatedChatTemplate
 from .errors import (ArbiterDraftError, ArbiterError, ArbiterSettingsWarning, GenerationError, InvalidArgumentError,
                      from_native)
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 from .params import DEFAULTS, GenerationParams, spec_type_uses_model
+
+log = logging.getLogger(__name__)
 
 PROVENANCE = {
     _cospec.PROV_MATCH: "match",
@@ -243,12 +246,16 @@ class TokenEvent:
     text: str
 
 
+_WHICH = {"target": 0, "draft": 1}  # the native API's model index
+
+
 @dataclass
 class _Request:
     prompt: list[int]
     params: GenerationParams
     arbiter: Arbiter | None
     arbiter_name: str | None
+    draft_prompt: list[int]  # a draft of another vocabulary: its own reading of the prompt (empty: the prompt's text)
 
 
 class Engine:
@@ -262,9 +269,11 @@ class Engine:
                  n_batch: int = 512, n_threads: int = 0, n_threads_batch: int = 0, n_gpu_layers: int = -1,
                  n_gpu_layers_draft: int = -1, progress: Callable[[str, float], object] | None = None,
                  verbose: bool = False, rpc: str | Sequence[str] | None = None, flash_attn: str | None = None,
-                 chat_template: str | None = None):
-        """chat_template: a Jinja chat template (or "chatml") used instead of the target's own; it
-        is compiled here, so a broken one fails now (ChatTemplateError)."""
+                 chat_template: str | None = None, draft_chat_template: str | None = None):
+        """chat_template: a Jinja chat template (or a name: "chatml", "gemma") used instead of the target's own; it
+        is compiled here, so a broken one fails now (ChatTemplateError). draft_chat_template: the
+        same for a draft of another vocabulary, which reads a conversation in its own format
+        (render_draft_chat)."""
         _cospec.set_llama_log(verbose)
         cancel = threading.Event()  # set by Ctrl-C while loading: the loader stops at its next step
 
@@ -295,12 +304,18 @@ class Engine:
         self.last_result: Generation | None = None
         self._chat_template: ChatTemplate | None = None
         self._chat_template_override = chat_template
-        if chat_template is not None:
-            try:
-                self.chat_template  # compiled now: a broken template is an error at open, not at the first reply
-            except BaseException:
-                self.close()
-                raise
+        self._draft_chat_template: ChatTemplate | None = None
+        self._draft_template_resolved = False
+        self._draft_chat_template_override = draft_chat_template
+        try:
+            # Compiled now: a broken template is an error at open, not at the first reply.
+            if chat_template is not None:
+                self.chat_template
+            if draft_chat_template is not None:
+                self.draft_chat_template
+        except BaseException:
+            self.close()
+            raise
         # Learned arbiters loaded for this engine, by (path, threshold, head): a LoRA
         # arbiter holds a llama.cpp context of its own, so it is made once.
         self._learned: dict[tuple, Arbiter] = {}
@@ -366,9 +381,10 @@ class Engine:
 
     # ------------------------------------------------------------ vocabulary
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True, which: str = "target") -> list[int]:
+        """Tokens of `text` in the target's vocabulary, or the draft's (which="draft")."""
         with _native_errors():
-            return self._native.tokenize(text.encode("utf-8"), add_special, parse_special)
+            return self._native.tokenize(text.encode("utf-8"), add_special, parse_special, _WHICH[which])
 
     def detokenize(self, tokens: Sequence[int], render_special: bool = False) -> str:
         try:
@@ -467,15 +483,20 @@ class Engine:
         arbiter = self._learned[key]
         return arbiter, str(spec) if str(spec) in NAMED_ARBITERS else arbiter.name
 
-    def _request(self, prompt: str | Sequence[int], params: GenerationParams | None, overrides: dict) -> _Request:
+    def _request(self, prompt: str | Sequence[int], params: GenerationParams | None, overrides: dict,
+                 draft_prompt: str | Sequence[int] | None = None) -> _Request:
         params = (params or GenerationParams()).updated(**overrides) if overrides else (params or GenerationParams())
         params.validate()
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        draft_tokens: list[int] = []
+        if draft_prompt is not None and self.vocab_difference is not None:
+            draft_tokens = (self._tokenize_rendered(draft_prompt, "draft") if isinstance(draft_prompt, str)
+                            else [int(t) for t in draft_prompt])
         arbiter, name = None, None
         if params.mode == "speculative":
             arbiter, name = self._arbiter(params)
             self._warn_if_trained_otherwise(arbiter, name, params)
-        return _Request(tokens, params, arbiter, name)
+        return _Request(tokens, params, arbiter, name, draft_tokens)
 
     def _warn_if_trained_otherwise(self, arbiter: Arbiter, name: str, params: GenerationParams) -> None:
         """Once per arbiter and block length: a learned arbiter run with another --draft-max than
@@ -512,7 +533,8 @@ class Engine:
 
     def _native_generate(self, request: _Request, on_token=None) -> dict:
         p = request.params
-        return self._native.generate(request.prompt, p.native(), request.arbiter, list(p.stop), on_token)
+        return self._native.generate(request.prompt, p.native(), request.arbiter, list(p.stop), on_token,
+                                     request.draft_prompt)
 
     def _run(self, request: _Request, on_token=None) -> dict:
         """Run the native loop beside this thread; Ctrl-C here aborts it and keeps what it made."""
@@ -527,21 +549,25 @@ class Engine:
             raise
         return generation.outcome()
 
-    def generate(self, prompt: str | Sequence[int], params: GenerationParams | None = None, **overrides) -> Generation:
+    def generate(self, prompt: str | Sequence[int], params: GenerationParams | None = None, *,
+                 draft_prompt: str | Sequence[int] | None = None, **overrides) -> Generation:
         """Generate from a prompt (text, tokenized with the target's tokenizer, or token ids).
 
         `params` (a GenerationParams; default: its defaults) says what to do; keyword
         arguments override single fields: mode, arbiter, max_tokens, draft_max, temperature, ...
         With adaptive_draft each block's length is chosen in [0, draft_max].
+        `draft_prompt`: what a draft of another vocabulary reads instead of the prompt's text (text
+        in its tokenizer, or its token ids), e.g. render_draft_chat(); ignored for a draft of the
+        target's vocabulary, which reads the prompt's tokens.
         """
-        request = self._request(prompt, params, overrides)
+        request = self._request(prompt, params, overrides, draft_prompt)
         return self._finish(self._run(request), request)
 
-    def stream(self, prompt: str | Sequence[int], params: GenerationParams | None = None,
-               **overrides) -> Iterator[TokenEvent]:
+    def stream(self, prompt: str | Sequence[int], params: GenerationParams | None = None, *,
+               draft_prompt: str | Sequence[int] | None = None, **overrides) -> Iterator[TokenEvent]:
         """Like generate(), but yields a TokenEvent per token as it is produced.
         The complete Generation is in `last_result` when the iterator ends."""
-        request = self._request(prompt, params, overrides)
+        request = self._request(prompt, params, overrides, draft_prompt)
         events: queue.Queue = queue.Queue()
         stop_flag = threading.Event()
         done = object()
@@ -591,30 +617,66 @@ class Engine:
                 eos = self._piece(self._native.eos)
             override = self._chat_template_override
             if override is not None:  # the user's: an error is theirs to see, no fallback
-                source = CHATML_TEMPLATE if override.strip().lower() == "chatml" else override
+                source = template_source(override)
                 self._chat_template = IsolatedChatTemplate(source, bos, eos)
             else:
                 # Rendered out of process, under memory and time limits: model files are untrusted.
                 self._chat_template = from_gguf_metadata(source, bos, eos, IsolatedChatTemplate)
         return self._chat_template
 
-    def _piece(self, token: int) -> str:
-        return self._native.token_text(token) if token >= 0 else ""
+    @property
+    def draft_chat_template(self) -> ChatTemplate | None:
+        """The chat format a draft of another vocabulary reads a conversation in: the one given at
+        open, else the draft's own; None without such a draft, or where it has no template (it
+        then reads the target's rendering as text)."""
+        if self._draft_template_resolved or self.vocab_difference is None:
+            return self._draft_chat_template
+        with _native_errors():
+            own = self._native.chat_template(1)
+            bos, eos = self._piece(self._native.bos_of(1), 1), self._piece(self._native.eos_of(1), 1)
+        override = self._draft_chat_template_override
+        if override is not None:  # the user's: an error is theirs to see
+            self._draft_chat_template = IsolatedChatTemplate(template_source(override), bos, eos)
+        elif own is not None and own.strip():
+            try:
+                self._draft_chat_template = IsolatedChatTemplate(own, bos, eos)
+            except ChatTemplateError as exc:
+                log.warning("the draft's chat template cannot be used (%s); it reads the target's rendering", exc)
+        self._draft_template_resolved = True
+        return self._draft_chat_template
+
+    def _piece(self, token: int, which: int = 0) -> str:
+        return self._native.token_text(token, which) if token >= 0 else ""
 
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
         """Apply the target's chat template (sandboxed Jinja) and tokenize the result."""
-        text = self.chat_template.render(list(messages), add_generation_prompt=add_generation_prompt)
-        tokens = self.tokenize(text, add_special=True, parse_special=True)
+        return self._render(self.chat_template, "target", messages, add_generation_prompt)
+
+    def render_draft_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int] | None:
+        """The conversation in a draft of another vocabulary's own chat format and tokens: its
+        draft_prompt, so that it drafts a reply as it would write one. None where the draft reads
+        the target's tokens (same vocabulary, or no draft) or has no chat format of its own."""
+        template = self.draft_chat_template
+        return None if template is None else self._render(template, "draft", messages, add_generation_prompt)
+
+    def _render(self, template: ChatTemplate, which: str, messages: Sequence[dict], add_generation_prompt: bool) -> list[int]:
+        return self._tokenize_rendered(template.render(list(messages), add_generation_prompt=add_generation_prompt), which)
+
+    def _tokenize_rendered(self, text: str, which: str) -> list[int]:
+        """A rendered conversation's tokens: special tokens parsed, BOS added where the model adds one
+        and only once where the text (its template) writes it too."""
+        tokens = self.tokenize(text, add_special=True, parse_special=True, which=which)
         with _native_errors():
-            bos = self._native.bos
+            bos = self._native.bos_of(_WHICH[which])
         if len(tokens) >= 2 and tokens[0] == bos and tokens[1] == bos:
-            tokens = tokens[1:]  # the template wrote BOS itself
+            tokens = tokens[1:]
         return tokens
 
     def create_chat_completion(self, messages: Sequence[dict], *, stream: bool = False, max_tokens: int = 512,
                                params: GenerationParams | None = None, **kwargs):
         """OpenAI-style chat completion: a dict, or an iterator of chunk dicts with stream=True."""
         prompt = self.render_chat(messages)
+        kwargs.setdefault("draft_prompt", self.render_draft_chat(messages))
         completion_id = "chatcmpl-" + uuid.uuid4().hex[:24]
         created = int(time.time())
         if stream:

@@ -72,6 +72,12 @@ def task_prompt(engine: Engine, problem: Problem, as_chat: bool) -> tuple[list[i
     return engine.tokenize(problem.prompt), tuple(FAMILY_STOPS.get(problem.family, ()))
 
 
+def task_draft_prompt(engine: Engine, problem: Problem, as_chat: bool) -> list[int] | None:
+    """What a draft of another vocabulary reads for a problem: the user's message in its own chat
+    format (None: the prompt's text, as for a raw prompt or a draft that has no format of its own)."""
+    return engine.render_draft_chat([{"role": "user", "content": problem.prompt}]) if as_chat else None
+
+
 def run_problem(engine: Engine, problem: Problem, run: Run, params: GenerationParams,
                 score: Callable[[Problem, str], bool], as_chat: bool) -> Record:
     """One problem with one run, from a clean cache: the record is a function of the problem and
@@ -79,9 +85,11 @@ def run_problem(engine: Engine, problem: Problem, run: Run, params: GenerationPa
     the machine is watched during the generation only: the sandboxed scoring after it runs in
     processes this one's counters do not see."""
     prompt, stop = task_prompt(engine, problem, as_chat)
+    draft_prompt = task_draft_prompt(engine, problem, as_chat)
     engine.reset()
     with OtherLoad() as watch:
-        r = engine.generate(prompt, params, mode=run.mode, arbiter=run.arbiter or "target", stop=stop)
+        r = engine.generate(prompt, params, mode=run.mode, arbiter=run.arbiter or "target", stop=stop,
+                            draft_prompt=draft_prompt)
     s = r.stats
     load = watch.totals()
     return Record(problem.id, run.label, bool(score(problem, r.text)), r.text, s.predicted_n, s.predicted_ms,

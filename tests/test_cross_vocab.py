@@ -18,10 +18,21 @@ RAW = ["The capital of France is", "def add(a, b):\n    return", "List three col
 
 @pytest.fixture(scope="module", params=["gemma3-target", "smollm2-target"])
 def pair(request):
+    """Each way round; Gemma 3's GGUF carries no chat template, so its turn markers are given by name."""
     gemma, smollm2 = resolve_model("gemma3-270m"), resolve_model("smollm2-135m")
-    target, draft = (gemma, smollm2) if request.param == "gemma3-target" else (smollm2, gemma)
-    with Engine(target, draft, n_ctx=1024, n_threads=2) as engine:
+    if request.param == "gemma3-target":
+        engine = Engine(gemma, smollm2, n_ctx=1024, n_threads=2, chat_template="gemma")
+    else:
+        engine = Engine(smollm2, gemma, n_ctx=1024, n_threads=2, draft_chat_template="gemma")
+    with engine:
         yield engine
+
+
+def draft_alone(pair, **options):
+    """The pair's draft model opened as a target on its own, in its own chat format."""
+    gemma_draft = "gemma" not in (pair.model_desc("target") or "").lower()
+    return Engine(resolve_model("gemma3-270m" if gemma_draft else "smollm2-135m"), n_ctx=1024, n_threads=2,
+                  chat_template="gemma" if gemma_draft else None, **options)
 
 
 def incomplete_pieces(engine, tokens) -> int:
@@ -81,29 +92,135 @@ def test_greedy_output_is_the_targets_on_chat_prompts(pair):
 
 
 def test_sampling_is_reproducible_and_fly_decides_on_target_positions(pair):
-    runs = [pair.generate("Once upon a time", spec_type="draft", max_tokens=24, temperature=0.8, seed=5)
-            for _ in range(2)]
+    runs = [pair.generate("Once upon a time", spec_type="draft", max_tokens=24, temperature=0.8, seed=5,
+                          adaptive_draft=False, draft_max=4) for _ in range(2)]
     assert runs[0].tokens == runs[1].tokens and runs[0].stats.blocks > 0
-    fly = pair.generate("Once upon a time", spec_type="draft", max_tokens=24, arbiter="fly")
+    fly = pair.generate("Once upon a time", spec_type="draft", max_tokens=24, arbiter="fly", adaptive_draft=False)
     assert fly.stats.blocks > 0 and fly.arbiter == "fly"
 
 
-def test_an_arbiter_that_reads_the_drafts_tokens_is_refused(pair):
-    reads_draft = arbiter_from_function(lambda block: [0.0] * len(block["draft"]), "reads-draft")
-    with pytest.raises(InvalidArgumentError, match="reads the draft's own tokens and probabilities .* use the target "
-                                                   "arbiter or fly"):
-        pair.generate("Hello", spec_type="draft", max_tokens=4, arbiter=reads_draft)
+def test_an_arbiter_reads_the_draft_where_it_chose_its_own_token(pair):
+    """Across vocabularies a block's draft tokens are the target's tokens of the draft's text; an
+    arbiter that reads the draft gets, at each position, the draft's distribution where it chose
+    its own token holding that position's first byte (draft_own), and the draft's token for the
+    target's text where it begins there (draft_alt): the features of a same-vocabulary block."""
+    import numpy as np
+
+    from cospec_local import _cospec
+
+    seen = []
+
+    def record(block):
+        seen.append({k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in block.items()})
+        return [0.0] * block["n_draft"]
+
+    prompt = pair.render_chat(MESSAGES)
+    plain = pair.generate(prompt, mode="target-only", max_tokens=32)
+    r = pair.generate(prompt, spec_type="draft", max_tokens=32, adaptive_draft=False, draft_max=4,
+                      draft_prompt=pair.render_draft_chat(MESSAGES), arbiter=arbiter_from_function(record, "reads-draft"))
+    assert r.tokens == plain.tokens and seen  # an arbiter that keeps nothing leaves the target's output
+    for block in seen:
+        k = block["n_draft"]
+        own, alt, rows = block["draft_own"], block["draft_alt"], block["draft_logits"]
+        assert own.shape == alt.shape == (k,) and rows.shape[0] == k
+        features = _cospec.block_features(block)
+        log_softmax = rows - np.log(np.exp(rows - rows.max(1, keepdims=True)).sum(1, keepdims=True)) - rows.max(1, keepdims=True)
+        expected = np.maximum(log_softmax[np.arange(k), own], -30.0)
+        assert np.allclose(features[:, 5], expected, atol=1e-3)  # draft_logp_draft: its own token there
+        for i in range(k):
+            if alt[i] >= 0:  # where the target's token begins with the draft's own: its first draft token
+                piece = pair._native.token_to_piece(int(block["target"][i])).decode("utf-8", errors="replace")
+                first = pair.tokenize(piece, add_special=False, parse_special=False, which="draft")[:1]
+                assert [int(alt[i])] == first
+
+
+@pytest.mark.slow
+def test_a_features_arbiter_runs_and_a_lora_arbiter_is_refused_with_the_reason(tmp_path):
+    """Arbiters made for SmolLM2-135M drafting for Gemma 3 270M: a features arbiter (an untrained
+    head at threshold 0, so that it keeps every mismatch it is asked about) decides on the text
+    path, the same way each time; the LoRA arbiter, which runs the draft model over the target's
+    tokens, is refused, naming what runs instead."""
+    pytest.importorskip("torch")
+    from cospec_local.arbiter_bundle import write_arbiter
+    from cospec_local.train.arbiter_model import FeaturesArbiter, LoraArbiter, load_draft_backbone
+
+    from cospec_local import _cospec
+    from cospec_local.arbiters import describe_arbiter, details_text
+
+    smollm2, gemma = resolve_model("smollm2-135m"), resolve_model("gemma3-270m")
+    target = {"fingerprint": _cospec.model_fingerprint(str(gemma)), "file": gemma.name}
+    features = write_arbiter(tmp_path / "features", kind="features", head=FeaturesArbiter().head, draft_gguf=smollm2,
+                             threshold=0.0, name="test-features", target=target)
+    # Its record names both models: the draft it reads and the target its states came from.
+    details = details_text(describe_arbiter(features))
+    assert f"draft       {smollm2.name}" in details and f"target      {gemma.name} (fingerprint {target['fingerprint'][:16]})" in details
+    lora = LoraArbiter(load_draft_backbone(smollm2)).eval()
+    lora_folder = write_arbiter(tmp_path / "lora", kind="lora", head=lora.head, draft_gguf=smollm2, threshold=0.5,
+                                name="test-lora", **lora.export_args())
+    with Engine(gemma, smollm2, n_ctx=512, n_threads=2, chat_template="gemma") as engine:
+        prompt = engine.render_chat(MESSAGES)
+        runs = [engine.generate(prompt, spec_type="draft", max_tokens=32, arbiter=str(features), draft_max=4,
+                                draft_prompt=engine.render_draft_chat(MESSAGES)) for _ in range(2)]
+        assert runs[0].tokens == runs[1].tokens
+        assert runs[0].stats.arbiter_keeps > 0 and "kept" in runs[0].provenance
+        with pytest.raises(InvalidArgumentError, match="runs the draft model over the target's tokens, which a draft "
+                                                       "of another vocabulary cannot read .* use a features arbiter"):
+            engine.generate(prompt, spec_type="draft", max_tokens=4, arbiter=str(lora_folder))
 
 
 def test_draft_only_decoding_reads_the_prompt_in_the_drafts_tokens(pair):
     """The draft alone writes what it writes as a target on its own engine: the prompt's text
     read in its own tokens."""
-    other = resolve_model("smollm2-135m") if "gemma" in (pair.model_desc("target") or "").lower() \
-        else resolve_model("gemma3-270m")
     alone = pair.generate("The capital of France is", mode="draft-only", max_tokens=16)
-    with Engine(other, n_ctx=256, n_threads=2) as engine:
+    with draft_alone(pair) as engine:
         own = engine.generate("The capital of France is", mode="target-only", max_tokens=16)
     assert alone.text == own.text
+
+
+MESSAGES = [{"role": "system", "content": "Answer in one sentence."},
+            {"role": "user", "content": "What is the capital of Peru?"}]
+
+
+def test_a_draft_reads_a_chat_in_its_own_format(pair):
+    """render_draft_chat is the conversation as the draft model alone renders it (SmolLM2's own
+    template, or Gemma's turn markers given by name), in the draft's tokens."""
+    with draft_alone(pair) as engine:
+        assert pair.render_draft_chat(MESSAGES) == engine.render_chat(MESSAGES)
+        alone = engine.generate(engine.render_chat(MESSAGES), mode="target-only", max_tokens=16)
+    draft_prompt = pair.render_draft_chat(MESSAGES)
+    # Draft-only decoding in the draft's own format writes what the draft alone writes...
+    only = pair.generate(pair.render_chat(MESSAGES), mode="draft-only", max_tokens=16, draft_prompt=draft_prompt)
+    assert only.text == alone.text
+    # ...and text given for it is read with the draft's tokenizer, special tokens included.
+    with draft_alone(pair) as engine:
+        text = engine.detokenize(engine.render_chat(MESSAGES), render_special=True)
+    again = pair.generate(pair.render_chat(MESSAGES), mode="draft-only", max_tokens=16, draft_prompt=text)
+    assert again.text == alone.text
+
+
+def test_speculation_with_the_drafts_own_format_keeps_the_targets_output(pair):
+    prompt, draft_prompt = pair.render_chat(MESSAGES), pair.render_draft_chat(MESSAGES)
+    plain = pair.generate(prompt, mode="target-only", max_tokens=32)
+    for draft_max in (1, 4):
+        drafted = pair.generate(prompt, spec_type="draft", max_tokens=32, adaptive_draft=False, draft_max=draft_max,
+                                draft_prompt=draft_prompt)
+        assert_targets_output(pair, prompt, drafted, plain, draft_max)
+        assert drafted.stats.blocks > 0
+
+
+def test_a_served_chat_reaches_the_draft_in_its_own_format(pair):
+    from cospec_local.params import GenerationParams
+    from cospec_local.server.workers import prepare_prompt
+
+    prepared = prepare_prompt(pair, True, MESSAGES, GenerationParams())
+    assert prepared.tokens == pair.render_chat(MESSAGES)
+    assert prepared.draft_tokens == pair.render_draft_chat(MESSAGES) is not None
+    assert prepare_prompt(pair, False, "Hello", GenerationParams()).draft_tokens is None
+
+
+def test_a_draft_of_the_targets_vocabulary_reads_the_targets_tokens():
+    with Engine("smollm2-135m", "smollm2-135m-draft", n_ctx=256, n_threads=2, draft_chat_template="gemma") as engine:
+        assert engine.vocab_difference is None and engine.render_draft_chat(MESSAGES) is None
 
 
 @pytest.mark.slow

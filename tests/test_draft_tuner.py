@@ -72,3 +72,41 @@ def test_plain_steps_unless_drafting_beats_them_by_the_margin():
     # K = 1 makes 1.5 / (0.1 + 1.3) = 1.07, K = 2 1.75 / 1.8 = 0.97: ahead of a plain step by 7%.
     assert _cospec.fastest_length(8, 0.5, 0.1, 0.1, linear_by(0.3), plain_margin=1.05) == (1, 1)
     assert _cospec.fastest_length(8, 0.5, 0.1, 0.1, linear_by(0.3), plain_margin=1.1) == (0, 1)
+
+
+def explorations(catch_up_ms_per_token, steps=3000):
+    """Blocks taken in the last 1000 of `steps` where plain steps win (verifying costs a step a
+    token) and a block after plain steps first catches the draft up on them at this cost a token."""
+    tuner, unread, last_n, blocks = _cospec.DraftTuner(), 0, 0, 0
+    for step in range(steps):
+        k = tuner.choose(8, unread)
+        if k > 0:
+            if unread > 2:
+                tuner.observe_catch_up(catch_up_ms_per_token * unread, unread)
+            tuner.observe_draft(0.6, 0.3, k - 1)
+            unread = 0
+            blocks += step >= steps - 1000
+        else:
+            unread += 1
+        tuner.observe_verify(k + 1, float(k + 1), last_n == k + 1)
+        tuner.observe_block(k, k, False)
+        last_n = k + 1
+    return blocks
+
+
+def test_an_exploration_whose_catch_up_overruns_the_budget_is_not_taken():
+    """A plain step costs 1 here. Catching the draft up at 0.005 a token stays within the 2% budget
+    (with the blocks' own loss), and explorations go on; at 0.1 a token (a draft through text
+    re-reads a reply at ~0.25 of Gemma 3 270M's step) they would cost 10% of the time, and neither
+    an exploration nor the model's own switch to blocks (the catch-up counts there too) is taken."""
+    assert _cospec.DraftTuner.EXPLORE_BUDGET == 0.02
+    assert explorations(0.005) >= 2 * 2
+    assert explorations(0.1) == 0
+
+
+def test_a_draft_slower_than_its_target_is_not_drafted_after_its_first_block():
+    """Each draft step costs 1.2 plain steps: K steps for at most K + 1 tokens never beat K + 1
+    plain steps, at any acceptance. One measuring block times the step; no block follows (the
+    text path's first measuring blocks of Gemma 3 270M drafting for SmolLM2 cost a reply 40%)."""
+    chosen = replay(_cospec.DraftTuner(), 2000, linear, first_ms=1.5, step_ms=1.2)
+    assert sum(k > 0 for k in chosen) == 1 and chosen[2] == 8

@@ -268,7 +268,7 @@ class CospecServer:
         job = lease.start(prompt, params)
         # Counted when the generation ends, however it ends (a stream whose client left included).
         job.future.add_done_callback(lambda _: job.result is not None and self.metrics.generation(job.result))
-        reply = _Reply(chat, "chatcmpl-" if chat else "cmpl-", req.model, len(prompt), params, req.provenance)
+        reply = _Reply(chat, "chatcmpl-" if chat else "cmpl-", req.model, len(prompt.tokens), params, req.provenance)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             self._count(request, 200)  # a stream's status is sent before its generation ends

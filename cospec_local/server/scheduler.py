@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..engine import Generation
 from ..params import GenerationParams
-from .workers import EngineWorker
+from .workers import EngineWorker, PreparedPrompt
 
 
 class ServerBusy(Exception):
@@ -93,7 +93,7 @@ class Lease:
         work.add_done_callback(lambda f: self.loop.call_soon_threadsafe(done, f))
         return work
 
-    async def prepare(self, chat: bool, payload, params: GenerationParams) -> list[int]:
+    async def prepare(self, chat: bool, payload, params: GenerationParams) -> PreparedPrompt:
         """The prompt's tokens, on the engine (started again first if its process had ended)."""
 
         def work():
@@ -111,7 +111,7 @@ class Lease:
             self._released = True
             self.pool._give_back(self.worker)
 
-    def start(self, prompt: list[int], params: GenerationParams) -> "Job":
+    def start(self, prompt: PreparedPrompt, params: GenerationParams) -> "Job":
         """Start generating; the lease is given back when the generation ends."""
         job = Job(self.loop, self.worker, next(self.pool._generation_ids))
         job.future = asyncio.wrap_future(self._on_thread(job.work, prompt, params))
@@ -133,7 +133,7 @@ class Job:
     future: asyncio.Future | None = None
     result: Generation | None = None
 
-    def work(self, prompt: list[int], params: GenerationParams) -> Generation:
+    def work(self, prompt: PreparedPrompt, params: GenerationParams) -> Generation:
         put = self.events.put_nowait
         try:
             self.result = self.worker.generate(self.generation_id, prompt, params,

@@ -39,6 +39,7 @@ class EngineSpec:
     rpc: str | None = None
     flash_attn: str | None = None  # None: the engine's default
     chat_template: str | None = None  # None: the target's own
+    draft_chat_template: str | None = None  # None: the draft's own (a draft of another vocabulary)
     verbose: bool = False
     preload: GenerationParams | None = None
 
@@ -72,18 +73,29 @@ def describe_exit(code: int | None) -> str:
     return f"it exited with code {code}"
 
 
+@dataclass(frozen=True)
+class PreparedPrompt:
+    """A request's prompt as the engine reads it."""
+
+    tokens: list[int]
+    # A draft of another vocabulary's own rendering of the messages (None: it reads the prompt's text).
+    draft_tokens: list[int] | None = None
+
+
 # ---------------------------------------------------------------- the engine process
 
-def prepare_prompt(engine: Engine, chat: bool, payload, params: GenerationParams) -> list[int]:
+def prepare_prompt(engine: Engine, chat: bool, payload, params: GenerationParams) -> PreparedPrompt:
     """The prompt's tokens (checked against the context), the arbiter loaded; RequestRefused for
     what the request got wrong."""
     from ..chat_template import ChatTemplateError
     from ..errors import ArbiterError, InvalidArgumentError
 
     param = "messages" if chat else "prompt"
+    draft_prompt = None
     if chat:
         try:
             prompt = engine.render_chat(payload)
+            draft_prompt = engine.render_draft_chat(payload)
         except ChatTemplateError as exc:
             raise RequestRefused(400, f"the chat template refused the messages: {exc}", param, None) from None
     elif isinstance(payload, str):
@@ -102,7 +114,7 @@ def prepare_prompt(engine: Engine, chat: bool, payload, params: GenerationParams
             engine.arbiter_for(params)
         except (ArbiterError, InvalidArgumentError, FileNotFoundError) as exc:
             raise RequestRefused(400, f"arbiter {params.arbiter!r}: {exc}", "arbiter", None) from None
-    return prompt
+    return PreparedPrompt(prompt, draft_prompt)
 
 
 def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
@@ -114,7 +126,7 @@ def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
         engine = Engine(spec.target, spec.draft, n_ctx=spec.n_ctx, n_threads=spec.n_threads,
                         n_gpu_layers=spec.n_gpu_layers, n_gpu_layers_draft=spec.n_gpu_layers_draft,
                         verbose=spec.verbose, rpc=spec.rpc, flash_attn=spec.flash_attn,
-                        chat_template=spec.chat_template)
+                        chat_template=spec.chat_template, draft_chat_template=spec.draft_chat_template)
         if (note := other_vocab_note(engine)) is not None:
             print(f"note: {note}", file=sys.stderr, flush=True)
         p = spec.preload
@@ -147,7 +159,7 @@ def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
                 generation_id, prompt, params = args
                 running["id"] = generation_id
                 try:
-                    for event in engine.stream(prompt, params):
+                    for event in engine.stream(prompt.tokens, params, draft_prompt=prompt.draft_tokens):
                         conn.send(("token", event))
                         if stop_request.value == generation_id:
                             break  # closing the stream stops the native loop
@@ -235,11 +247,11 @@ class EngineWorker:
             raise GenerationFailed(value)
         return value
 
-    def prepare(self, chat: bool, payload, params: GenerationParams) -> list[int]:
+    def prepare(self, chat: bool, payload, params: GenerationParams) -> PreparedPrompt:
         self._send(("prepare", (chat, payload, params)))
         return self._reply(self._receive())
 
-    def generate(self, generation_id: int, prompt: list[int], params: GenerationParams,
+    def generate(self, generation_id: int, prompt: PreparedPrompt, params: GenerationParams,
                  on_token: Callable[[TokenEvent], None]) -> Generation:
         """`generation_id` (unique in this server) is what request_stop names."""
         self._send(("generate", (generation_id, prompt, params)))

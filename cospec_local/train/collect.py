@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=args.threads) as engine:
         manifest = {"target": model_identity(engine.target_path), "draft": model_identity(engine.draft_path),
                     "draft_fingerprint": _cospec.model_fingerprint(engine.draft_path),
+                    "target_fingerprint": _cospec.model_fingerprint(engine.target_path),
                     "params": {k: v for k, v in vars(params).items() if k not in ("arbiter", "stop")},
                     "families": families, "n_vocab": engine.n_vocab}
         if args.chat:  # only where set: folders collected before it existed stay resumable

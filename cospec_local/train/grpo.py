@@ -323,7 +323,7 @@ class Distributed:
 
 
 def export_policy(model, kind: str, folder: Path, draft_gguf: Path, threshold: float, info: dict,
-                  onnx: bool) -> Path:
+                  onnx: bool, target: dict | None = None) -> Path:
     from cospec_local.arbiter_bundle import write_arbiter
 
     tmp = folder.with_name(folder.name + ".tmp")
@@ -336,7 +336,7 @@ def export_policy(model, kind: str, folder: Path, draft_gguf: Path, threshold: f
                            "CoSpec rollouts"}[kind]
     write_arbiter(tmp, kind=kind, head=model.head, draft_gguf=draft_gguf, threshold=threshold,
                   name=f"{draft_gguf.stem.split('-q')[0]}-{kind}", description=description, info=info, onnx=onnx,
-                  verify_cost=getattr(model, "verify_cost", None), **extra)
+                  verify_cost=getattr(model, "verify_cost", None), target=target, **extra)
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
     return folder
@@ -439,6 +439,7 @@ class GRPOTrainer:
         self.out = Path(cfg.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.config_record = {k: str(v) for k, v in asdict(cfg).items()}
+        self.target_record = {"fingerprint": _cospec.model_fingerprint(str(target)), "file": Path(target).name}
         self.identity = {"target": target.name, "draft": self.draft.name,
                          "draft_fingerprint": _cospec.model_fingerprint(str(self.draft)), "init": str(init),
                          "kind": self.kind}
@@ -544,7 +545,7 @@ class GRPOTrainer:
         self.ddp.barrier()  # rank 0 wrote best/
         best = load_arbiter(self.out / "best", self.draft)
         candidate = export_policy(best, self.kind, self.policies / "best", self.draft, self.cfg.threshold, {},
-                                  onnx=False)
+                                  onnx=False, target=self.target_record)
         dev = {t: self.dev_accuracy(candidate, t) for t in thresholds}
         chosen = max(thresholds, key=lambda t: (dev[t]["dev_accuracy"], t))
         self.run.sweep = {"thresholds": thresholds, "best_step": self.run.best["step"], "chosen": chosen,
@@ -553,7 +554,7 @@ class GRPOTrainer:
             best_info = json.loads((self.out / "best" / "info.json").read_text())
             export_policy(best, self.kind, self.out / "best", self.draft, chosen,
                           {k: best_info[k] for k in ("grpo", "config", "models")} | {"sweep": self.run.sweep},
-                          onnx=True)
+                          onnx=True, target=self.target_record)
             self.save_checkpoint()
 
     def write_summary(self) -> None:
@@ -630,7 +631,7 @@ class GRPOTrainer:
         """The policy as the workers load it, in a new folder (a worker reloads only a new path)."""
         shutil.rmtree(self.policies, ignore_errors=True)
         return export_policy(self.model, self.kind, self.policies / f"step-{step:05d}", self.draft, self.cfg.threshold,
-                             self.arbiter_info(step, None), onnx=False)
+                             self.arbiter_info(step, None), onnx=False, target=self.target_record)
 
     def arbiter_info(self, step: int, dev: dict | None) -> dict:
         return {"grpo": {"step": step, "dev": dev, "target_dev_accuracy": self.run.target_dev},
@@ -653,7 +654,7 @@ class GRPOTrainer:
             self.run.best = {"step": step, "dev_accuracy": dev["dev_accuracy"]}
             if self.rank == 0:
                 export_policy(self.model, self.kind, self.out / "best", self.draft, self.cfg.threshold,
-                              self.arbiter_info(step, dev), onnx=True)
+                              self.arbiter_info(step, dev), onnx=True, target=self.target_record)
 
     # ------------------------------------------------------------ checkpoint and log
 

@@ -351,9 +351,11 @@ def main(argv: list[str] | None = None) -> None:
                   f"(it learned nothing that beats the target here)", file=sys.stderr)
         model.to("cpu")  # the files and head.onnx are written from CPU tensors
         trained_under = {key: manifests[0]["params"][key] for key in TRAINED_UNDER if key in manifests[0]["params"]}
+        target = ({"fingerprint": manifests[0]["target_fingerprint"], "file": manifests[0]["target"]["file"]}
+                  if "target_fingerprint" in manifests[0] else None)  # (folders collected before it was recorded)
         write_arbiter(cfg.out / kind, kind=kind, head=model.head, draft_gguf=draft, threshold=threshold, name=name,
                       description=description, info=info, verify_cost=collected_verify_cost(manifests[0]),
-                      trained_under=trained_under, gate=gate, **extra)
+                      trained_under=trained_under, gate=gate, target=target, **extra)
         print(f"{kind}: {json.dumps(measured['dev'])}", file=sys.stderr)
     results["log"] = log
     (cfg.out / "warmup_log.json").write_text(json.dumps(results, indent=1))

@@ -182,6 +182,10 @@ int32_t cospec_score(cospec_engine * engine, int32_t which, const cospec_token *
 // or the negative of the number needed when n_max is too small.
 int32_t cospec_tokenize(const cospec_engine * engine, const char * text, int32_t text_len,
                         cospec_token * tokens, int32_t n_max, bool add_special, bool parse_special);
+// The same with the target's (which = 0) or the draft's (1) tokenizer: a draft of another
+// vocabulary reads its own rendering of a conversation (cospec_generate_params.draft_prompt).
+int32_t cospec_tokenize_of(const cospec_engine * engine, int32_t which, const char * text, int32_t text_len,
+                           cospec_token * tokens, int32_t n_max, bool add_special, bool parse_special);
 
 // Text of one token. Returns the number of bytes, or the negative of the
 // number needed when buf_size is too small.
@@ -198,6 +202,10 @@ const char * cospec_token_text(const cospec_engine * engine, cospec_token token)
 bool         cospec_token_is_eog(const cospec_engine * engine, cospec_token token);
 cospec_token cospec_token_bos(const cospec_engine * engine);
 cospec_token cospec_token_eos(const cospec_engine * engine);
+// Of the target (which = 0) or the draft (1): what the draft's own chat template is rendered with.
+const char * cospec_token_text_of(const cospec_engine * engine, int32_t which, cospec_token token);
+cospec_token cospec_token_bos_of(const cospec_engine * engine, int32_t which);
+cospec_token cospec_token_eos_of(const cospec_engine * engine, int32_t which);
 
 // ---------------------------------------------------------------- arbiters
 
@@ -217,6 +225,12 @@ typedef struct cospec_block {
     const cospec_token * context;   // prompt and verified tokens; the last one is the block's first input
     int32_t n_context;              // draft[i] and target[i] sit at position n_context + i
     float temperature;              // sampling temperature of this generation (0 = greedy)
+    // A draft of another vocabulary: draft[i] is the target's token for its text, and draft_logits
+    // row i is the draft's distribution where it chose draft_own[i], its own token whose text holds
+    // the first byte of draft[i]. draft_alt[i]: the draft's token that begins target[i]'s text, where
+    // draft[i] begins with draft_own[i] (else -1). Both NULL for a draft of the target's vocabulary.
+    const cospec_token * draft_own; // [n_draft]
+    const cospec_token * draft_alt; // [n_draft]
 } cospec_block;
 
 // Score every mismatch position of the block at once: write p_keep[i], the

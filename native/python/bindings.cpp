@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -168,6 +169,9 @@ py::dict block_to_dict(const cospec_block & b) {
     d["context"] = py::array_t<int32_t>(b.n_context, b.context);
     d["n_context"] = b.n_context;
     d["temperature"] = b.temperature;
+    // A draft of another vocabulary: its own tokens at the block's positions (else None).
+    d["draft_own"] = b.draft_own != nullptr ? py::object(py::array_t<int32_t>(k, b.draft_own)) : py::none();
+    d["draft_alt"] = b.draft_alt != nullptr ? py::object(py::array_t<int32_t>(k, b.draft_alt)) : py::none();
     return d;
 }
 
@@ -177,7 +181,7 @@ using f32_array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 // A block built from Python arrays (tests, tools, training data): the arrays
 // stay alive as long as this object.
 struct python_block {
-    i32_array draft, target, context;
+    i32_array draft, target, context, draft_own, draft_alt;
     f32_array target_logits, draft_logits;
     std::vector<uint8_t> mismatch;
     cospec_block b {};
@@ -226,6 +230,16 @@ struct python_block {
         }
         b.index = d.contains("index") ? d["index"].cast<int32_t>() : 0;
         b.temperature = d.contains("temperature") ? d["temperature"].cast<float>() : 0.0f;
+        for (auto [key, array, field] : {std::tuple {"draft_own", &draft_own, &b.draft_own},
+                                         std::tuple {"draft_alt", &draft_alt, &b.draft_alt}}) {
+            if (d.contains(key) && !d[key].is_none()) {
+                *array = d[key].cast<i32_array>();
+                if (array->size() != k) {
+                    throw py::value_error(std::string("block: ") + key + " must have n_draft entries");
+                }
+                *field = array->data();
+            }
+        }
     }
 };
 
@@ -575,12 +589,16 @@ class Engine {
         return out;
     }
 
-    std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const {
+    std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special, int32_t which) const {
         std::vector<int32_t> tokens(text.size() + 8);
-        int32_t n = cospec_tokenize(get(), text.data(), (int32_t) text.size(), tokens.data(), (int32_t) tokens.size(), add_special, parse_special);
-        if (n < 0) {
+        const auto run = [&] {
+            return cospec_tokenize_of(get(), which, text.data(), (int32_t) text.size(), tokens.data(), (int32_t) tokens.size(),
+                                      add_special, parse_special);
+        };
+        int32_t n = run();
+        if (n < 0 && n > INT32_MIN) { // room for -n tokens was missing (or an error: the retry fails too)
             tokens.resize((size_t) -n);
-            n = cospec_tokenize(get(), text.data(), (int32_t) text.size(), tokens.data(), (int32_t) tokens.size(), add_special, parse_special);
+            n = run();
         }
         if (n < 0) {
             raise_status(COSPEC_ERR_INVALID_ARGUMENT);
@@ -799,7 +817,8 @@ PYBIND11_MODULE(_cospec, m) {
 
     py::class_<cospec::draft_tuner>(m, "DraftTuner")
         .def(py::init<>())
-        .def("choose", &cospec::draft_tuner::choose, py::arg("k_max"))
+        .def("choose", &cospec::draft_tuner::choose, py::arg("k_max"), py::arg("n_unread") = 0)
+        .def("observe_catch_up", &cospec::draft_tuner::observe_catch_up, py::arg("ms"), py::arg("n_tokens"))
         .def("observe_block", &cospec::draft_tuner::observe_block, py::arg("kd"), py::arg("accepted"), py::arg("ended_early"))
         .def("observe_draft", &cospec::draft_tuner::observe_draft, py::arg("first_ms"), py::arg("step_ms"), py::arg("n_steps"))
         .def("observe_verify", &cospec::draft_tuner::observe_verify, py::arg("n_tokens"), py::arg("ms"), py::arg("fair"))
@@ -810,6 +829,7 @@ PYBIND11_MODULE(_cospec, m) {
         .def_property_readonly("acceptance", &cospec::draft_tuner::acceptance);
     m.attr("DraftTuner").attr("HELD_EXPLORE_MIN") = py::int_(cospec::draft_tuner::HELD_EXPLORE_MIN);
     m.attr("DraftTuner").attr("HELD_EXPLORE_MAX") = py::int_(cospec::draft_tuner::HELD_EXPLORE_MAX);
+    m.attr("DraftTuner").attr("EXPLORE_BUDGET") = py::float_(cospec::draft_tuner::EXPLORE_BUDGET);
     // Its rate model alone: the lengths it picks for given costs (verify_cost(n): verifying n tokens).
     m.def("fastest_length", [](int32_t k_max, double acceptance, double first_draft, double draft_step,
                                const py::function & verify_cost, double switch_cost, int32_t k_in_use, bool plain_in_use,
@@ -1024,6 +1044,8 @@ PYBIND11_MODULE(_cospec, m) {
         .def_property_readonly("n_vocab", [](const Engine & e) { return cospec_engine_n_vocab(e.get()); })
         .def_property_readonly("bos", [](const Engine & e) { return cospec_token_bos(e.get()); })
         .def_property_readonly("eos", [](const Engine & e) { return cospec_token_eos(e.get()); })
+        .def("bos_of", [](const Engine & e, int32_t which) { return cospec_token_bos_of(e.get(), which); }, py::arg("which"))
+        .def("eos_of", [](const Engine & e, int32_t which) { return cospec_token_eos_of(e.get(), which); }, py::arg("which"))
         .def("chat_template", [](const Engine & e, int32_t which) { return opt_str(cospec_engine_chat_template(e.get(), which)); },
              py::arg("which") = 0)
         .def("model_desc", [](const Engine & e, int32_t which) { return opt_str(cospec_engine_model_desc(e.get(), which)); },
@@ -1043,13 +1065,14 @@ PYBIND11_MODULE(_cospec, m) {
             return file_text(buf.data(), (size_t) std::max(n, 0));
         }, py::arg("which"), py::arg("key"))
         .def("score", &Engine::score, py::arg("which"), py::arg("tokens"))
-        .def("tokenize", &Engine::tokenize, py::arg("text"), py::arg("add_special") = true, py::arg("parse_special") = true)
+        .def("tokenize", &Engine::tokenize, py::arg("text"), py::arg("add_special") = true, py::arg("parse_special") = true,
+             py::arg("which") = 0)
         .def("token_to_piece", &Engine::token_to_piece, py::arg("token"))
         .def("detokenize", &Engine::detokenize, py::arg("tokens"), py::arg("render_special") = false)
-        .def("token_text", [](const Engine & e, int32_t t) {
-            const char * s = cospec_token_text(e.get(), t);
+        .def("token_text", [](const Engine & e, int32_t t, int32_t which) {
+            const char * s = cospec_token_text_of(e.get(), which, t);
             return file_text(s, std::strlen(s));
-        })
+        }, py::arg("token"), py::arg("which") = 0)
         .def("is_eog", [](const Engine & e, int32_t t) { return cospec_token_is_eog(e.get(), t); })
         .def("generate", &Engine::generate, py::arg("prompt"), py::arg("params"), py::arg("arbiter") = nullptr,
              py::arg("stop") = std::vector<std::string>(), py::arg("on_token") = py::none(),

@@ -84,6 +84,12 @@ void cost_estimates::observe_draft(double first_ms, double step_ms, int32_t n_st
     }
 }
 
+void cost_estimates::observe_catch_up(double ms, int32_t n_tokens) {
+    if (!fixed_costs && n_tokens > 0 && ms >= 0.0) {
+        t_catch_up = ema(t_catch_up, ms / n_tokens);
+    }
+}
+
 void cost_estimates::use_fixed(double draft_cost, double verify_marginal) {
     fixed_costs = true;
     t_draft = std::max(draft_cost, MIN_FIXED_DRAFT_COST);
@@ -195,9 +201,10 @@ void probe_schedule::learn(int32_t best, int32_t k_in_use) {
     }
 }
 
-int32_t probe_schedule::next(const length_choice & fastest, int32_t k_max, bool fixed_costs) {
+int32_t probe_schedule::next(const length_choice & fastest, int32_t k_max, bool fixed_costs, bool worth_exploring) {
     const bool drafting = fastest.best > 0;
-    if (since_probe < (drafting ? probe_every : explore_every) || (drafting && fixed_costs)) {
+    if (since_probe < (drafting ? probe_every : explore_every) || (drafting && fixed_costs) ||
+        (!drafting && !worth_exploring)) {
         return fastest.best;
     }
     since_probe = 0;
@@ -205,7 +212,7 @@ int32_t probe_schedule::next(const length_choice & fastest, int32_t k_max, bool 
     // for a block, a long catch-up), so only the second times the steps fairly.
     if (!drafting) {
         exploring = true;
-        blocks_left = 1;
+        blocks_left = EXPLORATION_BLOCKS - 1;
         return fastest.best_drafting;
     }
     probing = true;
@@ -229,9 +236,6 @@ void draft_tuner::observe_block(int32_t kd, int32_t accepted, bool ended_early) 
     }
     schedule.count_step(plain_step);
     costs.tick();
-    // A block the draft declined whole verified one token, as a plain step does:
-    // going over to plain steps then rebuilds no graph.
-    declined_whole = kd <= 0 && ended_early;
     if (plain_step) {
         return;
     }
@@ -249,10 +253,13 @@ void draft_tuner::reset_acceptance() {
     schedule.restart();
 }
 
-int32_t draft_tuner::choose(int32_t k_max) {
+int32_t draft_tuner::choose(int32_t k_max, int32_t n_unread) {
     k_max = std::clamp(k_max, 0, COSPEC_N_DRAFT_MAX);
     if (k_max == 0) {
         return 0;
+    }
+    if (!costs.fixed() && draft_slower_than_target()) {
+        return last_k = settled_k = 0;
     }
     if (const std::optional<int32_t> k = length_to_measure(k_max)) {
         return last_k = settled_k = *k;
@@ -260,10 +267,13 @@ int32_t draft_tuner::choose(int32_t k_max) {
     if (const std::optional<int32_t> k = schedule.continue_probe(last_k, k_max)) {
         return last_k = *k;
     }
-    const length_choice fastest = fastest_length_now(k_max);
+    const length_choice fastest = fastest_length_now(k_max, n_unread);
     schedule.learn(fastest.best, settled_k);
     settled_k = fastest.best;
-    last_k = schedule.next(fastest, k_max, costs.fixed());
+    // The first exploration after a switch to plain steps (or a restart) is taken as scheduled:
+    // the budget holds back the ones after it, once one has confirmed plain steps.
+    const bool explore = !schedule.plain_confirmed() || worth_exploring(fastest.best_drafting, n_unread);
+    last_k = schedule.next(fastest, k_max, costs.fixed(), fastest.best == 0 && explore);
     if (fastest.best == 0 && last_k > 0) {
         settled_k = last_k; // an exploration
     }
@@ -315,7 +325,40 @@ std::optional<int32_t> draft_tuner::length_to_measure(int32_t k_max) {
     return std::nullopt;
 }
 
-length_choice draft_tuner::fastest_length_now(int32_t k_max) const {
+// K draft steps yield at most K + 1 tokens, which K + 1 plain steps give as fast where a draft
+// step costs a plain step or more: such a draft (Gemma 3 270M drafting for SmolLM2-135M) pays at
+// no length or acceptance, and is neither timed further nor explored (while the target's steps
+// stay as cheap). Its measuring blocks cost the first reply 40%: one block, which times its step, is enough.
+bool draft_tuner::draft_slower_than_target() const {
+    double plain[2];
+    costs.verify_costs(1, plain);
+    return costs.draft_step_timed() && costs.draft_step() >= plain[1];
+}
+
+// An exploration first catches the draft up on what the plain steps since it last read wrote
+// (a draft through text re-read a reply at ~5 ms a token against Gemma 3 270M's 20 ms steps: one
+// exploration cost 15% of a 96-token reply), then drafts blocks that lose to plain steps at the
+// estimates. Both must fit EXPLORE_BUDGET of the time the plain steps since the last one took: a
+// draft whose catch-up costs more a token than the budget (a draft as large as its target, one
+// drafting through text) is explored only where it has little to read, as a reply begins. The
+// blocks' loss counts where their length's verify was measured: an interpolated one is what the
+// exploration is there to measure (long blocks timed dear held shorter, cheap ones unexplored).
+bool draft_tuner::worth_exploring(int32_t k, int32_t n_unread) const {
+    double verify[MAX_BLOCK_BATCH + 1];
+    costs.verify_costs(k + 1, verify);
+    const double a = std::min(acceptance(), MAX_ACCEPTANCE);
+    double tokens = 1.0, a_pow = 1.0;
+    for (int32_t i = 1; i <= k; ++i) {
+        a_pow *= a;
+        tokens += a_pow;
+    }
+    const double block = costs.first_draft() + (k - 1) * costs.draft_step() + std::max(verify[k + 1], verify[1]);
+    const double blocks_loss = costs.verify_measured(k + 1) ? std::max(0.0, block - tokens * verify[1]) : 0.0;
+    const double loss = costs.catch_up(n_unread) + probe_schedule::EXPLORATION_BLOCKS * blocks_loss;
+    return loss <= EXPLORE_BUDGET * (double) schedule.steps_since_probe() * verify[1];
+}
+
+length_choice draft_tuner::fastest_length_now(int32_t k_max, int32_t n_unread) const {
     double verify[MAX_BLOCK_BATCH + 1];
     costs.verify_costs(k_max + 1, verify);
     rate_inputs in;
@@ -326,8 +369,14 @@ length_choice draft_tuner::fastest_length_now(int32_t k_max) const {
     // A change of length pays a graph rebuild: the lengths stick unless another
     // promises more than that (in the units of the costs: a target step).
     in.switch_cost = SWITCH_COST * verify[1];
+    if (settled_k == 0) {
+        in.switch_cost += costs.catch_up(n_unread); // and blocks after plain steps first catch the draft up
+    }
     in.k_in_use = settled_k;
-    in.plain_in_use = declined_whole;
+    // Leaving blocks for plain steps rebuilds the graph once, for a run of steps that lasts at
+    // least until the next exploration: charged to every plain step, it held drafts that lost
+    // 20% to plain steps (a draft through text at K = 1) in use for whole replies.
+    in.plain_in_use = true;
     // Measured costs leave out what a block costs beyond its decodes (the
     // draft's catch-up, judging, bookkeeping), so drafting must promise a
     // margin over plain steps; near break-even, noise in the timings would

@@ -38,7 +38,8 @@ struct rate_inputs {
     const double * verify; // verify[n]: the target decoding n tokens, for n in [1, k_max + 1]
     double switch_cost;    // taking a length other than the one in use: llama.cpp rebuilds the target's graph
     int32_t k_in_use;      // the length in use (0: plain steps), which pays no switch
-    bool plain_in_use;     // plain steps pay no switch either: the last block verified one token, as they do
+    bool plain_in_use;     // plain steps pay no switch either: the last decode verified one token, as they do
+                           // (the model draft's tuner always says so: draft_tuner::fastest_length_now)
     double plain_margin;   // drafting must promise this factor over plain steps
     // Where the proposal's tokens have chances of their own (the n-gram drafter's): the chance
     // of the k-th token, given the ones before it, is acceptance_at[k - 1]; acceptance is unused.
@@ -70,9 +71,14 @@ class cost_estimates {
     bool some_block_timed() const; // a verify of 2 tokens or more came from fair samples
     bool first_draft_timed() const { return t_draft_first > 0.0; }
     double first_draft() const { return t_draft_first; }
+    // Catching the draft up on n tokens it has not read (after plain steps); 0 until measured.
+    double catch_up(int32_t n) const { return t_catch_up > 0.0 ? t_catch_up * n : 0.0; }
+    void observe_catch_up(double ms, int32_t n_tokens);
     double draft_step() const { return t_draft > 0.0 ? t_draft : t_draft_first; } // K = 1 blocks time no later step
+    bool draft_step_timed() const { return t_draft > 0.0; }
     // verify[n] for n in [1, n_max]: measured where fresh, else interpolated.
     void verify_costs(int32_t n_max, double * verify) const;
+    bool verify_measured(int32_t n) const { return n >= 1 && n <= MAX_BLOCK_BATCH && fresh(n); }
 
   private:
     bool fresh(int32_t n) const; // t_verify[n] was measured within STALE_AFTER steps
@@ -80,6 +86,7 @@ class cost_estimates {
 
     double t_draft = -1.0;       // a draft step after the block's first
     double t_draft_first = -1.0; // the block's first draft call, catch-up included
+    double t_catch_up = -1.0;    // a token of a long catch-up (the draft reading what plain steps wrote)
     double t_verify[MAX_BLOCK_BATCH + 1] = {};
     bool verify_fair[MAX_BLOCK_BATCH + 1] = {};   // t_verify[n] comes from fair samples
     int64_t sampled_at[MAX_BLOCK_BATCH + 1] = {}; // `clock` at t_verify[n]'s last sample
@@ -97,7 +104,9 @@ class cost_estimates {
 // best length above 0), to see whether the draft has started agreeing and what
 // blocks cost now. Each such block costs a draft catch-up and a longer verify,
 // so the interval doubles after every exploration that confirms plain steps (up
-// to EXPLORE_MAX), and goes back to EXPLORE_MIN once drafting pays. While
+// to EXPLORE_MAX), and goes back to EXPLORE_MIN once drafting pays; and one is
+// taken only where its catch-up and its blocks' loss fit draft_tuner::EXPLORE_BUDGET
+// of the time the plain steps since the last took (draft_tuner::worth_exploring). While
 // drafting, the probe of a plain step's cost is two plain steps (the first after
 // a block is not a fair sample, see generate.cpp); its interval doubles the same
 // way while each probe confirms drafting: at 2 plain steps and 2 graph rebuilds
@@ -108,7 +117,11 @@ class probe_schedule {
   public:
     static constexpr int64_t EXPLORE_MIN = 16;
     static constexpr int64_t EXPLORE_MAX = 128;
+    static constexpr int32_t EXPLORATION_BLOCKS = 2; // the first pays a rebuild and the catch-up; the second is timed
 
+    int64_t steps_since_probe() const { return since_probe; }
+    // An exploration has confirmed plain steps since drafting last paid (or the estimates restarted).
+    bool plain_confirmed() const { return explore_every > EXPLORE_MIN; }
     // A step was taken. A plain one ends an exploration untaught: its block was
     // cut to nothing (the token budget, the context).
     void count_step(bool plain_step) {
@@ -127,8 +140,9 @@ class probe_schedule {
     // plain steps restarts the count.
     void learn(int32_t best, int32_t k_in_use);
     // The length to take: the model's, or the first step of a probe that is due.
-    // With fixed costs only the acceptance needs keeping alive.
-    int32_t next(const length_choice & fastest, int32_t k_max, bool fixed_costs);
+    // With fixed costs only the acceptance needs keeping alive. `worth_exploring`: an
+    // exploration would cost within the budget; else none is taken.
+    int32_t next(const length_choice & fastest, int32_t k_max, bool fixed_costs, bool worth_exploring);
 
   private:
     int64_t since_probe = 0;             // steps since the last probe or exploration, or switch
@@ -158,8 +172,11 @@ class draft_tuner {
     static constexpr double KEEPING_PRIOR_ACCEPTED = 24.0;
     static constexpr double KEEPING_PRIOR_REJECTED = 1.0;
 
-    // Draft length for the next block, in [0, k_max].
-    int32_t choose(int32_t k_max);
+    // Draft length for the next block, in [0, k_max]. n_unread: the tokens written since the
+    // draft last read the text, which a block would first catch it up on.
+    int32_t choose(int32_t k_max, int32_t n_unread = 0);
+    // Share of the time spent in plain steps that explorations may cost.
+    static constexpr double EXPLORE_BUDGET = 0.02;
     // A block drafted kd tokens, `accepted` of them reached the output, and
     // `ended_early` tells whether it ended before its length: a draft token
     // refused, or the draft declining to propose one (--draft-p-min).
@@ -168,6 +185,8 @@ class draft_tuner {
     // catch-up, not timed) and the mean of the later single-token steps
     // (n_steps of them; 0: none were taken).
     void observe_draft(double first_ms, double step_ms, int32_t n_steps) { costs.observe_draft(first_ms, step_ms, n_steps); }
+    // A long catch-up, timed apart: the draft read n_tokens (in the target's tokens) in ms.
+    void observe_catch_up(double ms, int32_t n_tokens) { costs.observe_catch_up(ms, n_tokens); }
     // A decode of n tokens took ms. `fair`: the target's decode before it had
     // the same size; the others pay llama.cpp's graph rebuild and stand in only
     // until a fair one.
@@ -205,7 +224,12 @@ class draft_tuner {
 
     // The length to take while the costs the model needs are not measured yet.
     std::optional<int32_t> length_to_measure(int32_t k_max);
-    length_choice fastest_length_now(int32_t k_max) const;
+    length_choice fastest_length_now(int32_t k_max, int32_t n_unread) const;
+    // Whether an exploration (its catch-up of n_unread tokens, and what its blocks cost over
+    // plain steps) fits EXPLORE_BUDGET.
+    bool worth_exploring(int32_t k, int32_t n_unread) const;
+    // A draft step, as timed, costs a plain target step or more: no block can pay.
+    bool draft_slower_than_target() const;
 
     cost_estimates costs;
     probe_schedule schedule;
@@ -216,7 +240,6 @@ class draft_tuner {
     // The length in use for the switching cost: the model's last choice, or an
     // exploration's (its blocks are the last decodes the next choice follows).
     int32_t settled_k = 0;
-    bool declined_whole = false;  // the last block drafted nothing: the draft declined (p-min)
     int32_t held = 0;                               // proposals held since the last exploration
     int32_t held_explore_every = HELD_EXPLORE_MIN;  // held proposals between explorations
     bool held_exploring = false;                    // the last block verified was an exploration

@@ -704,11 +704,17 @@ int32_t cospec_engine_meta(const cospec_engine * engine, int32_t which, const ch
 
 int32_t cospec_tokenize(const cospec_engine * engine, const char * text, int32_t text_len, cospec_token * tokens,
                         int32_t n_max, bool add_special, bool parse_special) {
+    return cospec_tokenize_of(engine, 0, text, text_len, tokens, n_max, add_special, parse_special);
+}
+
+int32_t cospec_tokenize_of(const cospec_engine * engine, int32_t which, const char * text, int32_t text_len,
+                           cospec_token * tokens, int32_t n_max, bool add_special, bool parse_special) {
     clear_error();
-    if (engine == nullptr || text == nullptr || text_len < 0 || n_max < 0 || (tokens == nullptr && n_max > 0)) {
+    const model_slot * s = slot_of(engine, which);
+    if (s == nullptr || text == nullptr || text_len < 0 || n_max < 0 || (tokens == nullptr && n_max > 0)) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "cospec_tokenize: invalid arguments");
     }
-    return llama_tokenize(engine->target.vocab, text, text_len, tokens, n_max, add_special, parse_special);
+    return llama_tokenize(s->vocab, text, text_len, tokens, n_max, add_special, parse_special);
 }
 
 int32_t cospec_token_to_piece(const cospec_engine * engine, cospec_token token, char * buf, int32_t buf_size) {
@@ -733,10 +739,15 @@ int32_t cospec_detokenize(const cospec_engine * engine, const cospec_token * tok
 }
 
 const char * cospec_token_text(const cospec_engine * engine, cospec_token token) {
-    if (engine == nullptr || token < 0 || token >= engine->target.n_vocab) {
+    return cospec_token_text_of(engine, 0, token);
+}
+
+const char * cospec_token_text_of(const cospec_engine * engine, int32_t which, cospec_token token) {
+    const model_slot * s = slot_of(engine, which);
+    if (s == nullptr || token < 0 || token >= s->n_vocab) {
         return "";
     }
-    return llama_vocab_get_text(engine->target.vocab, token);
+    return llama_vocab_get_text(s->vocab, token);
 }
 
 bool cospec_token_is_eog(const cospec_engine * engine, cospec_token token) {
@@ -744,11 +755,21 @@ bool cospec_token_is_eog(const cospec_engine * engine, cospec_token token) {
 }
 
 cospec_token cospec_token_bos(const cospec_engine * engine) {
-    return engine ? llama_vocab_bos(engine->target.vocab) : -1;
+    return cospec_token_bos_of(engine, 0);
 }
 
 cospec_token cospec_token_eos(const cospec_engine * engine) {
-    return engine ? llama_vocab_eos(engine->target.vocab) : -1;
+    return cospec_token_eos_of(engine, 0);
+}
+
+cospec_token cospec_token_bos_of(const cospec_engine * engine, int32_t which) {
+    const model_slot * s = slot_of(engine, which);
+    return s != nullptr ? llama_vocab_bos(s->vocab) : -1;
+}
+
+cospec_token cospec_token_eos_of(const cospec_engine * engine, int32_t which) {
+    const model_slot * s = slot_of(engine, which);
+    return s != nullptr ? llama_vocab_eos(s->vocab) : -1;
 }
 
 } // extern "C"

@@ -125,8 +125,9 @@ int32_t cospec_block_features(const cospec_block * b, float * out, size_t out_si
         f[2] = (float) n;
         f[3] = logp(trow, b->n_vocab_target, ts, b->draft[i]);
         f[4] = logp(trow, b->n_vocab_target, ts, b->target[i]);
-        f[5] = logp(drow, b->n_vocab_draft, ds, b->draft[i]);
-        f[6] = logp(drow, b->n_vocab_draft, ds, b->target[i]);
+        // (Across vocabularies the draft's own tokens there; a missing one reads as the floor.)
+        f[5] = logp(drow, b->n_vocab_draft, ds, b->draft_own != nullptr ? b->draft_own[i] : b->draft[i]);
+        f[6] = logp(drow, b->n_vocab_draft, ds, b->draft_alt != nullptr ? b->draft_alt[i] : b->target[i]);
         f[7] = ts.entropy;
         f[8] = ds.entropy;
         f[9] = margin(ts);

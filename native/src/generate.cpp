@@ -12,6 +12,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 struct cospec_result {
@@ -66,6 +67,8 @@ struct tuner_samples {
         double first_ms; // < 0: a long catch-up, not timed
         double step_ms;  // the mean of the later steps
         int32_t n_steps;
+        double catch_up_ms = -1.0; // a long catch-up's time (< 0: none), and the reply tokens it read
+        int32_t n_caught_up = 0;
     };
     struct verify_decode {
         int32_t n_tokens;
@@ -110,6 +113,10 @@ class generation {
                 call_tuner.set_acceptance_prior(cospec::draft_tuner::KEEPING_PRIOR_ACCEPTED,
                                                 cospec::draft_tuner::KEEPING_PRIOR_REJECTED);
             }
+            tuner = &call_tuner;
+        } else if (!p.adaptive_draft) {
+            // Fixed lengths neither ask the engine's tuner nor teach it: their blocks would move
+            // the clock of its probes and explorations, which an adaptive call did not choose.
             tuner = &call_tuner;
         } else {
             tuner = &e.tuner;
@@ -253,6 +260,7 @@ class generation {
     std::optional<cospec::text_bridge> bridge;
     std::vector<llama_token> draft_own; // the draft's proposal in its own tokens
     bool after_text_block = false;      // the last step verified a text block (its catch-up is a block's)
+    int32_t n_unread_by_draft = 0;      // tokens plain steps wrote since the draft last read the text
     bool greedy = true;
     // Tokens in this call's last target decode (0: none yet, the prompt's
     // batch came last). llama.cpp rebuilds its graph when the size changes, so
@@ -273,6 +281,11 @@ class generation {
     std::vector<llama_token> drafted;
     bool draft_declined = false; // the draft stopped the block itself (--draft-p-min)
     std::vector<float> draft_logits;
+    // A draft of another vocabulary, for an arbiter that reads the draft: draft_logits hold its
+    // rows per own token; these, per target position of the block (cospec_block.draft_own).
+    std::vector<float> aligned_draft_logits;
+    std::vector<llama_token> draft_own_at, draft_alt_at;
+    std::vector<uint8_t> starts_with_own; // the target token begins where draft_own_at's does
     std::vector<std::vector<float>> draft_probs;
     std::vector<float> target_logits_copy;
     std::vector<float> target_probs;
@@ -588,7 +601,9 @@ class generation {
             return status;
         }
         const double catch_up_ms = draft_time.lap();
-        const double first_ms = n_past + 1 - n_reused > BLOCK_CATCH_UP ? -1.0 : catch_up_ms;
+        const bool long_catch_up = n_past + 1 - n_reused > BLOCK_CATCH_UP;
+        const double first_ms = long_catch_up ? -1.0 : catch_up_ms;
+        const int32_t n_caught_up = std::exchange(n_unread_by_draft, 0);
         checkpoint(e.draft);
         int32_t n_steps = 0; // single-token draft steps after the first call
         const int32_t nv = e.draft.n_vocab;
@@ -635,7 +650,8 @@ class generation {
             e.draft.cached.push_back(d);
             n_steps += 1;
         }
-        timing = {first_ms, n_steps > 0 ? draft_time.lap() / n_steps : 0.0, n_steps};
+        timing = {first_ms, n_steps > 0 ? draft_time.lap() / n_steps : 0.0, n_steps,
+                  long_catch_up ? catch_up_ms : -1.0, n_caught_up};
         return COSPEC_OK;
     }
 
@@ -700,7 +716,7 @@ class generation {
     int32_t block_length(size_t n_past, cospec::draft_tuner & source_tuner) {
         int32_t k = block_budget(n_past, p.n_draft);
         if (p.adaptive_draft && k > 0) { // (a step the budget makes plain asks nothing, starts no probe)
-            k = std::min(k, source_tuner.choose(p.n_draft));
+            k = std::min(k, source_tuner.choose(p.n_draft, n_unread_by_draft));
         }
         return std::max(k, 0);
     }
@@ -815,10 +831,22 @@ class generation {
         block.target = target_tokens.data();
         block.mismatch = mismatch.data();
         block.target_logits = rows;
-        block.draft_logits = keep_draft_logits ? draft_logits.data() : nullptr;
+        block.draft_logits = !keep_draft_logits ? nullptr : bridge ? aligned_draft_logits.data() : draft_logits.data();
         block.context = seq.data(); // the walk may have grown seq: its first n_context tokens are the block's context
         block.n_context = (int32_t) n_past + 1;
         block.temperature = p.temperature;
+        if (bridge && keep_draft_logits) {
+            // The draft's token for the target's text at a position where its own token begins.
+            draft_alt_at.assign(kd, -1);
+            for (int32_t i = 0; i < kd; ++i) {
+                if (starts_with_own[i]) {
+                    const std::vector<llama_token> alt = cospec::encode(e.draft.vocab, cospec::token_bytes(e.target.vocab, target_tokens[i], false), false);
+                    draft_alt_at[i] = alt.empty() ? -1 : alt[0];
+                }
+            }
+            block.draft_own = draft_own_at.data();
+            block.draft_alt = draft_alt_at.data();
+        }
         const auto t0 = clock_type::now();
         int32_t rc;
         try {
@@ -957,7 +985,9 @@ class generation {
         }
         st.n_blocks_ngram += 1;
         st.n_drafted_ngram += kd;
+        const size_t n_before = r.tokens.size();
         const int32_t status = walk_block(n_past, rows, samples.block);
+        n_unread_by_draft += (int32_t) (r.tokens.size() - n_before); // the draft model reads them at its next block
         if (samples.block) {
             ngram->feedback(kd, samples.block->n_accepted);
         }
@@ -967,6 +997,7 @@ class generation {
     // Nothing to draft: a plain target step, not a block.
     int32_t plain_target_step(tuner_samples & samples) {
         after_text_block = false;
+        n_unread_by_draft += 1; // a block after plain steps first catches the draft up on them
         lap_timer verify_time(st.t_verify_ms);
         size_t n_decoded = 0;
         const int32_t status = plain_step(e.target, COSPEC_PROV_TARGET, st.t_verify_ms, &n_decoded);
@@ -1007,6 +1038,9 @@ class generation {
         if ((int32_t) drafted.size() > budget) {
             drafted.resize((size_t) budget);
         }
+        if (keep_draft_logits) {
+            align_draft_rows();
+        }
         if (drafted.empty()) {
             samples.draft.reset(); // its time is the draft's, but no block followed it
             return plain_target_step(samples);
@@ -1018,6 +1052,21 @@ class generation {
         }
         after_text_block = true;
         return walk_block(n_past, rows, samples.block);
+    }
+
+    // What an arbiter reads of the draft at each target position of a text block: the row where
+    // the draft chose its token covering that position's first byte, and that token.
+    void align_draft_rows() {
+        const cospec::text_bridge::alignment a = bridge->align(draft_own.data(), (int32_t) draft_own.size(), drafted);
+        const size_t nv = (size_t) e.draft.n_vocab;
+        aligned_draft_logits.resize(drafted.size() * nv);
+        draft_own_at.resize(drafted.size());
+        starts_with_own.assign(a.starts_there.begin(), a.starts_there.end());
+        for (size_t i = 0; i < drafted.size(); ++i) {
+            const size_t j = (size_t) a.covering[i];
+            std::memcpy(aligned_draft_logits.data() + i * nv, draft_logits.data() + j * nv, sizeof(float) * nv);
+            draft_own_at[i] = draft_own[j];
+        }
     }
 
     // The draft's own next k tokens after the reply as the bridge writes it for the draft.
@@ -1035,13 +1084,20 @@ class generation {
         const double catch_up_ms = draft_time.lap();
         // After a text block the catch-up is the accepted text re-encoded, often more than
         // BLOCK_CATCH_UP tokens: it is what a block's first call costs here, so it is timed;
-        // after plain steps it reads every token since, and is not.
+        // after plain steps it reads every token since, and is timed apart.
         const double first_ms = after_text_block ? catch_up_ms : -1.0;
+        const int32_t n_caught_up = std::exchange(n_unread_by_draft, 0);
         checkpoint(e.draft);
         int32_t n_steps = 0;
         const int32_t nv = e.draft.n_vocab;
+        if (keep_draft_logits) {
+            draft_logits.resize((size_t) k * nv);
+        }
         for (int32_t i = 0; i < k; ++i) {
             const float * row = llama_get_logits_ith(e.draft.ctx, -1);
+            if (keep_draft_logits) {
+                std::memcpy(draft_logits.data() + (size_t) i * nv, row, sizeof(float) * nv);
+            }
             const auto t0 = clock_type::now();
             if (greedy && p.draft_p_min > 0.0f && cospec::top_probability(row, nv) < p.draft_p_min) {
                 st.t_sample_ms += ms_since(t0);
@@ -1074,7 +1130,8 @@ class generation {
             e.draft.cached.push_back(d);
             n_steps += 1;
         }
-        timing = {first_ms, n_steps > 0 ? draft_time.lap() / n_steps : 0.0, n_steps};
+        timing = {first_ms, n_steps > 0 ? draft_time.lap() / n_steps : 0.0, n_steps,
+                  after_text_block ? -1.0 : catch_up_ms, n_caught_up};
         return COSPEC_OK;
     }
 
@@ -1104,6 +1161,9 @@ class generation {
     static void tell_tuner(cospec::draft_tuner & to, const tuner_samples & samples) {
         if (samples.draft) {
             to.observe_draft(samples.draft->first_ms, samples.draft->step_ms, samples.draft->n_steps);
+            if (samples.draft->catch_up_ms >= 0.0 && samples.draft->n_caught_up > (int32_t) BLOCK_CATCH_UP) {
+                to.observe_catch_up(samples.draft->catch_up_ms, samples.draft->n_caught_up);
+            }
         }
         if (samples.verify) {
             to.observe_verify(samples.verify->n_tokens, samples.verify->ms, samples.verify->fair);
@@ -1147,15 +1207,14 @@ int32_t check_params(const cospec_engine * e, const cospec_token * prompt, int32
                     std::string("arbiter '") + p->arbiter->name() + "' decides the draft model's mismatches, but " +
                         (e->has_draft ? "the draft sources leave the draft model out" : "the engine has no draft model"));
     }
-    // A learned arbiter reads the draft's own tokens, probabilities and hidden states at each
-    // target position; a draft of another vocabulary has no token there, only text.
-    const bool reads_draft = keeping && (p->arbiter->kind() == COSPEC_ARBITER_FEATURES || p->arbiter->kind() == COSPEC_ARBITER_LORA ||
-                                         p->arbiter->needs_draft_logits());
-    if (reads_draft && !e->vocab_difference.empty()) {
+    // A LoRA arbiter runs the draft model, with its adapter, over the target's tokens at each
+    // position: a draft of another vocabulary cannot read them. The features arbiter (and a
+    // Python one) reads the draft where it chose its own token covering the position's text.
+    if (keeping && p->arbiter->kind() == COSPEC_ARBITER_LORA && !e->vocab_difference.empty()) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, std::string("arbiter '") + p->arbiter->name() +
-                                                     "' reads the draft's own tokens and probabilities at each target position, "
-                                                     "which a draft of another vocabulary does not have (" + e->vocab_difference +
-                                                     "); use the target arbiter or fly");
+                                                     "' runs the draft model over the target's tokens, which a draft of another "
+                                                     "vocabulary cannot read (" + e->vocab_difference +
+                                                     "); use a features arbiter trained for this pair, the target arbiter or fly");
     }
     if (p->n_draft_prompt < 0 || (p->n_draft_prompt > 0 && p->draft_prompt == nullptr)) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "draft_prompt: invalid array");

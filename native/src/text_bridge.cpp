@@ -133,6 +133,28 @@ const std::vector<llama_token> & text_bridge::draft_tokens() {
     return draft_seq;
 }
 
+text_bridge::alignment text_bridge::align(const llama_token * proposal, int32_t n,
+                                           const std::vector<llama_token> & out) const {
+    // Offsets from the reply's end: the proposal begins with the bytes held back from the draft.
+    std::vector<int64_t> starts((size_t) n + 1);
+    starts[0] = -(int64_t) (reply_text.size() - draft_encoded);
+    for (int32_t j = 0; j < n; ++j) {
+        starts[j + 1] = starts[j] + (int64_t) token_bytes(draft, proposal[j]).size();
+    }
+    alignment a;
+    int64_t at = 0;
+    int32_t j = 0;
+    for (const llama_token t : out) {
+        while (j + 1 < n && starts[j + 1] <= at) {
+            j += 1;
+        }
+        a.covering.push_back(j);
+        a.starts_there.push_back(starts[j] == at);
+        at += (int64_t) token_bytes(target, t).size();
+    }
+    return a;
+}
+
 void text_bridge::to_target(const llama_token * proposal, int32_t n, std::vector<llama_token> & out) const {
     out.clear();
     std::string text;

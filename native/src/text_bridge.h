@@ -57,6 +57,15 @@ class text_bridge {
     // held back) or adds no complete character.
     void to_target(const llama_token * proposal, int32_t n, std::vector<llama_token> & out) const;
 
+    // Where each target token of a converted proposal sits among the draft's: what an arbiter
+    // reads of the draft at a target position. covering[i]: the proposal token whose text holds
+    // the first byte of out[i]; starts_there[i]: out[i] begins where that token begins.
+    struct alignment {
+        std::vector<int32_t> covering;
+        std::vector<uint8_t> starts_there;
+    };
+    alignment align(const llama_token * proposal, int32_t n, const std::vector<llama_token> & out) const;
+
     const std::string & reply() const { return reply_text; }
 
   private:
