@@ -716,6 +716,8 @@ def _recipe_option(name: str, *flags: str, **extra):
 @_recipe_option("draft", "-md", "--model-draft")
 @_recipe_option("tasks", "--task", "--tasks")
 @_recipe_option("chat", "--chat")
+@_recipe_option("chat_template", "--chat-template", metavar="JINJA")
+@_recipe_option("draft_chat_template", "--chat-template-draft", metavar="JINJA")
 @_recipe_option("kinds", "--kinds")
 @_recipe_option("train", "--train", type=click.IntRange(1, None))
 @_recipe_option("dev", "--dev", type=click.IntRange(1, None))

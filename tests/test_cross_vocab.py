@@ -246,3 +246,20 @@ def test_sampled_drafting_keeps_the_targets_distribution(pair):
     common = [k for k in set(a) | set(b) if a[k] + b[k] >= 10]
     rows = [[c[k] for k in common] + [sum(c.values()) - sum(c[k] for k in common)] for c in (a, b)]
     assert chi2_contingency(rows)[1] > 1e-3
+
+
+def test_arbiter_train_for_such_a_pair_trains_the_features_arbiter(tmp_path):
+    """`arbiter train` with a draft of another vocabulary trains the features arbiter alone (saying
+    so where the LoRA one was asked for too), and stops with the reason where only the LoRA arbiter
+    or GRPO (which starts from it) was asked for."""
+    from cospec_local.train.recipe import RecipeRun, RecipeSettings, RecipeStop
+
+    said = []
+    run = RecipeRun(RecipeSettings(name="x", target="gemma3-270m", draft="smollm2-135m"), tmp_path, tmp_path,
+                    say=said.append)
+    assert run.across_vocabularies("tokenizer type differs").kinds == ("features",)
+    assert said and "the LoRA arbiter cannot read the target's tokens; training the features arbiter only" in said[0]
+    with pytest.raises(RecipeStop, match="use --kinds features"):
+        RecipeRun(RecipeSettings(name="x", kinds=("lora",)), tmp_path, tmp_path).across_vocabularies("d")
+    with pytest.raises(RecipeStop, match="leave out --grpo"):
+        RecipeRun(RecipeSettings(name="x", grpo=True), tmp_path, tmp_path).across_vocabularies("d")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..engine import Engine
-from ..evaluate import task_prompt
+from ..evaluate import task_draft_prompt, task_prompt
 from ..tasks import Problem, cut_at_stops, score
 from .states import DecisionState
 
@@ -46,6 +46,7 @@ class BranchOracle:
         self.problem = problem
         self.max_tokens = max_tokens
         self.prompt, self.stops = task_prompt(engine, problem, chat)
+        self.draft_prompt = task_draft_prompt(engine, problem, chat)  # a draft of another vocabulary's own
         self._scores: dict[str, bool] = {}
 
     def text_of(self, tokens) -> str:

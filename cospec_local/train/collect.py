@@ -85,7 +85,7 @@ class Collector:
 
         recorder = arbiter_from_function(decide, "recorder", taken=taken)
         engine.reset()
-        run = engine.generate(oracle.prompt, params, arbiter=recorder, stop=oracle.stops)
+        run = engine.generate(oracle.prompt, params, arbiter=recorder, stop=oracle.stops, draft_prompt=oracle.draft_prompt)
         reject_correct = oracle.is_right(run.text)  # the reject branch of every state is this run
         states = []
         for index in applied:
@@ -130,6 +130,10 @@ def main(argv: list[str] | None = None) -> None:
                          "continuations, instead of plain speculative decoding's first mismatches.")
     ap.add_argument("--chat", action="store_true", help="Send each problem as a user message through the target's "
                                                          "chat template (instruct models), ended by its end of turn.")
+    ap.add_argument("--chat-template", default=None, help="A chat template instead of the target's own (Jinja text, "
+                                                           "or a name: chatml, gemma).")
+    ap.add_argument("--chat-template-draft", default=None, help="For a draft of another vocabulary: a chat template "
+                                                                 "instead of its own.")
     ap.add_argument("--workers", type=int, default=2, help="Engine processes of a --policy collection (threads "
                                                            "are shared among them); plain collection runs one "
                                                            "engine here.")
@@ -144,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.policy is not None and args.verify_cost >= 0:
         sys.exit("--verify-cost: a --policy collection drafts under its policy's own verify cost")
     params = GenerationParams(max_tokens=args.max_tokens, verify_cost=args.verify_cost)
-    with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=args.threads) as engine:
+    with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=args.threads, chat_template=args.chat_template,
+                draft_chat_template=args.chat_template_draft) as engine:
         manifest = {"target": model_identity(engine.target_path), "draft": model_identity(engine.draft_path),
                     "draft_fingerprint": _cospec.model_fingerprint(engine.draft_path),
                     "target_fingerprint": _cospec.model_fingerprint(engine.target_path),
@@ -152,6 +157,9 @@ def main(argv: list[str] | None = None) -> None:
                     "families": families, "n_vocab": engine.n_vocab}
         if args.chat:  # only where set: folders collected before it existed stay resumable
             manifest["chat"] = True
+        for key in ("chat_template", "chat_template_draft"):
+            if getattr(args, key) is not None:
+                manifest[key] = getattr(args, key)
         if args.policy is not None:
             policy = resolve_arbiter_path(args.policy)
             if not (arbiter_dir(policy) / ARBITER_FILE).is_file():
@@ -172,7 +180,8 @@ def main(argv: list[str] | None = None) -> None:
             from .rollout import PolicyStatesTask, RolloutPool, WorkerConfig
 
             worker = WorkerConfig(str(engine.target_path), str(engine.draft_path), max(1, args.threads // args.workers),
-                                  args.max_tokens, chat=args.chat)
+                                  args.max_tokens, chat=args.chat, chat_template=args.chat_template,
+                                  draft_chat_template=args.chat_template_draft)
             engine.close()  # the workers hold their own engines; this one only named the models
             pool = RolloutPool(worker, args.workers)
             results = ((r["summary"], r["states"]) for r in

@@ -36,7 +36,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -74,6 +74,10 @@ class RecipeSettings:
     tasks: tuple[str, ...] = _opt(("arith",), "Tasks: built-in families (arith, pyfunc, listops), benchmark jsonl "
                                               "files or your own jsonl ({prompt, answer} or {prompt, tests}).")
     chat: bool = _opt(False, "Send each problem through the target's chat template (instruct models).")
+    chat_template: str | None = _opt(None, "A chat template instead of the target's own (Jinja text, or a name: "
+                                           "chatml, gemma); with --chat.")
+    draft_chat_template: str | None = _opt(None, "For a draft of another vocabulary, which reads each problem in its "
+                                                 "own format: a template instead of its own; with --chat.")
     kinds: tuple[str, ...] = _opt(KINDS, "Which arbiters to train: lora (the draft with an adapter; reads the "
                                          "text), features (a small MLP over the block's numbers; no extra pass).")
     train: int = _opt(1000, "Train problems per task (fewer where a file has fewer; --minutes may lower it).")
@@ -303,14 +307,17 @@ class RecipeRun:
     # Each stage's result is a small dict; a finished stage is not run again.
 
     def inputs(self, *names: str, **results) -> dict:
-        """A stage's inputs: these settings and the results of the stages it follows."""
+        """A stage's inputs: these settings and the results of the stages it follows. The chat
+        templates count only where given, so that a run begun before they existed resumes."""
         recorded = self.settings.recorded()
-        return {name: recorded[name] for name in names} | results
+        return {name: recorded[name] for name in names
+                if not (name in ("chat_template", "draft_chat_template") and recorded[name] is None)} | results
 
     def open_engine(self):
         from ..engine import Engine
 
-        return Engine(self.settings.target, self.settings.draft, n_ctx=2048, n_threads=self.settings.threads)
+        return Engine(self.settings.target, self.settings.draft, n_ctx=2048, n_threads=self.settings.threads,
+                      chat_template=self.settings.chat_template, draft_chat_template=self.settings.draft_chat_template)
 
     def evaluate_runs(self, engine, problems, runs_text: str, out: Path, title: str) -> dict:
         import click
@@ -329,7 +336,7 @@ class RecipeRun:
                         self.settings.chat, title, progress=progress)
 
     def headroom_stage(self, engine) -> dict:
-        inputs = self.inputs("target", "draft", "tasks", "chat", "dev", "max_tokens")
+        inputs = self.inputs("target", "draft", "tasks", "chat", "chat_template", "draft_chat_template", "dev", "max_tokens")
         if (done := self.stages.done("headroom", inputs)) is not None:
             return done
         dev = problems_of(self.settings, "dev", self.settings.dev)
@@ -390,16 +397,26 @@ class RecipeRun:
             raise RecipeStop(f"{module} failed (exit {returncode}); rerun the same command to resume: "
                              f"{' '.join(command)}")
 
+    def format_args(self) -> list[str]:
+        """The chat options of the collection's command line."""
+        s, args = self.settings, []
+        if s.chat:
+            args.append("--chat")
+        for flag, value in (("--chat-template", s.chat_template), ("--chat-template-draft", s.draft_chat_template)):
+            if value is not None:
+                args += [flag, value]
+        return args
+
     def collect_stage(self, n_train: int) -> dict:
-        inputs = self.inputs("target", "draft", "tasks", "chat", "dev", "max_tokens", train=n_train)
+        inputs = self.inputs("target", "draft", "tasks", "chat", "chat_template", "draft_chat_template", "dev",
+                             "max_tokens", train=n_train)
         if (done := self.stages.done("collect", inputs)) is not None:
             return done
         out = self.stages.folder("collect", inputs)
         args = ["--out", str(out), "-m", self.settings.target, "-md", self.settings.draft,
                 "--families", ",".join(self.settings.tasks), "--train", str(n_train), "--dev", str(self.settings.dev),
-                "--threads", str(self.settings.threads), "--max-tokens", str(self.settings.max_tokens)]
-        if self.settings.chat:
-            args.append("--chat")
+                "--threads", str(self.settings.threads), "--max-tokens", str(self.settings.max_tokens),
+                *self.format_args()]
         self.run_module("cospec_local.train.collect", *args)
         result = _count_states(out) | {"round": 1, "how": "plain speculative decoding's first mismatches"}
         return self.stages.finish("collect", inputs, result)
@@ -408,7 +425,8 @@ class RecipeRun:
         """Round `round_`'s states: those the last round's chosen arbiter meets as it runs, each
         choice continued by that arbiter (collect.py --policy, two engine processes)."""
         policy = Path(warmed["folder"]) / self.choose(warmed)
-        inputs = self.inputs("target", "draft", "tasks", "chat", "dev", "max_tokens", train=n_train, policy=warmed)
+        inputs = self.inputs("target", "draft", "tasks", "chat", "chat_template", "draft_chat_template", "dev",
+                             "max_tokens", train=n_train, policy=warmed)
         name = f"collect-{round_}"
         if (done := self.stages.done(name, inputs)) is not None:
             return done
@@ -416,9 +434,7 @@ class RecipeRun:
         args = ["--out", str(out), "--policy", str(policy), "-m", self.settings.target, "-md", self.settings.draft,
                 "--families", ",".join(self.settings.tasks), "--train", str(n_train), "--dev", str(self.settings.dev),
                 "--threads", str(self.settings.threads), "--max-tokens", str(self.settings.max_tokens),
-                "--workers", str(max(1, min(2, self.settings.threads)))]
-        if self.settings.chat:
-            args.append("--chat")
+                "--workers", str(max(1, min(2, self.settings.threads))), *self.format_args()]
         self.run_module("cospec_local.train.collect", *args)
         result = _count_states(out) | {"round": round_, "how": f"the states the round-{round_ - 1} "
                                                                 f"{policy.name} arbiter meets, each choice "
@@ -472,7 +488,8 @@ class RecipeRun:
         return out
 
     def evaluate_stage(self, engine, candidates: dict[str, Path], trained: dict) -> dict:
-        inputs = self.inputs("target", "draft", "tasks", "chat", "test", "max_tokens", trained=trained)
+        inputs = self.inputs("target", "draft", "tasks", "chat", "chat_template", "draft_chat_template", "test",
+                             "max_tokens", trained=trained)
         if (done := self.stages.done("evaluate", inputs)) is not None:
             return done
         runs = "target-only,draft-only,sps," + ",".join(f"cospec:{path}" for path in candidates.values())
@@ -517,9 +534,11 @@ class RecipeRun:
 
     def run(self) -> Path:
         s = self.settings
-        with self.open_engine() as engine:  # refuses a pair with other vocabularies before anything is written
+        with self.open_engine() as engine:  # refuses a pair that cannot draft through text before anything is written
             for split, n in (("train", 1), ("dev", 1), ("test", 1)):  # and tasks that are empty or malformed
                 problems_of(s, split, n)
+            if engine.vocab_difference is not None:
+                s = self.settings = self.across_vocabularies(engine.vocab_difference)
             self.work.mkdir(parents=True, exist_ok=True)
             room = self.headroom_stage(engine)
         self.say(headroom_report(room))
@@ -551,6 +570,19 @@ class RecipeRun:
         self.say(f"installed {s.name} ({kind}) in {dest}: use it as --arbiter {s.name} "
                  f"(work files in {self.work}; {_minutes(time.time() - self.t0)} in this run)")
         return dest
+
+    def across_vocabularies(self, difference: str) -> RecipeSettings:
+        """A draft of another vocabulary drafts through text: the LoRA arbiter, which runs the draft
+        over the target's tokens, cannot decide there; the features arbiter can."""
+        s = self.settings
+        why = f"the draft's vocabulary differs from the target's ({difference}): the LoRA arbiter cannot read the target's tokens"
+        if s.grpo:
+            raise RecipeStop(f"{why}, and GRPO starts from it: leave out --grpo")
+        if "features" not in s.kinds:
+            raise RecipeStop(f"{why}: use --kinds features")
+        if "lora" in s.kinds:
+            self.say(f"note: {why}; training the features arbiter only")
+        return replace(s, kinds=("features",))
 
     def _say_states(self, collected: dict) -> None:
         prefix = f"round {collected.get('round', 1)} " if self.settings.rounds > 1 else ""

@@ -44,6 +44,8 @@ class WorkerConfig:
     max_tokens: int
     n_ctx: int = 1024
     chat: bool = False  # problems go through the target's chat template (policy_states; BranchOracle)
+    chat_template: str | None = None        # instead of the target's own
+    draft_chat_template: str | None = None  # a draft of another vocabulary: instead of its own
 
 
 def _softmax_at(logits: np.ndarray, token: int) -> float:
@@ -78,7 +80,8 @@ class BranchedState:
 class RolloutWorker:
     def __init__(self, cfg: WorkerConfig):
         self.cfg = cfg
-        self.engine = Engine(cfg.target, cfg.draft, n_ctx=cfg.n_ctx, n_threads=cfg.threads)
+        self.engine = Engine(cfg.target, cfg.draft, n_ctx=cfg.n_ctx, n_threads=cfg.threads, chat_template=cfg.chat_template,
+                             draft_chat_template=cfg.draft_chat_template)
         self.params = GenerationParams(max_tokens=cfg.max_tokens)
         self.arbiter_path: str | None = None
 
@@ -210,8 +213,8 @@ class RolloutWorker:
             decisions.extend((block["index"], int(d[1]), int(d[2]), bool(d[4])) for d in applied)
 
         self.engine.reset()
-        run = self.engine.generate(oracle.prompt, self.params,
-                                   arbiter=arbiter_from_function(decide, "policy", taken=taken), stop=oracle.stops)
+        run = self.engine.generate(oracle.prompt, self.params, arbiter=arbiter_from_function(decide, "policy", taken=taken),
+                                   stop=oracle.stops, draft_prompt=oracle.draft_prompt)
         policy_continues = self._continued_by_threshold(policy, oracle.stops)
         states = []
         for index, j, t, kept in decisions:

@@ -1,0 +1,99 @@
+"""Headroom of a draft from another family: Gemma 3 270M (a base model) and SmolLM2-135M-Instruct,
+each alone on four kinds of short question (bench/headroom/tasks, written by
+bench/headroom/make_tasks.py), each reading them in its own format: SmolLM2 through its chat
+template, Gemma 3 through a question/answer template (bench/headroom/qa.jinja: a base model answers
+"Question: ...\\nAnswer:" and not its turn markers). Greedy, 24 tokens, scored on the reply's
+first line. Per task and direction: target-only, draft-only, their union, the problems only the
+draft solves (what an arbiter can collect) and those only the target solves, with 95% intervals.
+
+    python bench/headroom.py --out bench/headroom/results
+
+Each task and direction is one `cospec-local eval` folder under --out (resumable: run it again
+after an interruption and it goes on).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+from results_report import command, report  # noqa: E402
+
+HERE = REPO / "bench" / "headroom"
+TASKS = ("capitals", "arithmetic", "antonyms", "plurals")
+# label: (target, draft, the options that give each model its format)
+DIRECTIONS = {
+    "gemma3-270m <- smollm2-135m": ("gemma3-270m", "smollm2-135m", ["--chat-template-file", str(HERE / "qa.jinja")]),
+    "smollm2-135m <- gemma3-270m": ("smollm2-135m", "gemma3-270m",
+                                    ["--chat-template-draft-file", str(HERE / "qa.jinja")]),
+}
+BAR_POINTS = 3.0  # headroom (draft-only successes the target misses, in points) worth training an arbiter for
+
+
+def folder(out: Path, label: str, task: str) -> Path:
+    return out / label.replace(" <- ", "-from-") / task
+
+
+def run_eval(out: Path, label: str, task: str, split: str, n: int, threads: int, limit: int | None) -> dict:
+    target, draft, format_options = DIRECTIONS[label]
+    cmd = [sys.executable, "-m", "cospec_local.cli", "eval", "-m", target, "-md", draft, "-t", str(threads),
+           "-c", "1024", *format_options, "--chat", "--task", str(HERE / "tasks" / f"{task}-{split}.jsonl"),
+           "--runs", "target-only,draft-only", "-n", str(n), "--out", str(folder(out, label, task)), "--json"]
+    if limit is not None:
+        cmd += ["--limit", str(limit)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--split", default="test", choices=("test", "train"))
+    ap.add_argument("-n", type=int, default=24)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--limit", type=int, default=None, help="problems per task (default: all)")
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    a = ap.parse_args(argv)
+    rows, summary, loads = [], {}, []
+    for label in DIRECTIONS:
+        for task in a.tasks.split(","):
+            s = run_eval(a.out, label, task, a.split, a.n, a.threads, a.limit)
+            t, d = s["runs"]["target-only"], s["runs"]["draft-only"]
+            n = s["problems"]
+            only_draft = s["non_nested"]
+            only_target = d["losses"]  # the target's successes the draft misses
+            headroom = 100.0 * only_draft / n
+            summary[f"{label}: {task}"] = {"problems": n, "target": t["accuracy"], "target_ci95": t["accuracy_ci95"],
+                                           "draft": d["accuracy"], "draft_ci95": d["accuracy_ci95"],
+                                           "union": s["oracle_union"], "only_draft": only_draft,
+                                           "only_target": only_target, "headroom_points": headroom,
+                                           "draft_speed_over_target": d["speedup"]}
+            loads.append(s.get("other_load") or 0.0)
+            rows.append(f"| {label} | {task} | {n} | {t['accuracy']:.1%} ({t['accuracy_ci95'][0]:.0%}-"
+                        f"{t['accuracy_ci95'][1]:.0%}) | {d['accuracy']:.1%} ({d['accuracy_ci95'][0]:.0%}-"
+                        f"{d['accuracy_ci95'][1]:.0%}) | {s['oracle_union']:.1%} | {only_draft} | {only_target} | "
+                        f"{headroom:+.1f} | {'yes' if headroom >= BAR_POINTS else 'no'} |")
+            print(rows[-1], flush=True)
+    cmd = command("headroom.py", argv)
+    lines = ["# Headroom of a draft from another family", "", f"`{' '.join(cmd)}`", "",
+             f"Each model alone, greedy, {a.n} tokens, the `{a.split}` split of each task; SmolLM2 through its chat "
+             "template, Gemma 3 270M (a base model) through bench/headroom/qa.jinja. Scored on the reply's first line. "
+             "Headroom: the problems only the draft solves, in points of the task: what an arbiter that keeps the "
+             f"draft's tokens can collect (an arbiter is worth training from {BAR_POINTS:g} points).", "",
+             "| target <- draft | task | problems | target-only (95% CI) | draft-only (95% CI) | union | only the draft "
+             "| only the target | headroom (points) | train an arbiter |", "|---|---|---|---|---|---|---|---|---|---|",
+             *rows]
+    report(lines, cmd, a.out, max(loads) if loads else 0.0, summary=summary, at=time.strftime("%Y-%m-%d"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
