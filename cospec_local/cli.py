@@ -103,9 +103,8 @@ def model_options(fn):
              "chat_template", "draft_chat_template", "verbose")
 
     def wrapper(**kwargs):
-        for name in ("chat_template", "draft_chat_template"):
+        for name, flag in (("chat_template", "--chat-template"), ("draft_chat_template", "--chat-template-draft")):
             template_file = kwargs.pop(f"{name}_file")
-            flag = "--" + name.replace("draft_chat_template", "chat_template_draft").replace("_", "-")
             if template_file is None:
                 continue
             if kwargs[name] is not None:

@@ -119,6 +119,7 @@ def test_an_arbiter_reads_the_draft_where_it_chose_its_own_token(pair):
     r = pair.generate(prompt, spec_type="draft", max_tokens=32, adaptive_draft=False, draft_max=4,
                       draft_prompt=pair.render_draft_chat(MESSAGES), arbiter=arbiter_from_function(record, "reads-draft"))
     assert r.tokens == plain.tokens and seen  # an arbiter that keeps nothing leaves the target's output
+    texts = _cospec.TextBridge(pair.target_path, pair.draft_path)  # each vocabulary's pieces
     for block in seen:
         k = block["n_draft"]
         own, alt, rows = block["draft_own"], block["draft_alt"], block["draft_logits"]
@@ -132,6 +133,9 @@ def test_an_arbiter_reads_the_draft_where_it_chose_its_own_token(pair):
                 piece = pair._native.token_to_piece(int(block["target"][i])).decode("utf-8", errors="replace")
                 first = pair.tokenize(piece, add_special=False, parse_special=False, which="draft")[:1]
                 assert [int(alt[i])] == first
+                # ...and the block's token there and the draft's own begin at the same byte.
+                ours, theirs = texts.text([int(block["draft"][i])], True), texts.text([int(own[i])], False)
+                assert ours.startswith(theirs) or theirs.startswith(ours)
 
 
 @pytest.mark.slow
