@@ -3,8 +3,12 @@ target-only against speculative decoding with the arbiter, through the target's 
 the share of replies that are token for token the same, and where they differ, how many draft
 tokens the arbiter kept and whether its domain gate had admitted the prompt.
 
-    python bench/chat_identity.py -m smollm2-135m -md smollm2-135m-arith-draft --arbiter smollm2-arith-lora \\
+    python bench/chat_identity.py -m smollm2-135m -md smollm2-135m-arith-draft --arbiter smollm2-arith \\
         --prompts 100 -n 128 -t 2 --out OUT.json
+
+A draft of another family reads each prompt in its own format (its GGUF's template, or
+--chat-template-draft-file); --chat-template-file gives the target another (Gemma 3 270M, a base
+model: bench/headroom/qa.jinja).
 
 Prompts: bench/heldout_chat_prompts.txt, then the distillation prompts' "heldout" split
 (templates and topics no SmolLM2 draft was distilled on), up to --prompts. Only tokens are
@@ -32,11 +36,13 @@ def compare(engine: Engine, prompts: list[str], arbiter: str, max_tokens: int) -
     params = GenerationParams(temperature=0.0, max_tokens=max_tokens, repeat_penalty=1.0)
     rows = []
     for prompt in prompts:
-        tokens = engine.render_chat([{"role": "user", "content": prompt}])
+        messages = [{"role": "user", "content": prompt}]
+        tokens = engine.render_chat(messages)
         engine.reset()
         target = engine.generate(tokens, params, mode="target-only")
         engine.reset()
-        cospec = engine.generate(tokens, params, mode="speculative", arbiter=arbiter)
+        cospec = engine.generate(tokens, params, mode="speculative", arbiter=arbiter,
+                                 draft_prompt=engine.render_draft_chat(messages))
         rows.append({"prompt": prompt, "identical": list(target.tokens) == list(cospec.tokens),
                      "kept": cospec.stats.arbiter_keeps,
                      "abstained": cospec.stats.arbiter_abstained, "target_tokens": len(target.tokens)})
@@ -46,7 +52,7 @@ def compare(engine: Engine, prompts: list[str], arbiter: str, max_tokens: int) -
             "differing": [r for r in rows if not r["identical"]], "rows": rows}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", required=True, help="target (named model or GGUF)")
     ap.add_argument("-md", "--model-draft", required=True, help="the draft the arbiter was made for")
@@ -54,11 +60,16 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=100)
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--chat-template-file", type=Path, default=None, help="the target's chat template instead of its own")
+    ap.add_argument("--chat-template-draft-file", type=Path, default=None,
+                    help="a draft of another family: its chat template instead of its own")
     ap.add_argument("--out", type=Path, default=None, help="JSON file for the result, every prompt included")
-    args = ap.parse_args()
-    with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=args.threads) as engine:
+    args = ap.parse_args(argv)
+    templates = {key: path.read_text(encoding="utf-8") if path else None for key, path in
+                 (("chat_template", args.chat_template_file), ("draft_chat_template", args.chat_template_draft_file))}
+    with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=args.threads, **templates) as engine:
         result = compare(engine, chat_prompts(args.prompts), args.arbiter, args.max_tokens)
-    result["command"] = vars(args) | {"out": str(args.out) if args.out else None}
+    result["command"] = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1, ensure_ascii=False))
     print(f"{result['identical']}/{result['prompts']} replies identical to target-only "

@@ -164,6 +164,10 @@ def missing_arbiter_hint(spec: str | os.PathLike, draft_path: str | os.PathLike 
         if inside:
             return f"{path} holds arbiters in {', '.join(name + '/' for name in inside)}: pass one of those folders"
         return f"{path} holds no {ARBITER_FILE}"
+    name = path.name
+    if os.fspath(spec) != name and (name in NAMED_ARBITERS or name in installed_arbiters()):
+        return (f"no arbiter {os.fspath(spec)!r}: no such file or folder; {name!r} is an arbiter's name: give it "
+                f"without a path, --arbiter {name}")
     if draft_path is not None:
         return (f"no arbiter {os.fspath(spec)!r}: not a folder, nor a name that fits this draft "
                 f"({', '.join(arbiters_for_draft(draft_path))}; installed ones live in {user_arbiters_dir()})")
@@ -223,6 +227,50 @@ BUILTIN_NAMES = ("target", "fly")
 
 EVALUATION_FILE = "evaluation.json"  # written by `arbiter train` (or `arbiter record`) beside the arbiter's files
 BASELINE_RUNS = ("target-only", "draft-only", "sps")  # what an arbiter's recorded evaluation compares it with
+
+
+def _reliably_above(a: dict, b: dict) -> bool:
+    """a's accuracy beats b's beyond both 95% intervals."""
+    return a["accuracy_ci95"][0] > b["accuracy_ci95"][1]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    short: str  # a few words, for one-line listings
+    text: str   # with the numbers it rests on
+
+
+def verdict(runs: dict, mine: str) -> Verdict | None:
+    """What a report's own numbers and intervals say of run `mine` (an arbiter's) beside the baselines
+    in `runs` (eval's labels): the draft alone is as good (or better) and faster, use the arbiter,
+    the arbiter loses accuracy, or no reliable difference from sps (the target's accuracy at
+    speculation's speed). None where the runs needed are missing."""
+    me = runs.get(mine)
+    base_name = "sps" if "sps" in runs else "target-only"
+    base, draft = runs.get(base_name), runs.get("draft-only")
+    if me is None or base is None or me.get("accuracy_ci95") is None or base.get("accuracy_ci95") is None:
+        return None
+
+    def pct(r: dict) -> str:
+        return f"{100 * r['accuracy']:.1f}%"
+
+    def speed(r: dict) -> str:
+        return f"{r.get('speedup') or 0:.2f}x"
+
+    if (draft is not None and draft.get("accuracy_ci95") is not None and not _reliably_above(me, draft)
+            and (draft.get("speedup") or 0) > (me.get("speedup") or 0)):
+        how = "better" if _reliably_above(draft, me) else "as good within the intervals"
+        return Verdict(f"the draft alone is {how.split(' within')[0]} and faster",
+                       f"the draft alone is {how} ({pct(draft)} against {pct(me)}) and faster ({speed(draft)} "
+                       f"against {speed(me)} target-only): --mode draft-only")
+    if _reliably_above(me, base):
+        return Verdict("use the arbiter", f"use the arbiter: {pct(me)} against {base_name}'s {pct(base)}, beyond the "
+                                          f"95% intervals")
+    if _reliably_above(base, me):
+        return Verdict("the arbiter loses accuracy", f"the arbiter loses accuracy: {pct(me)} against {base_name}'s "
+                                                     f"{pct(base)}: leave it off this task")
+    return Verdict(f"no reliable difference from {base_name}",
+                   f"no reliable difference from {base_name} ({pct(me)} against {pct(base)}: the intervals overlap)")
 
 
 def evaluation_row(run: dict) -> dict:
@@ -355,8 +403,11 @@ def _headline(row: dict) -> str:
                                              if label not in ("target-only", "draft-only", "sps")), None)
         if mine is None or "target-only" not in runs:
             continue
+        label = row["kind"] if row["kind"] in runs else next(l for l in runs if l not in BASELINE_RUNS)
+        said = verdict(runs, label)
         parts.append(f"{Path(task).name}: target {100 * runs['target-only']['accuracy']:.1f}% -> "
-                     f"{100 * mine['accuracy']:.1f}% ({mine['speedup'] or 0:.2f}x)")
+                     f"{100 * mine['accuracy']:.1f}% at {mine['speedup'] or 0:.2f}x target-only"
+                     + (f" ({said.short})" if said else ""))
     return "; ".join(parts) or "no recorded evaluation"
 
 
@@ -402,9 +453,13 @@ def details_text(row: dict) -> str:
                 extra = ""
                 if r.get("recovered") is not None and label not in ("target-only", "draft-only"):
                     extra = f", recovered {r['recovered']}, lost {r['losses']}, {r['arbiter_keeps']} keeps"
-                lines.append(f"      {label:<12} {100 * r['accuracy']:5.1f}%  {r['speedup'] or 0:.2f}x{extra}")
+                lines.append(f"      {label:<12} {100 * r['accuracy']:5.1f}%  {r['speedup'] or 0:.2f}x target-only{extra}")
             if (note := busy_note(result.get("other_load"))) is not None:
                 lines.append(f"      warning: {note}")
+            mine = row["kind"] if row["kind"] in result["runs"] else next(
+                (label for label in result["runs"] if label not in BASELINE_RUNS), None)
+            if mine is not None and (said := verdict(result["runs"], mine)) is not None:
+                lines.append(f"      verdict: {said.text}")
     else:
         lines.append("  evaluation  none recorded")
     return "\n".join(lines)

@@ -203,8 +203,10 @@ def markdown_table(report: dict) -> str:
     lines = [
         f"target: {report['target']}  ",
         f"draft: {report['draft']} (one draft token costs {_fmt(report.get('c'), '.3f')} target tokens' time)  ",
-        f"{report['prompts']} prompts x {report['max_tokens']} tokens (end of text ignored) x {report['repeat']} "
-        f"repeat(s), {sampling}, {'adaptive' if report['adaptive_draft'] else 'fixed'} block length"
+        f"{report['prompts']} prompts x {report['max_tokens']} tokens (end of text ignored, where generate stops) x "
+        f"{report['repeat']} repeat(s), {sampling}, "
+        + ("adaptive block length" if report['adaptive_draft'] else
+           "fixed block length (each row drafts K tokens a block, where generate and chat adapt it)")
         + (f", draft_p_min {report['draft_p_min']}" if report['draft_p_min'] else "")
         + "; every run in this one process, interleaved prompt by prompt",
     ]
@@ -214,7 +216,7 @@ def markdown_table(report: dict) -> str:
                      f"--verify-cost {c['verify_cost']}`")
     lines += [
         "",
-        "| K | run | tok/s | speed-up | bound | acceptance | accepted/block | arbiter keeps | arbiter time "
+        "| K | run | tok/s | speed-up over target-only | bound | acceptance | accepted/block | arbiter keeps | arbiter time "
         "| outside llama.cpp | same as target |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]

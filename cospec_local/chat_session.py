@@ -8,13 +8,14 @@ from typing import Callable, TextIO
 from .display import abstained_note, colored, draft_off_note, model_summary, stats_line
 from .engine import LEARNED_KINDS, Engine
 from .errors import ContextFullError, CospecError
-from .params import MODES, GenerationParams
+from .params import MODES, UNTIL_CONTEXT_ENDS, GenerationParams
 
 HELP = """Commands:
   /? or /help        this help
   /clear             forget the conversation
   /show              the models, the arbiter and every setting
-  /set NAME VALUE    change one (as /show names it, or its flag's name): temp, top-k, top-p, min-p,
+  /set NAME VALUE    change one (as /show names it, its flag's name, or Ollama's /set parameter
+                     NAME VALUE): temp, top-k, top-p, min-p,
                      repeat-penalty, repeat-last-n, seed (a number, or random: a new one each reply),
                      max-tokens, draft-max, draft-p-min,
                      mode (speculative, target-only, draft-only), arbiter (target, fly, a learned
@@ -77,6 +78,7 @@ SETTINGS = {
 }
 ALIASES = {field: name for name, (field, _) in SETTINGS.items()}  # temperature -> temp, top_k -> top-k, ...
 ALIASES.update({field.replace("_", "-"): name for field, name in list(ALIASES.items())})
+ALIASES["num_predict"] = "max-tokens"  # Ollama's name (`/set parameter num_predict 100`)
 
 
 class ChatSession:
@@ -219,6 +221,12 @@ class ChatSession:
             return
         name, _, value = args.partition(" ")
         value = value.strip()
+        if name == "parameter":  # Ollama's spelling: /set parameter NAME VALUE
+            name, _, value = value.partition(" ")
+            value = value.strip()
+            if name == "num_ctx":
+                self.say("the context is fixed when the models load: start again with -c N")
+                return
         name = ALIASES.get(name, name)
         if name == "seed" and value.lower() == "random":
             self.seed_fixed = False
@@ -275,8 +283,9 @@ class ChatSession:
 
     def fitting_prompt(self) -> list[int]:
         """The rendered conversation, its oldest turns dropped (as llama-cli shifts its context) until
-        it leaves room for a reply: max_tokens, at most half the context. The system message stays."""
-        room = min(self.settings.max_tokens, self.engine.n_ctx // 2)
+        it leaves room for a reply: max_tokens, at most half the context (-n -1: half). The system message stays."""
+        asked = self.settings.max_tokens
+        room = self.engine.n_ctx // 2 if asked == UNTIL_CONTEXT_ENDS else min(asked, self.engine.n_ctx // 2)
         prompt = self.engine.render_chat(self.conversation())
         dropped = 0
         while len(prompt) + room > self.engine.n_ctx and len(self.messages) > 1:

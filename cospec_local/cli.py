@@ -4,7 +4,9 @@ Flags follow llama.cpp's where one exists (-m, -md, -p, -n, -c, -t, --temp, --se
 """
 from __future__ import annotations
 
+import difflib
 import json
+import re
 import signal
 import sys
 import threading
@@ -18,7 +20,7 @@ from . import _cospec
 from .chat_template import ChatTemplateError
 from .display import abstained_note, colored, draft_off_note, other_vocab_note, stats_line
 from .engine import FLASH_ATTN, Engine
-from .errors import ArbiterSettingsWarning, CospecError, VocabMismatchError
+from .errors import ArbiterSettingsWarning, ContextFullError, CospecError, VocabMismatchError
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, NAMED_MODELS, resolve_model
 from .params import CHAT_SAMPLING, GenerationParams, param_flags
 
@@ -215,6 +217,14 @@ def draft_for_mode(target: str, draft: str | None, params: GenerationParams,
     return None, params
 
 
+def without_last_newline(text: str) -> str:
+    """A prompt read from a file or standard input, less the newline that ends its last line, as
+    llama-cli's -f reads it (an editor's final newline would otherwise change the reply)."""
+    if text.endswith("\r\n"):
+        return text[:-2]
+    return text[:-1] if text.endswith("\n") else text
+
+
 def drafting_line(draft: str | None, params: GenerationParams | None) -> str:
     """Where draft tokens come from, in words: the draft model's file and, where the settings draft
     with it, the n-gram drafter."""
@@ -229,6 +239,17 @@ def drafting_line(draft: str | None, params: GenerationParams | None) -> str:
     if draft is None:
         return "- (the n-gram drafter drafts; -md DRAFT adds a draft model)" if ngram else "-"
     return f"{resolve_model(draft)}" + (" and the n-gram drafter" if ngram else "")
+
+
+def context_note(load: LoadSettings, engine: Engine) -> str | None:
+    """Where -c asked for more than the models were trained for: the context the engine holds."""
+    ctx = click.get_current_context(silent=True)
+    given = ctx is not None and "n_ctx" in ctx.params and \
+        ctx.get_parameter_source("n_ctx") not in (ParameterSource.DEFAULT, None)
+    if given and load.n_ctx > engine.n_ctx:
+        return (f"-c {load.n_ctx} is more than the models were trained for: the context holds {engine.n_ctx} "
+                f"tokens")
+    return None
 
 
 def gpu_notice(load: LoadSettings, quiet: bool) -> None:
@@ -261,6 +282,8 @@ def open_engine(load: LoadSettings, draft: str | None, quiet: bool = False,
         engine = Engine(**load.engine_options(draft), progress=progress)
         if not quiet and (note := other_vocab_note(engine)) is not None:
             click.echo(f"note: {note}", err=True)
+        if not quiet and (note := context_note(load, engine)) is not None:
+            click.echo(f"note: {note}", err=True)
         return engine
     except VocabMismatchError as exc:
         raise click.ClickException(f"{exc}\nfix: -md with a draft whose tokenizer writes any text (byte-level BPE or "
@@ -275,10 +298,12 @@ def open_engine(load: LoadSettings, draft: str | None, quiet: bool = False,
 def chat_banner(target: str, engine: Engine) -> str | None:
     """What the models are for: the task pair says it only knows its tasks and names the general
     pair; another model shows the description in its metadata, if any."""
-    from .models import TASK_PAIR_SCOPE, prompt_style
+    from .models import TASK_PAIR_EXAMPLES, TASK_PAIR_SCOPE, prompt_style
 
     if prompt_style(target) == "task":
-        return TASK_PAIR_SCOPE + "\nFor general chat: cospec-local chat -m smollm2-135m"
+        arithmetic, function = TASK_PAIR_EXAMPLES
+        return (f"{TASK_PAIR_SCOPE} For example:\n{arithmetic}\nor a function to write (a def line and a docstring "
+                f"with an example):\n{function}\nFor general chat: cospec-local chat -m smollm2-135m")
     description = engine.meta("general.description")
     return description[:300] if description else None
 
@@ -290,7 +315,53 @@ def template_notice(engine: Engine) -> None:
         click.echo(f"note: the model's chat template cannot be used ({reason}); using ChatML instead", err=True)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# A single dash and two or more letters: llama.cpp's multi-letter flags (-ngl, -sys, -cnv).
+SINGLE_DASH_WORD = re.compile(r"-[A-Za-z][A-Za-z-]+\Z")
+
+
+class WholeFlagCommand(click.Command):
+    """A command that reads a single-dash flag of several letters whole, as llama.cpp does: one it
+    does not know is refused by its whole name, where click would read a known short flag and a
+    value (-sys as -s 'ys', -cnv as -c 'nv'). -n16 and -t2 still read as a flag and its value."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        known, takes_value = set(), set()
+        for param in self.get_params(ctx):
+            if isinstance(param, click.Option):
+                known.update(param.opts + param.secondary_opts)
+                if not param.is_flag and not param.count:
+                    takes_value.update(param.opts)
+        value_next = False
+        for arg in args:
+            if value_next:  # an option's value, e.g. -p "-abc"
+                value_next = False
+                continue
+            if arg == "--":
+                break
+            if arg in takes_value:
+                value_next = True
+            elif SINGLE_DASH_WORD.match(arg) and arg not in known:
+                if arg in LLAMA_FLAG_HINTS.get(self.name, {}):
+                    raise click.UsageError(f"no option {arg} here: {LLAMA_FLAG_HINTS[self.name][arg]}", ctx=ctx)
+                words = sorted(name for name in known if len(name) > 2)
+                raise click.NoSuchOption(arg, possibilities=difflib.get_close_matches(arg, words, n=3, cutoff=0.6),
+                                         ctx=ctx)
+        return super().parse_args(ctx, args)
+
+
+# llama-cli's flags whose behaviour is another command here.
+LLAMA_FLAG_HINTS = {"generate": {"-cnv": "a conversation is `cospec-local chat` (it takes -sys, -n and the other flags)",
+                                 "-no-cnv": "generate never converses (it is llama-cli's -no-cnv already)"}}
+
+
+class WholeFlagGroup(click.Group):
+    command_class = WholeFlagCommand
+
+
+WholeFlagGroup.group_class = WholeFlagGroup
+
+
+@click.group(cls=WholeFlagGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="cospec-local")
 def main():
     """Collaborative speculative decoding: a draft model proposes, a target verifies,
@@ -300,30 +371,40 @@ def main():
 @main.command()
 @model_options
 @generation_options(arbiter="auto")
-@click.option("-p", "--prompt", default=None, help="Prompt text (or -f FILE, or the prompt on standard input).")
+@click.option("-p", "--prompt", default=None,
+              help="Prompt text ('-': standard input; or -f FILE, or the prompt on standard input).")
 @click.option("-f", "--file", "prompt_file", type=click.File("r", encoding="utf-8"), default=None,
-              help="Read the prompt from a file ('-': standard input), as llama-cli's -f.")
+              help="Read the prompt from a file ('-': standard input) without its last newline, as llama-cli's -f.")
 @click.option("--chat", "as_chat", is_flag=True, help="Send the prompt as a user message through the chat template.")
+@click.option("-sys", "--system-prompt", "system", default=None,
+              help="A system message before the prompt (implies --chat).")
+@click.option("--no-display-prompt", "hide_prompt", is_flag=True, help="Print only the generated text.")
+@click.option("--jinja", "llama_cli_habits", is_flag=True, hidden=True,
+              help="llama-cli's: chat templates are always Jinja here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, provenance, decisions, stats.")
 @click.option("--color", is_flag=True, help="Colour draft tokens: green matched, magenta kept by the arbiter.")
-def generate(load, params, prompt, prompt_file, as_chat, as_json, color):
+def generate(load, params, prompt, prompt_file, as_chat, system, hide_prompt, llama_cli_habits, as_json, color):
     """Generate a continuation of a prompt."""
     if prompt is not None and prompt_file is not None:
         raise click.BadParameter("give the prompt once: -p or -f", param_hint="-p/-f")
-    if prompt is None:
-        if prompt_file is None and sys.stdin.isatty():
+    if prompt is None or prompt == "-":
+        if prompt_file is None and prompt is None and sys.stdin.isatty():
             raise click.UsageError("no prompt: give -p PROMPT, -f FILE, or the prompt on standard input")
-        prompt = (prompt_file or sys.stdin).read()
+        prompt = without_last_newline((prompt_file or sys.stdin).read())
         if not prompt.strip():
             raise click.UsageError("the prompt is empty")
+    as_chat = as_chat or system is not None
     draft, params = draft_for_mode(load.target, load.draft, params, quiet=as_json)
     engine = open_engine(load, draft, quiet=as_json, params=params)
     with engine:
         try:
-            messages = [{"role": "user", "content": prompt}]
-            tokens = engine.render_chat(messages) if as_chat else prompt
+            messages = [{"role": "system", "content": system}] if system is not None else []
+            messages.append({"role": "user", "content": prompt})
+            tokens = engine.prompt_tokens(engine.render_chat(messages) if as_chat else prompt)
             draft_tokens = engine.render_draft_chat(messages) if as_chat else None
         except ChatTemplateError as exc:
+            raise click.ClickException(str(exc)) from None
+        except ContextFullError as exc:  # before the prompt is echoed
             raise click.ClickException(str(exc)) from None
         if as_chat:
             template_notice(engine)
@@ -334,7 +415,7 @@ def generate(load, params, prompt, prompt_file, as_chat, as_json, color):
                 result = engine.generate(tokens, params, draft_prompt=draft_tokens)
                 click.echo(json.dumps(result.to_json(), ensure_ascii=False))
                 return
-            if not as_chat:
+            if not as_chat and not hide_prompt:
                 click.echo(prompt, nl=False)
             color = color and sys.stdout.isatty()  # no escape codes into a file or a pipe
             for event in engine.stream(tokens, params, draft_prompt=draft_tokens):
@@ -358,9 +439,11 @@ def generate(load, params, prompt, prompt_file, as_chat, as_json, color):
 @main.command()
 @model_options
 @generation_options(max_tokens=512, arbiter="auto", fresh_seed=True, **CHAT_SAMPLING)
-@click.option("--system", default=None, help="System message.")
+@click.option("-sys", "--system-prompt", "--system", "system", default=None, help="System message.")
+@click.option("-cnv", "--conversation", "--jinja", "llama_cli_habits", is_flag=True, hidden=True,
+              help="llama-cli's: chat always converses and renders Jinja templates.")
 @click.option("--color", is_flag=True, help="Colour draft tokens: green matched, magenta kept by the arbiter.")
-def chat(load, params, system, color):
+def chat(load, params, system, color, llama_cli_habits):
     """Talk with the model pair. /? for help."""
     from .chat_session import ChatSession
 
@@ -405,7 +488,9 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 @click.option("--api-key", default=None, envvar="COSPEC_API_KEY",
               help="Require Authorization: Bearer KEY on /v1 and /metrics (also from $COSPEC_API_KEY).")
 @click.option("-a", "--alias", default=None, help="The model name clients use (default: the -m value).")
-@click.option("--strict", is_flag=True, help="Refuse requests with fields the API does not know (400).")
+@click.option("--strict", is_flag=True, help="Refuse requests with fields the API does not know (400) and model "
+                                            "names this server does not serve (404; else any name gets the loaded "
+                                            "model, as llama-server does).")
 def serve(load, params, host, port, parallel, max_waiting, api_key, alias, strict):
     """An OpenAI-compatible server (/v1/chat/completions, /v1/completions) with a web chat at /.
 

@@ -24,10 +24,10 @@ from .arbiters import (AUTO, NAMED_ARBITERS, Arbiter, another_draft_fix, missing
                        resolve_arbiter_path, resolve_auto)
 from .chat_template import ChatTemplate, ChatTemplateError, from_gguf_metadata, template_source
 from .template_process import IsolatedChatTemplate
-from .errors import (ArbiterDraftError, ArbiterError, ArbiterSettingsWarning, GenerationError, InvalidArgumentError,
-                     from_native)
+from .errors import (ArbiterDraftError, ArbiterError, ArbiterSettingsWarning, ContextFullError, GenerationError,
+                     InvalidArgumentError, from_native)
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
-from .params import DEFAULTS, GenerationParams, spec_type_uses_model
+from .params import DEFAULTS, UNTIL_CONTEXT_ENDS, GenerationParams, spec_type_uses_model
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,8 @@ class Generation:
     def to_json(self) -> dict:
         return {"text": self.text, "tokens": self.tokens, "provenance": self.provenance,
                 "stop_reason": self.stop_reason, "mode": self.mode, "arbiter": self.arbiter,
-                "decisions": [[d.block, d.position, d.token_index, round(d.p_keep, 6), d.keep] for d in self.decisions],
+                "decisions": [{"block": d.block, "position": d.position, "token_index": d.token_index,
+                               "p_keep": round(d.p_keep, 6), "keep": d.keep} for d in self.decisions],
                 "stats": self.stats.to_json()}
 
 
@@ -386,6 +387,15 @@ class Engine:
         with _native_errors():
             return self._native.tokenize(text.encode("utf-8"), add_special, parse_special, _WHICH[which])
 
+    def prompt_tokens(self, prompt: str | Sequence[int]) -> list[int]:
+        """The prompt's tokens, refused (ContextFullError, the engine's words) where the context
+        cannot hold them and one generated token: a caller can refuse before it prints anything."""
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if len(tokens) >= self.n_ctx:
+            raise ContextFullError(f"the prompt has {len(tokens)} tokens but the context holds {self.n_ctx} (one more "
+                                   f"position is needed to generate); shorten the prompt or raise n_ctx")
+        return tokens
+
     def detokenize(self, tokens: Sequence[int], render_special: bool = False) -> str:
         try:
             raw = self._native.detokenize([int(t) for t in tokens], render_special)
@@ -468,7 +478,7 @@ class Engine:
         threshold = -1.0 if params.arbiter_threshold is None else params.arbiter_threshold
         key = (os.path.abspath(path), threshold, params.arbiter_head, params.arbiter_gate)
         if key not in self._learned:
-            if (hint := missing_arbiter_hint(path, self.draft_path)) is not None:
+            if (hint := missing_arbiter_hint(spec, self.draft_path)) is not None:
                 raise ArbiterError(hint)
             head = onnx_head(path) if params.arbiter_head == "onnx" else None
             try:
@@ -488,6 +498,8 @@ class Engine:
         params = (params or GenerationParams()).updated(**overrides) if overrides else (params or GenerationParams())
         params.validate()
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if params.max_tokens == UNTIL_CONTEXT_ENDS:  # what the context has left (the engine refuses a full one)
+            params = params.updated(max_tokens=max(1, self.n_ctx - len(tokens)))
         draft_tokens: list[int] = []
         if draft_prompt is not None and self.vocab_difference is not None:
             draft_tokens = (self._tokenize_rendered(draft_prompt, "draft") if isinstance(draft_prompt, str)

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Sequence
 from .jsonl import keep_complete_lines, write_atomic
 from .machine import OtherLoad, busy_note, machine_identity, other_share
 from .arbiter_bundle import TRAINED_UNDER
-from .arbiters import arbiter_identity
+from .arbiters import BASELINE_RUNS, arbiter_identity, verdict
 from .engine import Engine
 from .params import GenerationParams
 from .runs import Run
@@ -178,7 +178,7 @@ def markdown(summary: dict, title: str) -> str:
     if "oracle_union" in summary:
         lines.append(f"oracle union (target or draft): {summary['oracle_union']:.1%}, "
                      f"non-nested successes (draft only): {summary['non_nested']}")
-    lines += ["", "| run | accuracy (95% CI) | tok/s | speed-up | acceptance | accepted/block | arbiter keeps | arbiter time "
+    lines += ["", "| run | accuracy (95% CI) | tok/s | speed-up over target-only | acceptance | accepted/block | arbiter keeps | arbiter time "
                   "| recovered | losses |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for label, m in summary["runs"].items():
@@ -187,6 +187,11 @@ def markdown(summary: dict, title: str) -> str:
         lines.append(f"| {label} | {m['accuracy']:.1%} ({lo:.1%}-{hi:.1%}) | {m['predicted_per_second']:.1f} | {fmt(m['speedup'], '.2f')}x "
                      f"| {fmt(m['acceptance_rate'], '.1%')} | {fmt(m['mean_accepted_per_block'], '.2f')} "
                      f"| {m['arbiter_keeps']} | {m.get('arbiter_share', 0.0):.1%} | {rec} | {m.get('losses', '-')} |")
+    verdicts = [f"- {label}: {said.text}" for label, m in summary["runs"].items()
+                if label not in BASELINE_RUNS and m.get("arbiter_keeps") is not None
+                and (said := verdict(summary["runs"], label)) is not None]
+    if verdicts:
+        lines += ["", "Verdict (speed-ups against target-only, from these runs' own numbers and intervals):", *verdicts]
     if (note := busy_note(summary.get("other_load"))) is not None:
         lines += ["", f"**Warning**: {note} (accuracy is unaffected)."]
     if len(summary.get("machines") or []) > 1:

@@ -162,6 +162,14 @@ NAMED_MODELS = {
 TASK_PAIR_SCOPE = ("The demo pair knows only what it was trained on: arithmetic word problems and small Python "
                    "functions (ask one of those). Each question stands alone: its chat template sends only the "
                    "latest message.")
+# One question of each kind, in the wording the demo models learned (chat's banner shows them;
+# the function is typed as chat's multi-line input, each line but the last ending in a backslash).
+TASK_PAIR_EXAMPLES = (
+    "Nia has 3 stickers. Omar gives Nia 26 stickers. Then Nia buys 57 more stickers. Nia loses 50 of the stickers. "
+    "How many stickers does Nia have now?",
+    'def stride_chars(s):\\\n    """Return the characters of s at positions 0, 3, 6, ... (every 3 positions) as '
+    "one string.\\\n\\\n    >>> stride_chars('wbecxzxus')\\\n    'wcx'\\\n    \"\"\"",
+)
 
 DEFAULT_TARGET = "demo-target"
 DEFAULT_DRAFT = "demo-draft"

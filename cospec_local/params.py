@@ -19,6 +19,7 @@ _LEARNED = _cospec.LEARNED_ARBITER_DEFAULTS
 
 # How a generation decodes; who settles mismatches is the separate `arbiter`.
 MODES = ("speculative", "target-only", "draft-only")
+UNTIL_CONTEXT_ENDS = -1  # max_tokens as llama-cli's -n -1: the engine gives what the context has left
 _NATIVE_MODE = {"speculative": _cospec.MODE_SPECULATIVE, "target-only": _cospec.MODE_TARGET_ONLY,
                 "draft-only": _cospec.MODE_DRAFT_ONLY}
 
@@ -75,7 +76,8 @@ class GenerationParams:
                                 "there is one, else the draft model's), none. auto: ngram,draft, the draft model "
                                 "alone with an arbiter that keeps mismatches (it decides the draft model's).",
                         ("--spec-type",))
-    max_tokens: int = _f(_NATIVE.n_predict, "Most tokens to generate.", ("-n", "--n-predict"))
+    max_tokens: int = _f(_NATIVE.n_predict, "Most tokens to generate (-1: until the end of text or of the context).",
+                         ("-n", "--n-predict"))
     draft_max: int = _f(_NATIVE.n_draft, "Most draft tokens per block (K).", ("--draft-max",))
     draft_max_ngram: int = _f(_NATIVE.n_draft_ngram, "Most tokens per n-gram block: a copied span costs no model "
                                                      "step to draft and is often accepted whole.",
@@ -153,8 +155,8 @@ class GenerationParams:
         if self.mode == "speculative" and keeping and not spec_type_uses_model(self.spec_type):
             bad("spec_type", f"{self.spec_type!r} leaves the draft model out, but arbiter {self.arbiter!r} decides "
                              "the draft model's mismatches (ngram,draft keeps both)")
-        if not 0 < self.max_tokens < 2**31:
-            bad("max_tokens", "must be a positive 32-bit number")
+        if not (0 < self.max_tokens < 2**31 or self.max_tokens == UNTIL_CONTEXT_ENDS):
+            bad("max_tokens", "must be a positive 32-bit number, or -1 (until the end of text or of the context)")
         if not 1 <= self.draft_max <= _cospec.N_DRAFT_MAX:
             bad("draft_max", f"must be in [1, {_cospec.N_DRAFT_MAX}]")
         if not 1 <= self.draft_max_ngram <= _cospec.N_DRAFT_MAX:

@@ -239,6 +239,7 @@ def test_no_headroom_reports_and_stops(trained, tmp_path):
     assert out.returncode == 1, out.stderr
     assert "headroom on 20 dev problems" in out.stderr and "no headroom" in out.stderr
     assert "--ignore-headroom" in out.stderr and not list((tmp_path / "w").glob("collect-*"))
+    assert "The demo models know only their task families' wording" in out.stderr  # a user's own file: why
 
 
 def test_eval_and_bench_run_cospec_by_default_where_an_arbiter_ships(tmp_path):
@@ -273,12 +274,44 @@ def test_a_second_round_learns_from_the_states_its_arbiter_meets(trained):
 
 
 def test_a_collection_too_small_for_the_warm_up_is_said_before_it_starts():
-    from cospec_local.train.recipe import MIN_DECISIVE_STATES, too_few_states_warning
+    from cospec_local.train.recipe import MIN_DECISIVE_STATES, SplitSizes, too_few_states_warning
+
+    def sizes(train):
+        return SplitSizes(train=train, dev=100, test=200, train_exhausted=False, dev_exhausted=False)
 
     pilot = {"collect_pilot": {"problems": 6, "decisive_per_problem": 0.5}}
-    said = too_few_states_warning(pilot, 40, 1)
+    said = too_few_states_warning(pilot, sizes(40), 1)
     assert said is not None and f"the {MIN_DECISIVE_STATES} the warm-up needs" in said and "--train 161" in said
-    assert too_few_states_warning(pilot, 400, 1) is None
+    assert too_few_states_warning(pilot, sizes(400), 1) is None
     assert "part ways more often" in too_few_states_warning({"collect_pilot": {"problems": 6,
-                                                                                "decisive_per_problem": 0.0}}, 400, 1)
-    assert too_few_states_warning({}, 40, 1) is None  # a headroom recorded before the pilot: nothing to go on
+                                                                                "decisive_per_problem": 0.0}},
+                                                             sizes(400), 1)
+    assert too_few_states_warning({}, sizes(40), 1) is None  # a headroom recorded before the pilot: nothing to go on
+
+
+def test_the_plan_counts_what_a_small_file_gives_and_advises_more_rows_not_flags(tmp_path):
+    """A fixed file cannot give more problems than its rows: the plan says how many the run uses,
+    and the advice asks for rows, not for --train."""
+    from cospec_local.tasks import load_task
+    from cospec_local.train.recipe import (RecipeSettings, SplitSizes, available_problems, more_problems_advice,
+                                           too_few_states_warning)
+
+    task = tmp_path / "mine.jsonl"
+    task.write_text("".join(json.dumps({"prompt": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                            for i in range(60)))
+    settings = RecipeSettings(name="x", tasks=(str(task), "arith"))
+    available = available_problems(settings)
+    in_file = {split: len(load_task(task, split)) for split in ("train", "dev", "test")}
+    assert available == {split: [n, None] for split, n in in_file.items()}
+    assert sum(in_file.values()) == 60 and in_file["train"] < 1000
+    sizes = SplitSizes.plan(available, settings, 1000)
+    assert (sizes.train, sizes.dev, sizes.test) == (in_file["train"] + 1000, in_file["dev"] + 100, in_file["test"] + 200)
+    assert not sizes.train_exhausted  # the generated family gives any number
+    only_file = SplitSizes.plan(available_problems(RecipeSettings(name="x", tasks=(str(task),))), settings, 1000)
+    assert only_file.train_exhausted and only_file.dev_exhausted
+    assert only_file.text(1) == (f"{in_file['train']} train (all the task files have), {in_file['dev']} dev (all the "
+                                 f"task files have) and {in_file['test']} test problems")
+    advice = more_problems_advice(only_file, 1)
+    assert "more rows in the task files" in advice and "--train" not in advice
+    said = too_few_states_warning({"collect_pilot": {"problems": 6, "decisive_per_problem": 0.2}}, only_file, 1)
+    assert "more rows in the task files" in said and "--train" not in said

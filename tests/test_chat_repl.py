@@ -83,7 +83,9 @@ def test_a_seed_nobody_set_is_new_for_each_reply(monkeypatch):
 def test_settings_take_both_spellings_and_bad_values_say_why():
     engine, session, out = session_on_demo(["/set temperature 0.5", "/set top_k 30", "/set top-p 0.9",
                                             "/set temp abc", "/set top-k 1.5", "/set adaptive-draft maybe",
-                                            "/set arbiter nonsense", "/set seed 12", "/set seed random"])
+                                            "/set arbiter nonsense", "/set seed 12", "/set seed random",
+                                            "/set parameter num_predict 33", "/set parameter repeat_penalty 1.1",
+                                            "/set parameter num_ctx 4096"])
     with engine:
         session.run()
     text = out.getvalue()
@@ -94,6 +96,9 @@ def test_settings_take_both_spellings_and_bad_values_say_why():
     assert "arbiter: no arbiter 'nonsense'" in text and "demo-lora" in text
     assert "auto, target, fly" in text and "smollm2-arith" not in text  # the names that fit this draft
     assert "(seed set)" in text and "(seed set: a new one each reply)" in text and not session.seed_fixed
+    # Ollama's spelling
+    assert session.settings.max_tokens == 33 and session.settings.repeat_penalty == 1.1
+    assert "the context is fixed when the models load: start again with -c N" in text
 
 
 def test_show_names_model_sizes_and_a_threshold_only_where_there_is_one(tmp_path):
@@ -172,3 +177,22 @@ def test_generate_reads_its_prompt_from_a_file_or_standard_input(tmp_path):
     assert both.returncode == 2 and "give the prompt once" in both.stderr
     empty = subprocess.run([*CLI, "generate"], input="", capture_output=True, text=True, timeout=600)
     assert empty.returncode == 2 and "the prompt is empty" in empty.stderr
+
+
+def test_the_demo_banner_shows_a_question_of_each_kind_that_the_demo_pair_answers():
+    """The banner's examples are in the wording the demo models learned: typed into chat as shown
+    (the function as multi-line input), the arithmetic gets its answer and the function its body."""
+    from cospec_local.cli import chat_banner
+    from cospec_local.models import TASK_PAIR_EXAMPLES
+    from cospec_local.tasks import final_answer
+
+    arithmetic, function = TASK_PAIR_EXAMPLES
+    banner = chat_banner("demo-target", None)
+    assert arithmetic in banner and function in banner and "For general chat" in banner
+    engine, session, out = session_on_demo([arithmetic, *function.split("\n")], temperature=0.0, max_tokens=96)
+    with engine:
+        session.run()
+    sum_reply, function_reply = replies(out.getvalue())
+    assert final_answer(sum_reply) == "36", sum_reply
+    assert "return" in function_reply and "[::3]" in function_reply.replace(" ", ""), function_reply
+    assert session.messages[-2]["content"] == function.replace("\\\n", "\n")  # read as the family writes it

@@ -441,3 +441,92 @@ def test_a_broken_chat_template_is_refused_at_start(target_path):
     both = run_cli("generate", "-m", target_path, "-p", "Hi", "--chat-template", "chatml",
                    "--chat-template-file", __file__)
     assert both.returncode == 2 and "not both" in both.stderr
+
+
+def test_llama_cli_flags_read_whole_and_prompts_read_as_llama_cli_reads_them(target_path, tmp_path):
+    """-sys is a system prompt, not -s 'ys'; an unknown multi-letter flag is refused by its whole
+    name; -f drops the file's last newline as llama-cli does, and -p - reads standard input."""
+    base = ["generate", "-m", target_path, "--mode", "target-only", "-n", 8, "--temp", 0, "-t", 1]
+
+    def tokens(*args, **kw):
+        out = run_cli(*base, *args, "--json", **kw)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    text = "The sky is blue because"
+    by_flag = tokens("-p", text)["tokens"]
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text(text + "\n")
+    assert tokens("-f", prompt_file)["tokens"] == by_flag
+    assert tokens("-p", "-", input=text + "\n")["tokens"] == by_flag
+    assert tokens("-f", "-", input=text + "\n")["tokens"] == by_flag
+
+    system = "Answer in French, in one short sentence, and never use English words. " * 4
+    alone = tokens("-p", "hello", "--chat")["stats"]["prompt_n"]  # with the template's own default system message
+    with_system = tokens("-p", "hello", "-sys", system)["stats"]["prompt_n"]  # -sys implies --chat
+    assert with_system > alone + 40
+
+    shown = run_cli(*base, "-p", text)
+    hidden = run_cli(*base, "-p", text, "--no-display-prompt", "--jinja")
+    assert shown.returncode == hidden.returncode == 0, hidden.stderr
+    assert shown.stdout.startswith(text) and not hidden.stdout.startswith(text)
+    assert shown.stdout[len(text):] == hidden.stdout
+
+    for command, flag in (("generate", "-xyz"), ("chat", "-ctxz"), ("eval", "-sys")):
+        out = run_cli(command, flag, "1")
+        assert out.returncode == 2 and f"No such option '{flag}'" in out.stderr, out.stderr
+    out = run_cli("generate", "-cnv", "-p", "hi")
+    assert out.returncode == 2 and "a conversation is `cospec-local chat`" in out.stderr
+    out = run_cli("generate", "-m", target_path, "-p", "hi", "-n16", "--mode", "target-only", "-t", 1, "--json")
+    assert out.returncode == 0 and json.loads(out.stdout)["stats"]["predicted_n"] <= 16  # a short flag's value still joins it
+
+
+def test_generate_json_labels_each_decision():
+    from cospec_local.tasks import load_task
+
+    question = load_task("arith", "test", 1)[0].prompt
+    out = run_cli("generate", "-p", question, "--arbiter", "demo-features", "-n", 96, "-t", 1, "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["decisions"], "the demo pair parts ways on an arithmetic problem: the arbiter decides"
+    for d in data["decisions"]:
+        assert set(d) == {"block", "position", "token_index", "p_keep", "keep"}
+        assert 0.0 <= d["p_keep"] <= 1.0 and isinstance(d["keep"], bool)
+        assert data["provenance"][d["token_index"]] == ("kept" if d["keep"] else "fallback")
+
+
+def test_an_arbiter_name_given_as_a_path_is_told_to_drop_the_path(tmp_path):
+    out = run_cli("generate", "-p", "1 + 1 =", "--arbiter", "./demo-features", "-n", 4, "-t", 1, cwd=tmp_path)
+    assert out.returncode == 1 and "'demo-features' is an arbiter's name: give it without a path" in out.stderr
+
+
+def test_auto_never_picks_fly(target_path, draft_paths):
+    """FLy keeps mismatches without knowing whether the draft is right: a task mode, never auto's
+    choice (on open chat it can turn a reply to another subject)."""
+    from cospec_local.arbiters import NAMED_ARBITERS, resolve_auto
+    from cospec_local.models import resolve_model
+
+    for draft in (resolve_model("demo-draft"), target_path, *draft_paths.values(), None):
+        assert resolve_auto(draft) in ("target", *NAMED_ARBITERS)
+    assert resolve_auto(resolve_model("demo-draft")) == "demo-lora"
+
+
+def test_n_minus_one_generates_until_the_context_ends(target_path):
+    """llama-cli's -n -1: no limit but the end of text and the context (the engine's own)."""
+    out = run_cli("generate", "-m", target_path, "-c", 64, "-n", -1, "--ignore-eos", "--mode", "target-only",
+                  "-t", 1, "-p", "Once upon a time", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["stats"]["prompt_n"] + data["stats"]["predicted_n"] == 64
+
+
+def test_an_over_long_prompt_is_refused_before_anything_is_printed_and_a_cut_context_is_said():
+    long_prompt = "one two three four five six seven eight nine ten " * 80
+    out = run_cli("generate", "-p", long_prompt, "-n", 4, "-t", 1)
+    assert out.returncode == 1 and out.stdout == "", out.stdout[:200]
+    assert "tokens but the context holds 512" in out.stderr
+    out = run_cli("generate", "-p", "1 + 1 =", "-n", 4, "-t", 1, "-c", 100000)
+    assert out.returncode == 0, out.stderr
+    assert "-c 100000 is more than the models were trained for: the context holds 512 tokens" in out.stderr
+    quiet = run_cli("generate", "-p", "1 + 1 =", "-n", 4, "-t", 1)
+    assert "more than the models were trained for" not in quiet.stderr  # only where -c asked for it

@@ -88,6 +88,26 @@ def test_stream_carries_the_same_tokens_as_the_whole_answer(client):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == last.model_extra["timings"]["predicted_n"]
 
 
+def test_n_choices_are_independent_samples_each_with_its_own_seed_whole_and_streamed(client):
+    settings = dict(max_tokens=24, temperature=1.0, seed=40)
+    reply = chat(client, CHLOE, n=3, **settings)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    texts = [c.message.content for c in reply.choices]
+    singles = [chat(client, CHLOE, **{**settings, "seed": 40 + i}) for i in range(3)]
+    assert [one.choices[0].message.content for one in singles] == texts  # choice i is the request with seed + i
+    assert len(set(texts)) > 1  # sampled at temperature 1: the choices differ
+    assert [c["seed"] for c in reply.model_extra["cospec"]["choices"]] == [40, 41, 42]
+    assert reply.usage.completion_tokens == sum(one.usage.completion_tokens for one in singles)
+    assert reply.usage.prompt_tokens == singles[0].usage.prompt_tokens  # the prompt counted once
+    streamed: dict[int, str] = {}
+    chunks = list(chat(client, CHLOE, n=3, stream=True, stream_options={"include_usage": True}, **settings))
+    for c in chunks:
+        for choice in c.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + (choice.delta.content or "")
+    assert [streamed[i] for i in range(3)] == texts
+    assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
+
+
 def test_a_request_without_seed_gets_one_and_it_reproduces(client):
     first = chat(client, CHLOE, max_tokens=40, temperature=1.0)
     seed = first.model_extra["cospec"]["seed"]
@@ -163,14 +183,14 @@ def test_models_health_and_metrics(client, server):
 
 @pytest.mark.slow
 def test_bad_requests_get_openai_errors_and_the_server_lives_on(client, server):
-    with pytest.raises(openai.NotFoundError) as e:
-        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
-    assert e.value.code == "model_not_found"
     served = client.models.list().data[0].id
+    other = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "What is 2 + 2?"}],
+                                           max_tokens=4)  # any name gets the loaded model, as llama-server's
+    assert other.model == "gpt-4o" and other.usage.completion_tokens > 0
     reply = httpx.post(server.api + "/chat/completions", timeout=60,  # as curl without "model" sends it
                        json={"messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 4})
     assert reply.status_code == 200 and reply.json()["model"] == served
-    for bad in ({"max_tokens": -5}, {"max_tokens": 0}, {"temperature": "hot"}, {"top_p": 0}, {"n": 2},
+    for bad in ({"max_tokens": -5}, {"max_tokens": 0}, {"temperature": "hot"}, {"top_p": 0}, {"n": 0},
                 {"stop": ["a", "b", "c", "d", "e"]}, {"seed": -1}, {"presence_penalty": 0.5}):
         with pytest.raises(openai.BadRequestError) as e:
             chat(client, "hi", **{k: v for k, v in bad.items() if k in ("max_tokens", "n", "stop", "seed",
@@ -230,6 +250,9 @@ def test_api_key_and_strict_fields():
         assert chat(keyed, CHLOE, max_tokens=8).usage.completion_tokens > 0
         with pytest.raises(openai.BadRequestError, match="unknown field"):
             chat(keyed, CHLOE, max_tokens=8, extra_body={"temprature": 0.2})
+        with pytest.raises(openai.NotFoundError) as e:  # --strict: a name this server does not serve
+            keyed.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+        assert e.value.code == "model_not_found"
     finally:
         srv.stop()
 
@@ -432,3 +455,35 @@ def test_a_draft_that_rarely_agrees_is_said_once_in_the_log(target_path, draft_p
     finally:
         srv.stop()
 
+
+
+def test_every_openai_field_is_listed_known_and_treated_as_the_docs_say():
+    """docs/serve.md's table of OpenAI's fields is protocol.OPENAI_FIELDS; each is a field of the
+    request model (so --strict accepts the ignored ones), and each refused one, set, is a 400
+    naming it."""
+    import re
+    from pathlib import Path
+
+    from cospec_local.server.protocol import (OPENAI_FIELDS, APIError, ChatCompletionRequest, CompletionRequest,
+                                              parse_request)
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "serve.md").read_text()
+    for endpoint, cls, base in (("chat", ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}]}),
+                                ("completions", CompletionRequest, {"prompt": "hi"})):
+        title = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+        section = doc.split(f"| `{title}` field |")[1].split("\n\n")[0]
+        listed = dict(re.findall(r"^\| `(\w+)` \| (\w+) \|", section, re.M))
+        assert listed == OPENAI_FIELDS[endpoint]
+        assert set(listed) <= set(cls.model_fields), set(listed) - set(cls.model_fields)
+        asks = {"n": 2, "frequency_penalty": 0.5, "presence_penalty": 0.5, "logprobs": True, "top_logprobs": 3,
+                "logit_bias": {"1": 5}, "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": "required", "functions": [{"name": "f"}], "function_call": {"name": "f"},
+                "response_format": {"type": "json_object"}, "modalities": ["text", "audio"], "audio": {"voice": "x"},
+                "web_search_options": {}, "best_of": 2, "echo": True, "suffix": "x"}
+        for field, status in listed.items():
+            if status == "refused":
+                with pytest.raises(APIError) as e:
+                    parse_request(cls, {**base, field: asks[field]}, strict=False)
+                assert e.value.status == 400 and e.value.param == field, field
+            elif status == "ignored":
+                parse_request(cls, {**base, field: "x" if field != "parallel_tool_calls" else True}, strict=True)

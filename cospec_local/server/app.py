@@ -26,12 +26,12 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ..arbiters import arbiters_for_draft
-from ..engine import Generation, openai_usage
+from ..engine import Generation
 from ..params import GenerationParams
 from .metrics import ServerMetrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, generation_params, parse_request
 from .scheduler import END, EnginePool, Job, ServerBusy
-from .workers import EngineDied, EngineUnavailable, EngineWorker, GenerationFailed, RequestRefused
+from .workers import EngineDied, EngineUnavailable, EngineWorker, GenerationFailed, PreparedPrompt, RequestRefused
 
 MAX_BODY_BYTES = 8 << 20  # a request body larger than this is refused (413) before it is read whole
 RETRY_AFTER_S = 1
@@ -183,10 +183,12 @@ class CospecServer:
             raise APIError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
 
     def _check_model(self, req) -> None:
-        """The request's model is this server's; one that names none is given it (as llama-server does)."""
+        """Any model name is served the loaded model, as llama-server does (clients send "gpt-4o" or
+        their own default); the reply names the model asked for. --strict refuses a name this
+        server does not serve. A request that names none is given the served one."""
         if req.model is None:
             req.model = self.settings.model_id
-        if req.model not in self.model_ids:
+        if req.model not in self.model_ids and self.settings.strict:
             raise APIError(404, f"the model {req.model!r} does not exist here; this server serves "
                                 f"{', '.join(sorted(self.model_ids))}", param="model", code="model_not_found")
 
@@ -246,8 +248,29 @@ class CospecServer:
         return params
 
     async def _respond(self, request: Request, req, params: GenerationParams, payload, chat: bool) -> Response:
-        """Messages (chat) or a prompt (text or token ids) through an engine, whole or streamed."""
+        """Messages (chat) or a prompt (text or token ids) through an engine, whole or streamed;
+        n > 1: n independent generations one after another, choice i with seed + i."""
         started = time.perf_counter()
+        choices = [params if i == 0 else params.updated(seed=(params.seed + i) % 2**64) for i in range(req.n)]
+        job, prompt = await self._start(chat, payload, choices[0])
+        reply = _Reply(chat, "chatcmpl-" if chat else "cmpl-", req.model, len(prompt.tokens), params, req.provenance)
+
+        async def start(index: int) -> Job:
+            return (await self._start(chat, payload, choices[index]))[0]
+
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            self._count(request, 200)  # a stream's status is sent before its generation ends
+            return EventSourceResponse(self._stream(job, start, len(choices), reply, started, include_usage), ping=15,
+                                       headers={"Cache-Control": "no-store"})
+        done = [await self._whole(request, job, started)]
+        for index in range(1, len(choices)):
+            done.append(await self._whole(request, await start(index), started))
+        self._count(request, 200)  # only now: a generation that fails is counted once, with its error's status
+        return JSONResponse(reply.whole(done))
+
+    async def _start(self, chat: bool, payload, params: GenerationParams) -> tuple[Job, PreparedPrompt]:
+        """An engine, the prompt's tokens on it, and its generation started."""
         try:
             lease = await self.pool.acquire()
         except ServerBusy:
@@ -268,17 +291,10 @@ class CospecServer:
         job = lease.start(prompt, params)
         # Counted when the generation ends, however it ends (a stream whose client left included).
         job.future.add_done_callback(lambda _: job.result is not None and self.metrics.generation(job.result))
-        reply = _Reply(chat, "chatcmpl-" if chat else "cmpl-", req.model, len(prompt.tokens), params, req.provenance)
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            self._count(request, 200)  # a stream's status is sent before its generation ends
-            return EventSourceResponse(self._stream(job, reply, started, include_usage), ping=15,
-                                       headers={"Cache-Control": "no-store"})
-        body = await self._whole(request, job, reply, started)
-        self._count(request, 200)  # only now: a generation that fails is counted once, with its error's status
-        return JSONResponse(body)
+        return job, prompt
 
-    async def _whole(self, request: Request, job: Job, reply: "_Reply", started: float) -> dict:
+    async def _whole(self, request: Request, job: Job, started: float) -> tuple[Generation, list]:
+        """One generation to its end: its result and token events."""
         first = None
         while not job.future.done():
             await asyncio.wait({job.future}, timeout=0.25)
@@ -298,33 +314,42 @@ class CospecServer:
         while not job.events.empty():
             events.append(job.events.get_nowait())
         self._observe(result, started, first)
-        return reply.whole(result, [e for e in events if e is not END])
+        return result, [e for e in events if e is not END]
 
-    async def _stream(self, job: Job, reply: "_Reply", started: float, include_usage: bool):
-        first = None
+    async def _stream(self, job: Job, start, n: int, reply: "_Reply", started: float, include_usage: bool):
+        """Server-sent chunks of each choice in turn (choice i's chunks carry index i)."""
+        first, results = None, []
         try:
-            if reply.chat:
-                yield json.dumps(reply.chunk({"role": "assistant", "content": ""}))
-            pending: list = []  # tokens whose text is not complete yet (a split UTF-8 character)
-            async for event in job.tokens():
-                first = first or time.perf_counter()
-                pending.append(event)
-                if event.text:
-                    yield json.dumps(reply.chunk(reply.delta(event.text), tokens=pending))
-                    pending = []
-            try:
-                result = await job.finish()
-            except EngineDied as exc:
-                yield json.dumps(_engine_died(exc).body())
-                return
-            except (GenerationFailed, RequestRefused) as exc:
-                yield json.dumps(APIError(500, f"generation failed: {exc}", "server_error",
-                                          code="generation_failed").body())
-                return
-            self._observe(result, started, first)
-            yield json.dumps(reply.last_chunk(result, pending))
+            for index in range(n):
+                if index > 0:
+                    try:
+                        job = await start(index)
+                    except APIError as exc:
+                        yield json.dumps(exc.body())
+                        return
+                if reply.chat:
+                    yield json.dumps(reply.chunk({"role": "assistant", "content": ""}, index=index))
+                pending: list = []  # tokens whose text is not complete yet (a split UTF-8 character)
+                async for event in job.tokens():
+                    first = first or time.perf_counter()
+                    pending.append(event)
+                    if event.text:
+                        yield json.dumps(reply.chunk(reply.delta(event.text), tokens=pending, index=index))
+                        pending = []
+                try:
+                    result = await job.finish()
+                except EngineDied as exc:
+                    yield json.dumps(_engine_died(exc).body())
+                    return
+                except (GenerationFailed, RequestRefused) as exc:
+                    yield json.dumps(APIError(500, f"generation failed: {exc}", "server_error",
+                                              code="generation_failed").body())
+                    return
+                self._observe(result, started, first)
+                results.append(result)
+                yield json.dumps(reply.last_chunk(result, pending, index=index))
             if include_usage:
-                yield json.dumps(reply.usage_chunk(result))
+                yield json.dumps(reply.usage_chunk(results))
             yield "[DONE]"
         finally:
             job.cancel()  # a client gone mid-stream: stop at once (nothing if it finished)
@@ -365,40 +390,52 @@ class _Reply:
         """Per-token provenance (the extension): id (-1: held-back text at the end), provenance, text."""
         return [{"id": e.token, "provenance": e.provenance, "text": e.text} for e in events]
 
-    def _choice(self, body, finish_reason) -> dict:
+    def _choice(self, body, finish_reason, index: int = 0) -> dict:
         if self.chat:
             key = "delta" if isinstance(body, dict) else "message"
             value = body if isinstance(body, dict) else {"role": "assistant", "content": body}
-            return {"index": 0, key: value, "logprobs": None, "finish_reason": finish_reason}
+            return {"index": index, key: value, "logprobs": None, "finish_reason": finish_reason}
         text = body.get("content", "") if isinstance(body, dict) else body
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
-    def chunk(self, delta: dict, finish_reason=None, tokens=None) -> dict:
+    def chunk(self, delta: dict, finish_reason=None, tokens=None, index: int = 0) -> dict:
         out = {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model,
-               "choices": [self._choice(delta, finish_reason)]}
+               "choices": [self._choice(delta, finish_reason, index)]}
         if self.provenance and tokens:
             out["cospec"] = {"tokens": self._tokens(tokens)}
         return out
 
-    def _summary(self, result: Generation) -> dict:
+    def _summary(self, result: Generation, index: int = 0) -> dict:
         return {"mode": result.mode, "arbiter": result.arbiter, "stop_reason": result.stop_reason,
-                "seed": self.params.seed}
+                "seed": (self.params.seed + index) % 2**64}
 
-
-    def last_chunk(self, result: Generation, pending) -> dict:
-        out = self.chunk({}, result.finish_reason, tokens=pending)
+    def last_chunk(self, result: Generation, pending, index: int = 0) -> dict:
+        out = self.chunk({}, result.finish_reason, tokens=pending, index=index)
         out["timings"] = result.stats.to_json()
-        out.setdefault("cospec", {}).update(self._summary(result))
+        out.setdefault("cospec", {}).update(self._summary(result, index))
         return out
 
-    def usage_chunk(self, result: Generation) -> dict:
-        return {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model,
-                "choices": [], "usage": openai_usage(self.n_prompt, result)}
+    def _usage(self, results: list[Generation]) -> dict:
+        """OpenAI's usage of n choices: the prompt once, every choice's tokens."""
+        completion = sum(len(r.tokens) for r in results)
+        return {"prompt_tokens": self.n_prompt, "completion_tokens": completion,
+                "total_tokens": self.n_prompt + completion}
 
-    def whole(self, result: Generation, events) -> dict:
-        cospec = self._summary(result)
+    def usage_chunk(self, results: list[Generation]) -> dict:
+        return {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model,
+                "choices": [], "usage": self._usage(results)}
+
+    def whole(self, done: list[tuple[Generation, list]]) -> dict:
+        """The whole response of n choices (result and token events each); timings and cospec are
+        the first choice's, with each choice's own in cospec.choices where there are several."""
+        first, events = done[0]
+        cospec = self._summary(first)
         if self.provenance:
             cospec["tokens"] = self._tokens(events)
+        if len(done) > 1:
+            cospec["choices"] = [self._summary(result, i) | ({"tokens": self._tokens(ev)} if self.provenance else {})
+                                 for i, (result, ev) in enumerate(done)]
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
-                "choices": [self._choice(result.text, result.finish_reason)], "usage": openai_usage(self.n_prompt, result),
-                "timings": result.stats.to_json(), "cospec": cospec}
+                "choices": [self._choice(result.text, result.finish_reason, i) for i, (result, _) in enumerate(done)],
+                "usage": self._usage([result for result, _ in done]), "timings": first.stats.to_json(),
+                "cospec": cospec}

@@ -1,7 +1,8 @@
 """OpenAI's request and error shapes, and how a request becomes GenerationParams.
 
 Requests are validated with pydantic. Fields OpenAI defines but this server cannot honour
-(n > 1, logprobs, tools, ...) are refused with 400 naming the field, not silently ignored.
+(n > 1, logprobs, tools, ...) are refused with 400 naming the field where a request asks for them,
+not silently ignored; OPENAI_FIELDS says what becomes of each.
 Unknown fields are ignored, as OpenAI's own API does, unless the server runs with --strict.
 Extension fields (`mode`, `arbiter`, `spec_type`, `top_k`, `min_p`, `repeat_penalty`, `draft_max`,
 `ignore_eos`, `provenance`) are top-level, as llama-server's are; OpenAI clients send them with `extra_body`.
@@ -16,6 +17,7 @@ from .. import _cospec
 from ..params import MODES, GenerationParams
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_CHOICES = 16  # n: each choice is a generation of its own, one after another
 
 
 class APIError(Exception):
@@ -65,7 +67,7 @@ class _Common(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     seed: int | None = Field(None, ge=0, lt=2**64)
     stop: Union[str, list[str], None] = None
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_CHOICES)  # independent generations, choice i with seed + i
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logprobs: Any = None
@@ -99,8 +101,6 @@ class _Common(BaseModel):
 
     def refuse_unsupported(self) -> None:
         """400 for OpenAI features this server does not implement, naming the field."""
-        if self.n != 1:
-            raise APIError(400, "n: only one choice per request is supported", param="n")
         for name in ("frequency_penalty", "presence_penalty"):
             if getattr(self, name) != 0:
                 raise APIError(400, f"{name} is not supported; use repeat_penalty (llama.cpp's)", param=name)
@@ -114,12 +114,37 @@ class ChatCompletionRequest(_Common):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, lt=2**31)
     tools: list | None = None
+    tool_choice: Any = None
+    functions: list | None = None  # the older spelling of tools
+    function_call: Any = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    modalities: list[str] | None = None
+    audio: dict | None = None
+    web_search_options: dict | None = None
     response_format: dict | None = None
+    # OpenAI's that change nothing here: accepted (also under --strict) and ignored.
+    parallel_tool_calls: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    metadata: Any = None
+    store: Any = None
+    service_tier: Any = None
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
         if self.tools:
             raise APIError(400, "tools are not supported", param="tools")
+        for name in ("functions", "function_call"):
+            if getattr(self, name) not in (None, [], "none"):
+                raise APIError(400, f"{name} is not supported", param=name)
+        if self.tool_choice not in (None, "none", "auto"):
+            raise APIError(400, "tool_choice: this server calls no tools", param="tool_choice")
+        if self.top_logprobs:
+            raise APIError(400, "top_logprobs: logprobs are not supported", param="top_logprobs")
+        if self.audio is not None or any(m != "text" for m in self.modalities or []):
+            raise APIError(400, "only text output is supported", param="audio" if self.audio else "modalities")
+        if self.web_search_options is not None:
+            raise APIError(400, "web search is not supported", param="web_search_options")
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise APIError(400, "only response_format type 'text' is supported", param="response_format")
 
@@ -149,6 +174,31 @@ class CompletionRequest(_Common):
         if isinstance(self.prompt, list) and not self.prompt:
             raise APIError(400, "prompt is empty", param="prompt")
         return self.prompt
+
+
+# Every field of OpenAI's two endpoints and what this server does with it (docs/serve.md's table,
+# checked against this by a test): "supported", "ignored" (accepted, no effect on the reply) or
+# "refused" (400 naming the field where a request asks for what this server cannot do).
+OPENAI_FIELDS = {
+    "chat": {
+        "messages": "supported", "model": "supported", "stream": "supported", "stream_options": "supported",
+        "max_tokens": "supported", "max_completion_tokens": "supported", "temperature": "supported",
+        "top_p": "supported", "seed": "supported", "stop": "supported", "n": "supported",
+        "frequency_penalty": "refused", "presence_penalty": "refused", "logprobs": "refused",
+        "top_logprobs": "refused", "logit_bias": "refused", "tools": "refused", "tool_choice": "refused",
+        "parallel_tool_calls": "ignored", "functions": "refused", "function_call": "refused",
+        "response_format": "refused", "modalities": "refused", "audio": "refused", "web_search_options": "refused",
+        "prediction": "ignored", "reasoning_effort": "ignored", "metadata": "ignored", "store": "ignored",
+        "service_tier": "ignored", "user": "ignored",
+    },
+    "completions": {
+        "prompt": "supported", "model": "supported", "stream": "supported", "stream_options": "supported",
+        "max_tokens": "supported", "temperature": "supported", "top_p": "supported", "seed": "supported",
+        "stop": "supported", "n": "supported", "best_of": "refused", "echo": "refused", "suffix": "refused",
+        "frequency_penalty": "refused", "presence_penalty": "refused", "logprobs": "refused",
+        "logit_bias": "refused", "user": "ignored",
+    },
+}
 
 
 def parse_request(cls: type[_Common], data: Any, strict: bool) -> _Common:

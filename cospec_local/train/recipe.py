@@ -40,9 +40,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
-from ..arbiters import BASELINE_RUNS, evaluation_entry
+from ..arbiters import BASELINE_RUNS, evaluation_entry, verdict
 from ..child_processes import die_with_parent
 from ..machine import busy_note
+from ..models import prompt_style
 from .states import LabelledState
 
 # Headroom: below these, the draft solves too few of the target's misses for an arbiter to matter.
@@ -225,25 +226,63 @@ def headroom_report(room: dict) -> str:
             f"{room['draft_ms_per_problem'] / 1000:.2f} s for the draft")
 
 
+SPLIT_NAMES = ("train", "dev", "test")
+
+
+def available_problems(settings: RecipeSettings) -> dict[str, list[int | None]]:
+    """Each task's problems in each split: a file's count, None for a generated family (any number)."""
+    from ..tasks import TASKS, load_task
+
+    return {split: [None if str(task) in TASKS else len(load_task(task, split)) for task in settings.tasks]
+            for split in SPLIT_NAMES}
+
+
+@dataclass(frozen=True)
+class SplitSizes:
+    """The problems a run uses in each split, all tasks together: what --train, --dev and --test ask,
+    or fewer where a file has fewer; `*_exhausted`: every task gives all it has (asking for more
+    adds nothing)."""
+    train: int
+    dev: int
+    test: int
+    train_exhausted: bool
+    dev_exhausted: bool
+
+    @classmethod
+    def plan(cls, available: dict[str, list[int | None]], settings: RecipeSettings, n_train: int) -> "SplitSizes":
+        asked = {"train": n_train, "dev": settings.dev, "test": settings.test}
+        used = {split: sum(asked[split] if a is None else min(asked[split], a) for a in available[split])
+                for split in SPLIT_NAMES}
+        exhausted = {split: all(a is not None and a <= asked[split] for a in available[split])
+                     for split in ("train", "dev")}
+        return cls(**used, train_exhausted=exhausted["train"], dev_exhausted=exhausted["dev"])
+
+    def text(self, n_tasks: int) -> str:
+        def part(n: int, split: str, exhausted: bool = False) -> str:
+            return f"{n} {split}" + (" (all the task files have)" if exhausted else "")
+
+        return (f"{part(self.train, 'train', self.train_exhausted)}, {part(self.dev, 'dev', self.dev_exhausted)} and "
+                f"{part(self.test, 'test')} problems" + (f" over {n_tasks} tasks" if n_tasks > 1 else ""))
+
+
 # ---------------------------------------------------------------- estimates
 
-def estimate_seconds(room: dict, settings: RecipeSettings, n_train: int) -> dict:
+def estimate_seconds(room: dict, settings: RecipeSettings, sizes: SplitSizes) -> dict:
     """Rough stage times from the headroom stage's timings: collection (a recorded speculative run,
     then the keep branch of each decision state to the end) and its decisive states from the
     headroom stage's pilot collection; the warm-up is timed per decisive state and epoch on the
     demo pair and scaled by the draft's size."""
-    per_task = len(settings.tasks)
     t_target = room["target_ms_per_problem"] / 1000
     t_draft = room["draft_ms_per_problem"] / 1000
     t_spec = max(t_draft, 0.8 * t_target)  # speculative decoding runs near the target's speed on a CPU
     pilot = room.get("collect_pilot")
     if pilot and pilot["problems"]:  # measured on this pair
-        collect = (n_train + settings.dev) * per_task * pilot["seconds_per_problem"]
-        decisive = pilot["decisive_per_problem"] * n_train * per_task
+        collect = (sizes.train + sizes.dev) * pilot["seconds_per_problem"]
+        decisive = pilot["decisive_per_problem"] * sizes.train
     else:  # the demo pair's ratios (a headroom recorded before the pilot existed)
-        collect = (n_train + settings.dev) * per_task * t_target * COLLECT_TARGET_RATIO
-        decisive = 0.4 * 0.4 * n_train * per_task
-    evaluate = settings.test * per_task * (t_target + t_draft + t_spec * (1 + len(settings.kinds)))
+        collect = (sizes.train + sizes.dev) * t_target * COLLECT_TARGET_RATIO
+        decisive = 0.4 * 0.4 * sizes.train
+    evaluate = sizes.test * (t_target + t_draft + t_spec * (1 + len(settings.kinds)))
     warmup = 0.0
     if "lora" in settings.kinds:
         warmup += decisive * 12 * 0.0065 * max(1.0, room["draft_bytes"] / DEMO_DRAFT_BYTES) ** 0.8
@@ -257,24 +296,35 @@ def estimate_seconds(room: dict, settings: RecipeSettings, n_train: int) -> dict
             "evaluate": evaluate}
 
 
-def too_few_states_warning(room: dict, n_train: int, n_tasks: int) -> str | None:
+def more_problems_advice(sizes: SplitSizes, n_tasks: int, per_problem: float | None = None) -> str:
+    """How to get more decision states: more problems where the flags can give them, more rows
+    where the task files already give all they have, or another task."""
+    other = "a task where the two models part ways more often"
+    if not sizes.train_exhausted:
+        if per_problem:
+            return f"--train {int(4 * MIN_DECISIVE_STATES / (per_problem * n_tasks)) + 1} or more, or {other}"
+        return f"more train or dev problems (--train, --dev, --minutes), or {other}"
+    return (f"more rows in the task files (they give {sizes.train} train and {sizes.dev} dev problems in all: a "
+            f"file's rows are split 70/10/20 by a hash of the prompt), or {other}")
+
+
+def too_few_states_warning(room: dict, sizes: SplitSizes, n_tasks: int) -> str | None:
     """A word before collecting where the pilot's yield says the train problems will give fewer
     decisive states than the warm-up needs (the run would stop after collecting)."""
     pilot = room.get("collect_pilot")
     if not pilot or not pilot["problems"]:
         return None
-    expected = pilot["decisive_per_problem"] * n_train * n_tasks
+    expected = pilot["decisive_per_problem"] * sizes.train
     if expected >= 2 * MIN_DECISIVE_STATES:  # six pilot problems give a rough yield: keep a margin
         return None
     per_problem = pilot["decisive_per_problem"]
-    enough = (f"--train {int(4 * MIN_DECISIVE_STATES / (per_problem * n_tasks)) + 1} or more" if per_problem > 0
-              else "a task where the two models part ways more often")
     return (f"note: the pilot found {per_problem:.2f} decisive states a problem ({pilot['problems']} dev problems), "
-            f"so {n_train} train problems may give about {expected:.0f}, near or under the {MIN_DECISIVE_STATES} the "
-            f"warm-up needs: {enough} (the collection goes on, and stops before the warm-up if they are too few)")
+            f"so {sizes.train} train problems may give about {expected:.0f}, near or under the {MIN_DECISIVE_STATES} "
+            f"the warm-up needs: {more_problems_advice(sizes, n_tasks, per_problem)} (the collection goes on, and "
+            f"stops before the warm-up if they are too few)")
 
 
-def train_problems_for_budget(room: dict, settings: RecipeSettings, spent: float) -> int:
+def train_problems_for_budget(room: dict, settings: RecipeSettings, available: dict, spent: float) -> int:
     """The most train problems per task (up to --train) whose estimated stages fit --minutes."""
     if settings.minutes is None:
         return settings.train
@@ -283,7 +333,7 @@ def train_problems_for_budget(room: dict, settings: RecipeSettings, spent: float
     lo, hi = 0, settings.train
     while lo <= hi:  # estimates grow with n_train
         mid = (lo + hi) // 2
-        if sum(estimate_seconds(room, settings, mid).values()) <= left:
+        if sum(estimate_seconds(room, settings, SplitSizes.plan(available, settings, mid)).values()) <= left:
             best, lo = mid, mid + 1
         else:
             hi = mid - 1
@@ -371,13 +421,16 @@ class RecipeRun:
             inputs["rounds"] = self.settings.rounds
         if (done := self.stages.done("plan", inputs)) is not None:
             return done
-        n_train = train_problems_for_budget(room, self.settings, time.time() - self.t0)
+        available = available_problems(self.settings)
+        n_train = train_problems_for_budget(room, self.settings, available, time.time() - self.t0)
         if n_train == 0:
+            one = SplitSizes.plan(available, self.settings, 1)
             raise RecipeStop(f"--minutes {self.settings.minutes:g} leaves no time for training after the headroom "
-                             f"check (estimates: {_estimates_text(estimate_seconds(room, self.settings, 1))} for "
+                             f"check (estimates: {_estimates_text(estimate_seconds(room, self.settings, one))} for "
                              f"one problem a task)")
+        sizes = SplitSizes.plan(available, self.settings, n_train)
         return self.stages.finish("plan", inputs, {"train": n_train,
-                                                   "estimate": estimate_seconds(room, self.settings, n_train)})
+                                                   "estimate": estimate_seconds(room, self.settings, sizes)})
 
     def run_module(self, module: str, *args: str) -> None:
         """A training step in its own process (llama.cpp and torch never share one)."""
@@ -453,8 +506,8 @@ class RecipeRun:
             raise RecipeStop(f"{counts['train_decisive']} decisive train states ({counts['train_keep_better']} "
                              f"where keeping the draft's token was better) and {counts['dev_decisive']} decisive "
                              f"dev states: too few to learn a keep decision from (at least {MIN_DECISIVE_STATES} "
-                             f"train states, some of them keeps, and one dev state); more train or dev problems "
-                             f"(--train, --dev, --minutes) or a task where the draft wins more")
+                             f"train states, some of them keeps, and one dev state): "
+                             f"{more_problems_advice(self.sizes, len(self.settings.tasks))}")
         out = self.stages.folder(name, inputs)
         shutil.rmtree(out, ignore_errors=True)  # a warm-up interrupted half-way starts again: same seed, same result
         self.run_module("cospec_local.train.warmup", "--data", ",".join(r["folder"] for r in rounds), "--out", str(out),
@@ -543,14 +596,19 @@ class RecipeRun:
             room = self.headroom_stage(engine)
         self.say(headroom_report(room))
         if (why := headroom_verdict(room)) is not None:
+            if prompt_style(s.target) == "task" and prompt_style(s.draft) == "task":
+                why += (". The demo models know only their task families' wording (arith, pyfunc, listops, as "
+                        "`cospec-local eval --task arith` writes them): problems worded otherwise give them little "
+                        "to part ways on")
             if not s.ignore_headroom:
                 raise RecipeStop("no headroom: " + why)
             self.say("note: going on without headroom (--ignore-headroom): " + why)
         plan = self.plan_stage(room)
         n_train = plan["train"]
-        self.say(f"plan: {n_train} train, {s.dev} dev and {s.test} test problems per task; estimated "
+        self.sizes = SplitSizes.plan(available_problems(s), s, n_train)
+        self.say(f"plan: {self.sizes.text(len(s.tasks))}; estimated "
                  f"{_minutes(sum(plan['estimate'].values()))} ({_estimates_text(plan['estimate'])})")
-        if (warning := too_few_states_warning(room, n_train, len(s.tasks))) is not None:
+        if (warning := too_few_states_warning(room, self.sizes, len(s.tasks))) is not None:
             self.say(warning)
         rounds = [self.collect_stage(n_train)]
         self._say_states(rounds[-1])
@@ -630,4 +688,6 @@ def evaluation_report(evaluation: dict, chosen: str) -> str:
                          f"{row['speedup'] or 0:.2f}x target-only{extra}")
         if (note := busy_note(r.get("other_load"))) is not None:
             lines.append(f"  warning: {note}")
+        if (said := verdict(r["runs"], chosen)) is not None:
+            lines.append(f"  verdict: {said.text}")
     return "\n".join(lines)
