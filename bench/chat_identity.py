@@ -8,7 +8,7 @@ tokens the arbiter kept and whether its domain gate had admitted the prompt.
 
 A draft of another family reads each prompt in its own format (its GGUF's template, or
 --chat-template-draft-file); --chat-template-file gives the target another (Gemma 3 270M, a base
-model: bench/headroom/qa.jinja).
+model: cospec_local/data/gemma3-smollm2/qa.jinja).
 
 Prompts: bench/heldout_chat_prompts.txt, then the distillation prompts' "heldout" split
 (templates and topics no SmolLM2 draft was distilled on), up to --prompts. Only tokens are

@@ -2,7 +2,7 @@
 through text (docs/modes-and-arbiters.md, "A draft of another family"). Open chat prompts
 (bench/heldout_chat_prompts.txt), each model reading them in its own format: SmolLM2 through its
 chat template, Gemma 3 270M (a base model, whose GGUF carries no template and which answers its turn
-markers with noise) as "Question: ...\nAnswer:" (bench/headroom/qa.jinja). Greedy, each prompt's
+markers with noise) as "Question: ...\nAnswer:" (cospec_local/data/gemma3-smollm2/qa.jinja). Greedy, each prompt's
 runs back to back in a rotating order, repeated.
 
     python bench/cross_vocab.py -n 96 --repeats 2 --out bench/cross_vocab
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     questions = [q for q in a.prompts.read_text().splitlines() if q.strip()][: a.limit]
     # (target, draft, target's template, draft's template): SmolLM2's own, Gemma's a question/answer form.
-    qa = (REPO / "bench" / "headroom" / "qa.jinja").read_text()
+    qa = (REPO / "cospec_local" / "data" / "gemma3-smollm2" / "qa.jinja").read_text()
     pairs = {"gemma3-270m <- smollm2-135m": ("gemma3-270m", "smollm2-135m", qa, None),
              "smollm2-135m <- gemma3-270m": ("smollm2-135m", "gemma3-270m", None, qa)}
     load = OtherLoad()
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     lines = [f"# A draft of another family on {len(questions)} open chat prompts", "",
              f"`{' '.join(cmd)}`", "",
              f"Each model reads the prompt in its own format (SmolLM2 its chat template, Gemma 3 270M, a base model, "
-             f"bench/headroom/qa.jinja), greedy, up to {a.n} tokens, {a.threads} threads, "
+             f"cospec_local/data/gemma3-smollm2/qa.jinja), greedy, up to {a.n} tokens, {a.threads} threads, "
              f"{a.repeats} repeats in rotating order, each reply from a reset engine.", "",
              "| target <- draft | run | tokens/s | over target-only (pooled) | geometric mean per prompt | agreement | "
              "same as target-only |", "|---|---|---|---|---|---|---|"]

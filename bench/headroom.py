@@ -1,7 +1,7 @@
 """Headroom of a draft from another family: Gemma 3 270M (a base model) and SmolLM2-135M-Instruct,
 each alone on four kinds of short question (bench/headroom/tasks, written by
 bench/headroom/make_tasks.py), each reading them in its own format: SmolLM2 through its chat
-template, Gemma 3 through a question/answer template (bench/headroom/qa.jinja: a base model answers
+template, Gemma 3 through a question/answer template (cospec_local/data/gemma3-smollm2/qa.jinja: a base model answers
 "Question: ...\\nAnswer:" and not its turn markers). Greedy, 24 tokens, scored on the reply's
 first line. Per task and direction: target-only, draft-only, their union, the problems only the
 draft solves (what an arbiter can collect) and those only the target solves, with 95% intervals.
@@ -26,12 +26,14 @@ sys.path.insert(0, str(REPO / "bench"))
 from results_report import command, report  # noqa: E402
 
 HERE = REPO / "bench" / "headroom"
+# Gemma 3 270M is a base model: it answers "Question: ...\nAnswer:", not turn markers.
+QA_TEMPLATE = REPO / "cospec_local" / "data" / "gemma3-smollm2" / "qa.jinja"
 TASKS = ("capitals", "arithmetic", "antonyms", "plurals")
 # label: (target, draft, the options that give each model its format)
 DIRECTIONS = {
-    "gemma3-270m <- smollm2-135m": ("gemma3-270m", "smollm2-135m", ["--chat-template-file", str(HERE / "qa.jinja")]),
+    "gemma3-270m <- smollm2-135m": ("gemma3-270m", "smollm2-135m", ["--chat-template-file", str(QA_TEMPLATE)]),
     "smollm2-135m <- gemma3-270m": ("smollm2-135m", "gemma3-270m",
-                                    ["--chat-template-draft-file", str(HERE / "qa.jinja")]),
+                                    ["--chat-template-draft-file", str(QA_TEMPLATE)]),
 }
 BAR_POINTS = 3.0  # headroom (draft-only successes the target misses, in points) worth training an arbiter for
 
@@ -53,6 +55,15 @@ def run_eval(out: Path, label: str, task: str, split: str, n: int, threads: int,
     return json.loads(done.stdout)
 
 
+def swapped(summary: dict) -> dict:
+    """An eval summary of target-only and draft-only with the two models' roles exchanged."""
+    t, d = summary["runs"]["target-only"], summary["runs"]["draft-only"]
+    only_target = d["losses"]  # the problems the target alone solves: the other way round, the draft's
+    runs = {"target-only": {**d, "speedup": 1.0, "losses": 0},
+            "draft-only": {**t, "speedup": 1.0 / d["speedup"] if d["speedup"] else None, "losses": summary["non_nested"]}}
+    return {**summary, "runs": runs, "non_nested": only_target}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -63,9 +74,15 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", default=",".join(TASKS))
     a = ap.parse_args(argv)
     rows, summary, loads = [], {}, []
+    measured: dict[tuple[str, str, str], dict] = {}
     for label in DIRECTIONS:
+        target_name, draft_name, _ = DIRECTIONS[label]
         for task in a.tasks.split(","):
-            s = run_eval(a.out, label, task, a.split, a.n, a.threads, a.limit)
+            # Each model alone writes the same tokens in either role (its own format either way): the
+            # other direction is the same two runs, read the other way round.
+            other = measured.get((draft_name, target_name, task))
+            s = swapped(other) if other is not None else run_eval(a.out, label, task, a.split, a.n, a.threads, a.limit)
+            measured[(target_name, draft_name, task)] = s
             t, d = s["runs"]["target-only"], s["runs"]["draft-only"]
             n = s["problems"]
             only_draft = s["non_nested"]
@@ -85,9 +102,11 @@ def main(argv=None) -> int:
     cmd = command("headroom.py", argv)
     lines = ["# Headroom of a draft from another family", "", f"`{' '.join(cmd)}`", "",
              f"Each model alone, greedy, {a.n} tokens, the `{a.split}` split of each task; SmolLM2 through its chat "
-             "template, Gemma 3 270M (a base model) through bench/headroom/qa.jinja. Scored on the reply's first line. "
+             "template, Gemma 3 270M (a base model) through cospec_local/data/gemma3-smollm2/qa.jinja. Scored on the reply's first line. "
              "Headroom: the problems only the draft solves, in points of the task: what an arbiter that keeps the "
-             f"draft's tokens can collect (an arbiter is worth training from {BAR_POINTS:g} points).", "",
+             f"draft's tokens can collect (an arbiter is worth training from {BAR_POINTS:g} points). Each model alone "
+             "writes the same tokens in either role, so the second direction reads the first's runs the other way "
+             "round (one eval folder per task).", "",
              "| target <- draft | task | problems | target-only (95% CI) | draft-only (95% CI) | union | only the draft "
              "| only the target | headroom (points) | train an arbiter |", "|---|---|---|---|---|---|---|---|---|---|",
              *rows]

@@ -40,7 +40,7 @@ def other_vocab_note(engine) -> str | None:
     if difference is None:
         return None
     return (f"the draft's vocabulary is not the target's ({difference}): it drafts text, re-encoded into the "
-            "target's tokens, and the target's output is unchanged")
+            "target's tokens (with the target arbiter the output is the target's)")
 
 
 def draft_off_note(result: Generation) -> str | None:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -56,7 +57,7 @@ def test_list_and_show_the_bundled_arbiters(tmp_path):
     out = run_cli("arbiter", "list", "--json", env=env)
     assert out.returncode == 0, out.stderr
     rows = {r["name"]: r for r in json.loads(out.stdout)}
-    assert set(rows) == {"demo-lora", "demo-features", "smollm2-arith"}
+    assert set(rows) == {"demo-lora", "demo-features", "smollm2-arith", "gemma3-smollm2-words"}
     arith = rows["smollm2-arith"]  # its draft is derived on first use: listed without being made
     assert arith["where"] == "bundled" and arith["kind"] == "features" and arith["evaluation"] is not None
     lora = rows["demo-lora"]
@@ -69,6 +70,34 @@ def test_list_and_show_the_bundled_arbiters(tmp_path):
     assert "demo-features (bundled, features)" in out.stdout and "blocks of up to 8 tokens" in out.stdout
     out = run_cli("arbiter", "show", "nonsense", env=env)
     assert out.returncode == 1 and "no arbiter 'nonsense'" in out.stderr and "demo-lora" in out.stderr
+
+
+@pytest.mark.slow
+def test_every_report_ends_with_the_verdict_its_own_numbers_give(tmp_path):
+    """The shipped arbiters' recorded evaluations: demo-lora beats sps beyond the intervals on arith,
+    and on pyfunc the draft alone scores as high and runs faster; smollm2-arith's draft alone is
+    better. list, show and eval's results say so, with the baseline named."""
+    import json
+
+    from cospec_local.evaluate import markdown
+
+    env = {"COSPEC_LOCAL_ARBITERS": str(tmp_path / "none-yet")}
+    listed = run_cli("arbiter", "list", env=env).stdout
+    lora = next(line for line in listed.splitlines() if line.startswith("demo-lora"))
+    assert "arith (test): target 78.2% -> 86.4% at 1.40x target-only (use the arbiter)" in lora
+    assert "pyfunc (test): target 84.0% -> 97.0% at 1.42x target-only (the draft alone is as good or better and " \
+           "faster)" in lora
+    assert "(the draft alone is better and faster)" in next(l for l in listed.splitlines() if l.startswith("smollm2"))
+    shown = run_cli("arbiter", "show", "demo-lora", env=env).stdout
+    assert "verdict: use the arbiter: 86.4% against sps's 78.2%, beyond the 95% intervals" in shown
+    assert "verdict: the draft alone is as good or better (97.8% against 97.0%) and faster (3.40x against 1.42x " \
+           "target-only): --mode draft-only" in shown
+    summary = json.loads((Path(__file__).resolve().parents[1] / "bench" / "demo_arbiters_eval" / "arith"
+                          / "results.json").read_text())
+    table = markdown(summary, "arith")
+    assert "speed-up over target-only" in table
+    assert "- cospec:demo-lora: use the arbiter: 86.4% against sps's 78.2%" in table
+    assert "- cospec:demo-features: no reliable difference from sps (84.2% against 78.2%" in table
 
 
 @pytest.mark.slow

@@ -443,6 +443,7 @@ def test_a_broken_chat_template_is_refused_at_start(target_path):
     assert both.returncode == 2 and "not both" in both.stderr
 
 
+@pytest.mark.slow
 def test_llama_cli_flags_read_whole_and_prompts_read_as_llama_cli_reads_them(target_path, tmp_path):
     """-sys is a system prompt, not -s 'ys'; an unknown multi-letter flag is refused by its whole
     name; -f drops the file's last newline as llama-cli does, and -p - reads standard input."""
@@ -481,6 +482,7 @@ def test_llama_cli_flags_read_whole_and_prompts_read_as_llama_cli_reads_them(tar
     assert out.returncode == 0 and json.loads(out.stdout)["stats"]["predicted_n"] <= 16  # a short flag's value still joins it
 
 
+@pytest.mark.slow
 def test_generate_json_labels_each_decision():
     from cospec_local.tasks import load_task
 
@@ -495,6 +497,7 @@ def test_generate_json_labels_each_decision():
         assert data["provenance"][d["token_index"]] == ("kept" if d["keep"] else "fallback")
 
 
+@pytest.mark.slow
 def test_an_arbiter_name_given_as_a_path_is_told_to_drop_the_path(tmp_path):
     out = run_cli("generate", "-p", "1 + 1 =", "--arbiter", "./demo-features", "-n", 4, "-t", 1, cwd=tmp_path)
     assert out.returncode == 1 and "'demo-features' is an arbiter's name: give it without a path" in out.stderr
@@ -511,6 +514,7 @@ def test_auto_never_picks_fly(target_path, draft_paths):
     assert resolve_auto(resolve_model("demo-draft")) == "demo-lora"
 
 
+@pytest.mark.slow
 def test_n_minus_one_generates_until_the_context_ends(target_path):
     """llama-cli's -n -1: no limit but the end of text and the context (the engine's own)."""
     out = run_cli("generate", "-m", target_path, "-c", 64, "-n", -1, "--ignore-eos", "--mode", "target-only",
@@ -520,6 +524,7 @@ def test_n_minus_one_generates_until_the_context_ends(target_path):
     assert data["stats"]["prompt_n"] + data["stats"]["predicted_n"] == 64
 
 
+@pytest.mark.slow
 def test_an_over_long_prompt_is_refused_before_anything_is_printed_and_a_cut_context_is_said():
     long_prompt = "one two three four five six seven eight nine ten " * 80
     out = run_cli("generate", "-p", long_prompt, "-n", 4, "-t", 1)

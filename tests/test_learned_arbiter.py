@@ -676,8 +676,21 @@ def test_shipped_arbiter_reproduces_its_reference_generations(demo_engine, f32_d
     if named.target == "demo-target":
         assert reference_runs(demo_engine, str(folder), named.reference_tasks, n) == recorded
     else:
-        with Engine(named.target, named.draft, n_ctx=1024, n_threads=2) as engine:
-            assert reference_runs(engine, str(folder), named.reference_tasks, n, chat=named.reference_chat) == recorded
+        template = named.chat_template.read_text(encoding="utf-8") if named.chat_template else None
+        with Engine(named.target, named.draft, n_ctx=1024, n_threads=2, chat_template=template) as engine:
+            assert reference_runs(engine, str(folder), named.reference_tasks, n, named.reference_max_tokens,
+                                  chat=named.reference_chat) == recorded
     with Engine(demo_model("target"), f32_draft, n_ctx=512, n_threads=1) as other:
         with pytest.raises(ArbiterError, match="made for another draft"):
             other.generate("1 + 1 =", arbiter=str(folder), max_tokens=4)
+
+
+def test_making_a_lora_arbiter_warns_of_nothing(f32_draft):
+    """peft asks the model a property transformers deprecates: no FutureWarning reaches a training
+    run's output."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        random_lora_arbiter(f32_draft)
+    assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]

@@ -20,6 +20,8 @@ is trained on the weights llama.cpp computes with.
 """
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -179,7 +181,11 @@ class LoraArbiter(nn.Module):
             p.requires_grad_(False)
         config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(LORA_TARGETS),
                             bias="none")
-        self.backbone = get_peft_model(backbone, config)
+        with warnings.catch_warnings():
+            # peft reads the model's `is_gradient_checkpointing`, which transformers 5 deprecates in a
+            # FutureWarning that would reach every training run's output; nothing here to change.
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            self.backbone = get_peft_model(backbone, config)
         self.n_embd = backbone.config.hidden_size
         self.rank, self.alpha = rank, alpha
         self.lora_context = lora_context

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..arbiter_bundle import BUNDLE_FILES, REFERENCE_FILE
 from ..engine import Engine
 from ..params import GenerationParams
-from ..evaluate import task_prompt
+from ..evaluate import task_draft_prompt, task_prompt
 from ..tasks import load_task
 from .config import HelpFormatter
 
@@ -35,7 +35,7 @@ def reference_runs(engine: Engine, arbiter: str, tasks=("arith", "pyfunc"), n: i
         for problem in load_task(task, "test", n):
             prompt, stop = task_prompt(engine, problem, chat)
             engine.reset()
-            run = engine.generate(prompt, params, stop=stop)
+            run = engine.generate(prompt, params, stop=stop, draft_prompt=task_draft_prompt(engine, problem, chat))
             rows.append({"problem_id": problem.id, "family": problem.family, "text": run.text, "tokens": run.tokens,
                          "provenance": run.provenance,
                          "decisions": [[d.block, d.position, d.token_index, d.keep] for d in run.decisions]})
@@ -51,13 +51,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", type=int, default=REFERENCE_PROBLEMS, help="Reference problems per task.")
     ap.add_argument("--tasks", default="arith,pyfunc", help="Task families or files, comma-separated.")
     ap.add_argument("--chat", action="store_true", help="Through the target's chat template.")
+    ap.add_argument("--max-tokens", type=int, default=256, help="Most tokens per reference generation.")
+    ap.add_argument("--chat-template-file", type=Path, default=None,
+                    help="The target's chat template instead of its own (a base model's question/answer form).")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     for name in BUNDLE_FILES:
         if (args.arbiter / name).is_file() and args.arbiter.resolve() != args.out.resolve():
             shutil.copyfile(args.arbiter / name, args.out / name)
-    with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=1) as engine:
-        rows = reference_runs(engine, str(args.out), [t for t in args.tasks.split(",") if t], args.n, chat=args.chat)
+    template = args.chat_template_file.read_text(encoding="utf-8") if args.chat_template_file else None
+    with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=1, chat_template=template) as engine:
+        rows = reference_runs(engine, str(args.out), [t for t in args.tasks.split(",") if t], args.n,
+                              max_tokens=args.max_tokens, chat=args.chat)
     (args.out / REFERENCE_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     kept = sum(p == "kept" for r in rows for p in r["provenance"])
     print(f"{args.out}: {len(rows)} reference generations, {kept} draft tokens kept")
