@@ -338,20 +338,6 @@ def add_gate(folder: str | Path, gate: "DomainGate") -> Path:
                                  {GATE_TENSOR})
 
 
-def set_trained_under(folder: str | Path, trained: dict) -> Path:
-    """Record in an existing arbiter.gguf how its training states were drafted (TRAINED_UNDER's keys)."""
-    import gguf
-
-    kv = {}
-    for key, value in trained.items():
-        if key not in TRAINED_UNDER:
-            raise ValueError(f"unknown setting {key!r} (expected {', '.join(TRAINED_UNDER)})")
-        vtype = (gguf.GGUFValueType.BOOL if isinstance(value, bool) else
-                 gguf.GGUFValueType.UINT32 if key == "draft_max" else gguf.GGUFValueType.FLOAT32)
-        kv[KEY + key] = (value, vtype)
-    return _rewrite_arbiter_file(folder, kv, [], set())
-
-
 def set_name(folder: str | Path, name: str) -> Path:
     """Give an existing arbiter.gguf another name (what the engine reports it as)."""
     import gguf

@@ -222,10 +222,6 @@ DEFAULTS = GenerationParams()
 CHAT_SAMPLING = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1)
 
 
-def param_help(name: str) -> str:
-    return next(f.metadata["help"] for f in fields(GenerationParams) if f.name == name)
-
-
 def param_flags(name: str) -> tuple[str, ...]:
     """A setting's command-line spelling (max_tokens: -n, --n-predict); () for one no command takes."""
     return next((f.metadata["flags"] for f in fields(GenerationParams) if f.name == name), ())

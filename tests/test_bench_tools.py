@@ -264,3 +264,18 @@ def test_ngram_against_llama_cpp_builds_and_runs_llama_cpps_own_program(tmp_path
     ratios = [r["ngram_tps"] / r["target_only_tps"] for r in record["rows"]]
     assert abs(record["summary"]["ngram_over_target_only"] - (ratios[0] * ratios[1]) ** 0.5) < 1e-9
     assert "llama-speculative-simple `--spec-type ngram-mod`" in (out / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_chat_identity_compares_a_cross_vocabulary_arbiter_with_target_only(tmp_path):
+    """bench/chat_identity.py on the shipped cross-vocabulary arbiter, each model in its own format:
+    its counts add up, and where the gate abstains the reply is target-only's."""
+    out = tmp_path / "identity.json"
+    qa = REPO / "cospec_local" / "data" / "gemma3-smollm2" / "qa.jinja"
+    bench("chat_identity.py", "-m", "gemma3-270m", "-md", "smollm2-135m", "--arbiter", "gemma3-smollm2-words",
+          "--chat-template-file", qa, "--prompts", 3, "-n", 12, "-t", 2, "--out", out)
+    result = json.loads(out.read_text())
+    assert result["prompts"] == len(result["rows"]) == 3
+    assert result["identical"] == sum(r["identical"] for r in result["rows"])
+    assert all(r["identical"] for r in result["rows"] if r["abstained"] and r["kept"] == 0)
+    assert result["command"]["chat_template_file"] == str(qa)
