@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from headroom import DIRECTIONS, HERE  # noqa: E402
+from headroom import DIRECTIONS, HERE, eval_direction, run_checked  # noqa: E402
 from results_report import command, report  # noqa: E402
 
 BARS = {"points": 3.0, "recovered_share": 0.5, "losses_per_recovery": 1 / 3, "speed_over_sps": 0.97,
@@ -35,19 +34,9 @@ def run_eval(out: Path, label: str, task: str, arbiter: str, n: int, threads: in
              ngram: bool = False) -> dict:
     """The task's eval; ngram: CoSpec alone with n-gram blocks too (`--spec-type ngram,draft`: the
     arbiter decides the draft model's blocks, n-gram blocks stay lossless)."""
-    target, draft, format_options = DIRECTIONS[label]
     runs = f"cospec:{arbiter}" if ngram else f"target-only,draft-only,sps,fly,cospec:{arbiter}"
-    cmd = [sys.executable, "-m", "cospec_local.cli", "eval", "-m", target, "-md", draft, "-t", str(threads),
-           "-c", "1024", *format_options, "--chat", "--task", str(HERE / "tasks" / f"{task}-test.jsonl"),
-           "--runs", runs, "-n", str(n), "--out", str(out / (f"{task}-ngram" if ngram else task)), "--json"]
-    if ngram:
-        cmd += ["--spec-type", "ngram,draft"]
-    if limit is not None:
-        cmd += ["--limit", str(limit)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout)
+    return eval_direction(label, HERE / "tasks" / f"{task}-test.jsonl", runs, out / (f"{task}-ngram" if ngram else task),
+                          n, threads, limit, *(["--spec-type", "ngram,draft"] if ngram else []))
 
 
 def chat_identity(out: Path, label: str, arbiter: str, prompts: int, threads: int) -> dict:
@@ -55,22 +44,21 @@ def chat_identity(out: Path, label: str, arbiter: str, prompts: int, threads: in
     target, draft, format_options = DIRECTIONS[label]
     file = out / "chat_identity.json"
     if not file.exists():
-        cmd = [sys.executable, str(REPO / "bench" / "chat_identity.py"), "-m", target, "-md", draft, "--arbiter",
-               arbiter, "--prompts", str(prompts), "-n", "64", "-t", str(threads), *format_options, "--out", str(file)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+        run_checked([sys.executable, str(REPO / "bench" / "chat_identity.py"), "-m", target, "-md", draft, "--arbiter",
+                     arbiter, "--prompts", str(prompts), "-n", "64", "-t", str(threads), *format_options, "--out",
+                     str(file)])
     return json.loads(file.read_text())
 
 
 def correct_by_problem(*folders: Path) -> dict[str, dict[str, bool]]:
-    """problem id -> run label -> correct, over these eval folders' records."""
+    """problem id -> run label -> correct, over these eval folders' records (a later folder's run of
+    the same label replaces an earlier one's)."""
+    from cospec_local.evaluate import load_records
+
     correct: dict[str, dict[str, bool]] = {}
     for folder in folders:
-        for line in (folder / "records.jsonl").read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                correct.setdefault(r["problem_id"], {})[r["run"]] = r["correct"]
+        for (problem_id, run), record in load_records(folder / "records.jsonl").items():
+            correct.setdefault(problem_id, {})[run] = record.correct
     return correct
 
 

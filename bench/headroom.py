@@ -42,17 +42,30 @@ def folder(out: Path, label: str, task: str) -> Path:
     return out / label.replace(" <- ", "-from-") / task
 
 
-def run_eval(out: Path, label: str, task: str, split: str, n: int, threads: int, limit: int | None) -> dict:
-    target, draft, format_options = DIRECTIONS[label]
-    cmd = [sys.executable, "-m", "cospec_local.cli", "eval", "-m", target, "-md", draft, "-t", str(threads),
-           "-c", "1024", *format_options, "--chat", "--task", str(HERE / "tasks" / f"{task}-{split}.jsonl"),
-           "--runs", "target-only,draft-only", "-n", str(n), "--out", str(folder(out, label, task)), "--json"]
-    if limit is not None:
-        cmd += ["--limit", str(limit)]
+def run_checked(cmd: list[str]) -> str:
+    """A measuring step in its own process; its standard output, or the end of its error."""
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout)
+    return done.stdout
+
+
+def eval_direction(label: str, task_file: Path, runs: str, out: Path, n: int, threads: int, limit: int | None,
+                   *options: str) -> dict:
+    """`cospec-local eval` of one direction's pair on a task file, each model in its own format;
+    its summary (resumable in `out`)."""
+    target, draft, format_options = DIRECTIONS[label]
+    cmd = [sys.executable, "-m", "cospec_local.cli", "eval", "-m", target, "-md", draft, "-t", str(threads),
+           "-c", "1024", *format_options, "--chat", "--task", str(task_file), "--runs", runs, "-n", str(n),
+           "--out", str(out), "--json", *options]
+    if limit is not None:
+        cmd += ["--limit", str(limit)]
+    return json.loads(run_checked(cmd))
+
+
+def run_eval(out: Path, label: str, task: str, split: str, n: int, threads: int, limit: int | None) -> dict:
+    return eval_direction(label, HERE / "tasks" / f"{task}-{split}.jsonl", "target-only,draft-only",
+                          folder(out, label, task), n, threads, limit)
 
 
 def swapped(summary: dict) -> dict:

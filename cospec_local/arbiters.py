@@ -409,6 +409,11 @@ def describe_arbiter(folder: str | os.PathLike, name: str | None = None, where: 
     }
 
 
+def _arbiter_run(runs: dict, kind: str) -> str | None:
+    """The label of a recorded evaluation's arbiter run: its kind, else the one run that is no baseline."""
+    return kind if kind in runs else next((label for label in runs if label not in BASELINE_RUNS), None)
+
+
 def _headline(row: dict) -> str:
     """One line of the recorded evaluation: target -> arbiter accuracy, per task."""
     if not row["evaluation"]:
@@ -416,11 +421,10 @@ def _headline(row: dict) -> str:
     parts = []
     for task, result in row["evaluation"].items():
         runs = result["runs"]
-        mine = runs.get(row["kind"]) or next((r for label, r in runs.items()
-                                             if label not in ("target-only", "draft-only", "sps")), None)
-        if mine is None or "target-only" not in runs:
+        label = _arbiter_run(runs, row["kind"])
+        if label is None or "target-only" not in runs:
             continue
-        label = row["kind"] if row["kind"] in runs else next(l for l in runs if l not in BASELINE_RUNS)
+        mine = runs[label]
         said = verdict(runs, label)
         parts.append(f"{Path(task).name}: target {100 * runs['target-only']['accuracy']:.1f}% -> "
                      f"{100 * mine['accuracy']:.1f}% at {mine['speedup'] or 0:.2f}x target-only"
@@ -473,8 +477,7 @@ def details_text(row: dict) -> str:
                 lines.append(f"      {label:<12} {100 * r['accuracy']:5.1f}%  {r['speedup'] or 0:.2f}x target-only{extra}")
             if (note := busy_note(result.get("other_load"))) is not None:
                 lines.append(f"      warning: {note}")
-            mine = row["kind"] if row["kind"] in result["runs"] else next(
-                (label for label in result["runs"] if label not in BASELINE_RUNS), None)
+            mine = _arbiter_run(result["runs"], row["kind"])
             if mine is not None and (said := verdict(result["runs"], mine)) is not None:
                 lines.append(f"      verdict: {said.text}")
     else:

@@ -772,7 +772,8 @@ class _Background:
         return self.result
 
 
-def openai_usage(n_prompt: int, result: Generation) -> dict:
-    """OpenAI's `usage` object of a generation from a prompt of n_prompt tokens."""
-    return {"prompt_tokens": n_prompt, "completion_tokens": len(result.tokens),
-            "total_tokens": n_prompt + len(result.tokens)}
+def openai_usage(n_prompt: int, *results: Generation) -> dict:
+    """OpenAI's `usage` object of generations (a request's choices) from one prompt of n_prompt
+    tokens: the prompt counted once, every choice's tokens."""
+    completion = sum(len(result.tokens) for result in results)
+    return {"prompt_tokens": n_prompt, "completion_tokens": completion, "total_tokens": n_prompt + completion}

@@ -26,7 +26,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ..arbiters import arbiters_for_draft
-from ..engine import Generation
+from ..engine import Generation, openai_usage
 from ..params import GenerationParams
 from .metrics import ServerMetrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, generation_params, parse_request
@@ -415,15 +415,9 @@ class _Reply:
         out.setdefault("cospec", {}).update(self._summary(result, index))
         return out
 
-    def _usage(self, results: list[Generation]) -> dict:
-        """OpenAI's usage of n choices: the prompt once, every choice's tokens."""
-        completion = sum(len(r.tokens) for r in results)
-        return {"prompt_tokens": self.n_prompt, "completion_tokens": completion,
-                "total_tokens": self.n_prompt + completion}
-
     def usage_chunk(self, results: list[Generation]) -> dict:
         return {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model,
-                "choices": [], "usage": self._usage(results)}
+                "choices": [], "usage": openai_usage(self.n_prompt, *results)}
 
     def whole(self, done: list[tuple[Generation, list]]) -> dict:
         """The whole response of n choices (result and token events each); timings and cospec are
@@ -437,5 +431,5 @@ class _Reply:
                                  for i, (result, ev) in enumerate(done)]
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
                 "choices": [self._choice(result.text, result.finish_reason, i) for i, (result, _) in enumerate(done)],
-                "usage": self._usage([result for result, _ in done]), "timings": first.stats.to_json(),
+                "usage": openai_usage(self.n_prompt, *(result for result, _ in done)), "timings": first.stats.to_json(),
                 "cospec": cospec}

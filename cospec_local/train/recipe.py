@@ -413,7 +413,7 @@ class RecipeRun:
                 "states_per_problem": len(states) / n,
                 "decisive_per_problem": sum(s.label >= 0 for s in states) / n}
 
-    def plan_stage(self, room: dict) -> dict:
+    def plan_stage(self, room: dict, available: dict[str, list[int | None]]) -> dict:
         """How many train problems: --train, or what fits --minutes; decided once, so a resumed run
         (whose clock starts again) keeps to the same plan."""
         inputs = self.inputs("train", "minutes", "test", "kinds", "grpo", "grpo_steps", headroom=room)
@@ -421,7 +421,6 @@ class RecipeRun:
             inputs["rounds"] = self.settings.rounds
         if (done := self.stages.done("plan", inputs)) is not None:
             return done
-        available = available_problems(self.settings)
         n_train = train_problems_for_budget(room, self.settings, available, time.time() - self.t0)
         if n_train == 0:
             one = SplitSizes.plan(available, self.settings, 1)
@@ -603,9 +602,10 @@ class RecipeRun:
             if not s.ignore_headroom:
                 raise RecipeStop("no headroom: " + why)
             self.say("note: going on without headroom (--ignore-headroom): " + why)
-        plan = self.plan_stage(room)
+        available = available_problems(s)  # the task files' rows, read once
+        plan = self.plan_stage(room, available)
         n_train = plan["train"]
-        self.sizes = SplitSizes.plan(available_problems(s), s, n_train)
+        self.sizes = SplitSizes.plan(available, s, n_train)
         self.say(f"plan: {self.sizes.text(len(s.tasks))}; estimated "
                  f"{_minutes(sum(plan['estimate'].values()))} ({_estimates_text(plan['estimate'])})")
         if (warning := too_few_states_warning(room, self.sizes, len(s.tasks))) is not None:
