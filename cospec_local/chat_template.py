@@ -286,7 +286,7 @@ def serve_requests() -> None:
                 compiled.clear()  # one model's template at a time is the normal case
                 compiled[key] = ChatTemplate(*key)
             text = "" if req["compile_only"] else compiled[key].render(
-                req["messages"], add_generation_prompt=req["add_generation_prompt"])
+                req["messages"], add_generation_prompt=req["add_generation_prompt"], tools=req.get("tools"))
             out = {"text": text}
         except ChatTemplateError as exc:
             out = {"error": str(exc)[:2000]}

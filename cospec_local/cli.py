@@ -131,11 +131,15 @@ def generation_options(exclude: tuple[str, ...] = (), fresh_seed: bool = False, 
     dataclass (a command may change a default, e.g. chat's longer replies); the command
     receives one `params` object. fresh_seed: the command draws a new seed for each reply unless
     --seed is given (chat), which its help says instead of a default."""
-    chosen = [f for f in fields(GenerationParams) if f.name not in exclude]
+    # Settings without a command-line spelling (logprobs) are the API's and the server's.
+    chosen = [f for f in fields(GenerationParams) if f.name not in exclude and f.metadata["flags"]]
+    takes_grammar = any(f.name == "grammar" for f in chosen)
 
     def decorate(fn):
         def wrapper(**kwargs):
             values = {f.name: kwargs.pop(f.name) for f in chosen}
+            if takes_grammar:
+                values["grammar"] = grammar_option(values["grammar"], *(kwargs.pop(n) for n in GRAMMAR_SOURCES))
             if "stop" in values:
                 values["stop"] = tuple(values["stop"])
             params = GenerationParams(**values)
@@ -150,6 +154,13 @@ def generation_options(exclude: tuple[str, ...] = (), fresh_seed: bool = False, 
 
         wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
         wrapper.__click_params__ = list(getattr(fn, "__click_params__", []))
+        if takes_grammar:  # llama-cli's other spellings of a grammar
+            wrapper = click.option("-jf", "--json-schema-file", "json_schema_file", type=click.Path(dir_okay=False),
+                                   help="The same, read from a file.")(wrapper)
+            wrapper = click.option("-j", "--json-schema", "json_schema", help="A JSON schema the output must match "
+                                   "(llama.cpp's converter writes its grammar).")(wrapper)
+            wrapper = click.option("--grammar-file", "grammar_file", type=click.Path(dir_okay=False),
+                                   help="A GBNF grammar file the output must match.")(wrapper)
         for f in reversed(chosen):
             default = defaults.get(f.name, f.default if f.default is not MISSING else None)
             meta = f.metadata
@@ -171,6 +182,37 @@ def generation_options(exclude: tuple[str, ...] = (), fresh_seed: bool = False, 
         return wrapper
 
     return decorate
+
+
+GRAMMAR_SOURCES = ("grammar_file", "json_schema", "json_schema_file")
+
+
+def grammar_option(grammar: str | None, grammar_file: str | None, json_schema: str | None,
+                   json_schema_file: str | None) -> str | None:
+    """The one grammar of --grammar, --grammar-file, -j/--json-schema and -jf/--json-schema-file."""
+    given = [flag for flag, value in (("--grammar", grammar), ("--grammar-file", grammar_file),
+                                      ("--json-schema", json_schema), ("--json-schema-file", json_schema_file))
+             if value is not None]
+    if len(given) > 1:
+        raise click.UsageError(f"give one of {', '.join(given)}")
+    if not given:
+        return None
+    flag = given[0]
+    try:
+        text = {"--grammar": grammar, "--json-schema": json_schema}.get(flag)
+        if text is None:
+            with open(grammar_file or json_schema_file, encoding="utf-8") as f:
+                text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(str(exc), param_hint=flag) from None
+    if flag in ("--grammar", "--grammar-file"):
+        return text
+    from .json_grammar import SchemaError, schema_grammar
+
+    try:
+        return schema_grammar(json.loads(text))
+    except (json.JSONDecodeError, SchemaError) as exc:
+        raise click.BadParameter(str(exc), param_hint=flag) from None
 
 
 def pick_draft(target: str, draft: str | None, quiet: bool = False, measuring: bool = False) -> str | None:

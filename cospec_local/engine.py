@@ -24,6 +24,7 @@ from .arbiters import (AUTO, NAMED_ARBITERS, Arbiter, another_draft_fix, missing
                        resolve_arbiter_path, resolve_auto)
 from .chat_template import ChatTemplate, ChatTemplateError, from_gguf_metadata, template_source
 from .template_process import IsolatedChatTemplate
+from .tool_calls import takes_tools, template_messages
 from .errors import (ArbiterDraftError, ArbiterError, ArbiterSettingsWarning, ContextFullError, GenerationError,
                      InvalidArgumentError, from_native)
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
@@ -206,6 +207,24 @@ class Decision:
 
 
 @dataclass
+class LogprobEntry:
+    token: int
+    logprob: float
+    piece: bytes  # the token's text as the model writes it (maybe part of a UTF-8 character)
+
+
+@dataclass
+class TokenLogprobs:
+    """A token's log-probability (log softmax of the chooser's logits at temperature 1, before
+    penalty, sampling and grammar) and the likeliest tokens at its position, likeliest first."""
+
+    token: int
+    logprob: float
+    piece: bytes
+    top: list[LogprobEntry]
+
+
+@dataclass
 class Generation:
     """What one generation produced, and which mode and arbiter produced it."""
 
@@ -219,6 +238,8 @@ class Generation:
     decisions: list[Decision] = field(default_factory=list)
     prompt_tokens: int = 0
     used_draft_model: bool = False  # the draft model was one of its draft sources
+    # With params.logprobs: per token its own log-probability and the likeliest at its position.
+    logprobs: list[TokenLogprobs] | None = None
 
     @property
     def label(self) -> str:
@@ -245,6 +266,7 @@ class TokenEvent:
     token: int
     provenance: str
     text: str
+    logprobs: TokenLogprobs | None = None  # with params.logprobs (not on the final piece)
 
 
 _WHICH = {"target": 0, "draft": 1}  # the native API's model index
@@ -305,6 +327,7 @@ class Engine:
         self.last_result: Generation | None = None
         self._chat_template: ChatTemplate | None = None
         self._chat_template_override = chat_template
+        self._takes_tools: bool | None = None
         self._draft_chat_template: ChatTemplate | None = None
         self._draft_template_resolved = False
         self._draft_chat_template_override = draft_chat_template
@@ -403,6 +426,16 @@ class Engine:
             raise from_native(exc) from None
         return raw.decode("utf-8", errors="replace")
 
+    def token_bytes(self, token: int) -> bytes:
+        """The text of one target token as the model writes it (its bytes: maybe part of a UTF-8 character)."""
+        with _native_errors():
+            return self._native.token_to_piece(int(token))
+
+    def check_grammar(self, grammar: str, which: str = "target") -> None:
+        """InvalidArgumentError unless the GBNF grammar parses for that model's vocabulary."""
+        with _native_errors():
+            self._native.grammar_check(_WHICH[which], grammar)
+
     def is_eog(self, token: int) -> bool:
         with _native_errors():
             return self._native.is_eog(token)
@@ -500,6 +533,10 @@ class Engine:
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if params.max_tokens == UNTIL_CONTEXT_ENDS:  # what the context has left (the engine refuses a full one)
             params = params.updated(max_tokens=max(1, self.n_ctx - len(tokens)))
+        if params.logprobs and params.mode == "draft-only" and self.vocab_difference is not None:
+            raise InvalidArgumentError("logprobs: in draft-only mode a draft of another vocabulary writes its own "
+                                       "tokens, whose log-probabilities are not reported; use speculative or "
+                                       "target-only mode")
         draft_tokens: list[int] = []
         if draft_prompt is not None and self.vocab_difference is not None:
             draft_tokens = (self._tokenize_rendered(draft_prompt, "draft") if isinstance(draft_prompt, str)
@@ -522,6 +559,12 @@ class Engine:
                       f"{params.draft_max} it decides on blocks it never saw (its accuracy may move; "
                       f"--draft-max {int(trained)} is what it learned)", ArbiterSettingsWarning, stacklevel=4)
 
+    def _token_logprobs(self, pairs) -> TokenLogprobs:
+        """The native (token, logprob) pairs of one token: its own, then the likeliest (-1: none there)."""
+        (token, logprob), *top = pairs
+        return TokenLogprobs(int(token), float(logprob), self.token_bytes(token),
+                             [LogprobEntry(int(t), float(lp), self.token_bytes(t)) for t, lp in top if t >= 0])
+
     def _finish(self, raw: dict, request: _Request) -> Generation:
         result = Generation(
             text=raw["text"].decode("utf-8", errors="replace"),
@@ -535,6 +578,8 @@ class Engine:
             prompt_tokens=len(request.prompt),
             used_draft_model=(request.params.mode == "speculative" and self._draft_loaded
                               and spec_type_uses_model(request.params.spec_type)),
+            logprobs=(None if raw.get("logprobs") is None
+                      else [self._token_logprobs(pairs) for pairs in raw["logprobs"]]),
         )
         self.last_result = result
         if raw.get("callback_error") is not None:
@@ -546,7 +591,7 @@ class Engine:
     def _native_generate(self, request: _Request, on_token=None) -> dict:
         p = request.params
         return self._native.generate(request.prompt, p.native(), request.arbiter, list(p.stop), on_token,
-                                     request.draft_prompt)
+                                     request.draft_prompt, p.grammar or "")
 
     def _run(self, request: _Request, on_token=None) -> dict:
         """Run the native loop beside this thread; Ctrl-C here aborts it and keeps what it made."""
@@ -584,8 +629,8 @@ class Engine:
         stop_flag = threading.Event()
         done = object()
 
-        def on_token(token: int, provenance: int, text: bytes):
-            events.put((token, provenance, text))
+        def on_token(token: int, provenance: int, text: bytes, logprobs):
+            events.put((token, provenance, text, logprobs))
             return not stop_flag.is_set()
 
         def work():
@@ -604,9 +649,10 @@ class Engine:
                     continue
                 if item is done:
                     break
-                token, provenance, text = item
+                token, provenance, text, logprobs = item
                 final = token < 0
-                yield TokenEvent(token, PROVENANCE.get(provenance, "text"), decoder.decode(text, final=final))
+                yield TokenEvent(token, PROVENANCE.get(provenance, "text"), decoder.decode(text, final=final),
+                                 None if logprobs is None else self._token_logprobs(logprobs))
         except BaseException:
             # KeyboardInterrupt or the consumer closed the iterator: stop the native loop.
             stop_flag.set()
@@ -660,19 +706,32 @@ class Engine:
     def _piece(self, token: int, which: int = 0) -> str:
         return self._native.token_text(token, which) if token >= 0 else ""
 
-    def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
-        """Apply the target's chat template (sandboxed Jinja) and tokenize the result."""
-        return self._render(self.chat_template, "target", messages, add_generation_prompt)
+    def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> list[int]:
+        """Apply the target's chat template (sandboxed Jinja) and tokenize the result; `tools`
+        (OpenAI's function list) go to the template, which shows them as its model learned to read them."""
+        return self._render(self.chat_template, "target", messages, add_generation_prompt, tools)
 
-    def render_draft_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int] | None:
+    def render_draft_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                          tools: list[dict] | None = None) -> list[int] | None:
         """The conversation in a draft of another vocabulary's own chat format and tokens: its
         draft_prompt, so that it drafts a reply as it would write one. None where the draft reads
         the target's tokens (same vocabulary, or no draft) or has no chat format of its own."""
         template = self.draft_chat_template
-        return None if template is None else self._render(template, "draft", messages, add_generation_prompt)
+        return None if template is None else self._render(template, "draft", messages, add_generation_prompt, tools)
 
-    def _render(self, template: ChatTemplate, which: str, messages: Sequence[dict], add_generation_prompt: bool) -> list[int]:
-        return self._tokenize_rendered(template.render(list(messages), add_generation_prompt=add_generation_prompt), which)
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the target's chat template shows tools to the model (renders them)."""
+        if self._takes_tools is None:
+            self._takes_tools = takes_tools(self.chat_template)
+        return self._takes_tools
+
+    def _render(self, template: ChatTemplate, which: str, messages: Sequence[dict], add_generation_prompt: bool,
+                tools: list[dict] | None = None) -> list[int]:
+        text = template.render(template_messages(list(messages)), add_generation_prompt=add_generation_prompt,
+                               **({"tools": tools} if tools else {}))
+        return self._tokenize_rendered(text, which)
 
     def _tokenize_rendered(self, text: str, which: str) -> list[int]:
         """A rendered conversation's tokens: special tokens parsed, BOS added where the model adds one

@@ -123,6 +123,13 @@ class GenerationParams:
     fly_top_k: int = _f(_FLY["entropy_top_k"], "FLy: entropy over the k likeliest tokens (0: all).", ("--fly-top-k",))
     stop: tuple[str, ...] = _f((), "Stop strings.", ("--stop",))
     ignore_eos: bool = _f(_NATIVE.ignore_eos, "Keep generating past end-of-generation tokens.", ("--ignore-eos",))
+    grammar: str | None = _f(None, "A GBNF grammar (llama.cpp's format) the output must match: draft proposals, the "
+                                   "target's choices and kept tokens all follow it (--json-schema writes one from a "
+                                   "JSON schema).", ("--grammar",))
+    logprobs: bool = _f(_NATIVE.logprobs, "Record each token's log-probability under the model that chose it "
+                                          "(the target's; the draft's in draft-only mode).", ())
+    top_logprobs: int = _f(_NATIVE.n_top_logprobs, "With logprobs: also this many likeliest tokens at each "
+                                                   f"position (0..{_cospec.N_TOP_LOGPROBS_MAX}).", ())
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -189,9 +196,11 @@ class GenerationParams:
             bad("fly_entropy", "must be a finite number >= 0")
         if self.fly_top_k < 0:
             bad("fly_top_k", "must be >= 0")
+        if not 0 <= self.top_logprobs <= _cospec.N_TOP_LOGPROBS_MAX:
+            bad("top_logprobs", f"must be in [0, {_cospec.N_TOP_LOGPROBS_MAX}]")
 
     def native(self) -> "_cospec.GenerateParams":
-        """The native parameters struct (arbiter and stop strings travel beside it)."""
+        """The native parameters struct (arbiter, stop strings and grammar travel beside it)."""
         n = _cospec.GenerateParams()
         n.mode = _NATIVE_MODE[self.mode]
         n.draft_sources = parse_spec_type(self.spec_type)
@@ -211,6 +220,8 @@ class GenerationParams:
         n.seed = self.seed
         n.sample_arbiter = self.sample_arbiter
         n.ignore_eos = self.ignore_eos
+        n.logprobs = self.logprobs or self.top_logprobs > 0
+        n.n_top_logprobs = self.top_logprobs
         return n
 
 

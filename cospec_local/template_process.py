@@ -10,7 +10,7 @@ the next render replaces. The child runs the same sandboxed renderer, so no
 template code runs in either process; it inherits no environment.
 
 Protocol: one JSON object a line each way. Request {"source", "bos", "eos",
-"messages", "add_generation_prompt", "compile_only"}; answer {"text"} or
+"messages", "add_generation_prompt", "compile_only", "tools"}; answer {"text"} or
 {"error"}.
 """
 from __future__ import annotations
@@ -109,9 +109,10 @@ class IsolatedChatTemplate:
     def _call(self, **payload) -> str:
         return _PROCESS.request({"source": self.source, "bos": self.bos_token, "eos": self.eos_token, **payload})
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list | None = None) -> str:
         try:
-            json.dumps(messages)
+            json.dumps([messages, tools])
         except (TypeError, ValueError) as exc:
-            raise ChatTemplateError(f"messages must be JSON data: {exc}") from None
-        return self._call(messages=messages, add_generation_prompt=bool(add_generation_prompt), compile_only=False)
+            raise ChatTemplateError(f"messages and tools must be JSON data: {exc}") from None
+        return self._call(messages=messages, add_generation_prompt=bool(add_generation_prompt), compile_only=False,
+                          tools=tools)

@@ -26,8 +26,9 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ..arbiters import arbiters_for_draft
-from ..engine import Generation, openai_usage
+from ..engine import Generation, TokenLogprobs, openai_usage
 from ..params import GenerationParams
+from ..tool_calls import may_begin_call, parse_reply
 from .metrics import ServerMetrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, generation_params, parse_request
 from .scheduler import END, EnginePool, Job, ServerBusy
@@ -231,8 +232,8 @@ class CospecServer:
         req = parse_request(ChatCompletionRequest, await self._json_body(request), self.settings.strict)
         self._check_model(req)
         params = self._params(req)
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
-        return await self._respond(request, req, params, messages, chat=True)
+        messages = [m.template_message() for m in req.messages]
+        return await self._respond(request, req, params, (messages, req.tool_request()), chat=True)
 
     async def completions(self, request: Request) -> Response:
         self._authorize(request)
@@ -253,7 +254,8 @@ class CospecServer:
         started = time.perf_counter()
         choices = [params if i == 0 else params.updated(seed=(params.seed + i) % 2**64) for i in range(req.n)]
         job, prompt = await self._start(chat, payload, choices[0])
-        reply = _Reply(chat, "chatcmpl-" if chat else "cmpl-", req.model, len(prompt.tokens), params, req.provenance)
+        reply = _Reply(chat, "chatcmpl-" if chat else "cmpl-", req.model, len(prompt.tokens), params, req.provenance,
+                       prompt.tool_form)
 
         async def start(index: int) -> Job:
             return (await self._start(chat, payload, choices[index]))[0]
@@ -288,6 +290,8 @@ class CospecServer:
             if isinstance(exc, EngineDied):
                 raise _engine_died(exc) from None
             raise
+        if prompt.grammar is not None:  # a forced tool call
+            params = params.updated(grammar=prompt.grammar)
         job = lease.start(prompt, params)
         # Counted when the generation ends, however it ends (a stream whose client left included).
         job.future.add_done_callback(lambda _: job.result is not None and self.metrics.generation(job.result))
@@ -329,12 +333,13 @@ class CospecServer:
                         return
                 if reply.chat:
                     yield json.dumps(reply.chunk({"role": "assistant", "content": ""}, index=index))
-                pending: list = []  # tokens whose text is not complete yet (a split UTF-8 character)
+                pending: list = []  # tokens whose text is not sent yet (a split UTF-8 character, a tool call)
+                calls = _CallReader(reply.tool_form)
                 async for event in job.tokens():
                     first = first or time.perf_counter()
                     pending.append(event)
-                    if event.text:
-                        yield json.dumps(reply.chunk(reply.delta(event.text), tokens=pending, index=index))
+                    if event.text and (text := calls.sendable(event.text)):
+                        yield json.dumps(reply.chunk(reply.delta(text), tokens=pending, index=index))
                         pending = []
                 try:
                     result = await job.finish()
@@ -347,7 +352,14 @@ class CospecServer:
                     return
                 self._observe(result, started, first)
                 results.append(result)
-                yield json.dumps(reply.last_chunk(result, pending, index=index))
+                content, tool_calls = calls.rest()
+                if content or tool_calls:
+                    delta = reply.delta(content) if content else {}
+                    if tool_calls:
+                        delta["tool_calls"] = [c.openai(i) for i, c in enumerate(tool_calls)]
+                    yield json.dumps(reply.chunk(delta, tokens=pending, index=index))
+                    pending = []
+                yield json.dumps(reply.last_chunk(result, pending, index=index, called=bool(tool_calls)))
             if include_usage:
                 yield json.dumps(reply.usage_chunk(results))
             yield "[DONE]"
@@ -371,16 +383,39 @@ def _refused(exc: RequestRefused) -> APIError:
     return APIError(status, message, param=param, code=code)
 
 
+class _CallReader:
+    """A streamed reply of a model shown tools: text goes out as content until a call may begin; the
+    rest is read whole at the end, as content and tool calls."""
+
+    def __init__(self, form: str | None):
+        self.form, self.text, self.sent = form, "", 0
+
+    def sendable(self, text: str) -> str:
+        if self.form is None:
+            return text
+        self.text += text
+        end = max(self.sent, may_begin_call(self.text, self.form))
+        out, self.sent = self.text[self.sent:end], end
+        return out
+
+    def rest(self) -> tuple[str | None, list]:
+        if self.form is None:
+            return None, []
+        return parse_reply(self.text[self.sent:], self.form)
+
+
 class _Reply:
     """The response objects of one request, chat or text completion, whole or in chunks."""
 
     def __init__(self, chat: bool, prefix: str, model: str, n_prompt: int, params: GenerationParams,
-                 provenance: bool):
+                 provenance: bool, tool_form: str | None = None):
         self.chat, self.model, self.n_prompt, self.params, self.provenance = chat, model, n_prompt, params, provenance
+        self.tool_form = tool_form  # the model was shown tools: its reply is read for calls
         self.id = prefix + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
         self.chunk_object = self.object + ".chunk" if chat else self.object  # OpenAI's text chunks keep the name
+        self._streamed: dict[int, int] = {}  # characters streamed per choice (the text endpoint's text_offset)
 
     def delta(self, text: str) -> dict:
         return {"content": text}
@@ -390,17 +425,39 @@ class _Reply:
         """Per-token provenance (the extension): id (-1: held-back text at the end), provenance, text."""
         return [{"id": e.token, "provenance": e.provenance, "text": e.text} for e in events]
 
-    def _choice(self, body, finish_reason, index: int = 0) -> dict:
+    def _logprobs(self, entries: list[TokenLogprobs], offset: int = 0):
+        """OpenAI's logprobs object of these tokens (None where the request asked for none): chat's
+        {"content": [...]}, or the text endpoint's parallel lists."""
+        if not self.params.logprobs:
+            return None
+        if self.chat:
+            def entry(e) -> dict:
+                return {"token": e.piece.decode("utf-8", "replace"), "logprob": e.logprob, "bytes": list(e.piece)}
+            return {"content": [entry(e) | {"top_logprobs": [entry(t) for t in e.top]} for e in entries],
+                    "refusal": None}
+        offsets, at = [], offset
+        for e in entries:
+            offsets.append(at)
+            at += len(e.piece.decode("utf-8", "replace"))
+        return {"tokens": [e.piece.decode("utf-8", "replace") for e in entries],
+                "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{t.piece.decode("utf-8", "replace"): t.logprob for t in e.top} for e in entries],
+                "text_offset": offsets}
+
+    def _choice(self, body, finish_reason, index: int = 0, logprobs=None) -> dict:
         if self.chat:
             key = "delta" if isinstance(body, dict) else "message"
             value = body if isinstance(body, dict) else {"role": "assistant", "content": body}
-            return {"index": index, key: value, "logprobs": None, "finish_reason": finish_reason}
+            return {"index": index, key: value, "logprobs": logprobs, "finish_reason": finish_reason}
         text = body.get("content", "") if isinstance(body, dict) else body
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def chunk(self, delta: dict, finish_reason=None, tokens=None, index: int = 0) -> dict:
+        entries = [e.logprobs for e in tokens or () if e.logprobs is not None]
+        logprobs = self._logprobs(entries, self._streamed.get(index, 0)) if entries else None
+        self._streamed[index] = self._streamed.get(index, 0) + len(delta.get("content") or "")
         out = {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model,
-               "choices": [self._choice(delta, finish_reason, index)]}
+               "choices": [self._choice(delta, finish_reason, index, logprobs)]}
         if self.provenance and tokens:
             out["cospec"] = {"tokens": self._tokens(tokens)}
         return out
@@ -409,8 +466,11 @@ class _Reply:
         return {"mode": result.mode, "arbiter": result.arbiter, "stop_reason": result.stop_reason,
                 "seed": (self.params.seed + index) % 2**64}
 
-    def last_chunk(self, result: Generation, pending, index: int = 0) -> dict:
-        out = self.chunk({}, result.finish_reason, tokens=pending, index=index)
+    def finish_reason(self, result: Generation, called: bool) -> str:
+        return "tool_calls" if called and result.finish_reason == "stop" else result.finish_reason
+
+    def last_chunk(self, result: Generation, pending, index: int = 0, called: bool = False) -> dict:
+        out = self.chunk({}, self.finish_reason(result, called), tokens=pending, index=index)
         out["timings"] = result.stats.to_json()
         out.setdefault("cospec", {}).update(self._summary(result, index))
         return out
@@ -418,6 +478,17 @@ class _Reply:
     def usage_chunk(self, results: list[Generation]) -> dict:
         return {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model,
                 "choices": [], "usage": openai_usage(self.n_prompt, *results)}
+
+    def _whole_choice(self, result: Generation, index: int) -> dict:
+        logprobs = self._logprobs(result.logprobs or [])
+        if self.tool_form is None:
+            return self._choice(result.text, result.finish_reason, index, logprobs)
+        content, calls = parse_reply(result.text, self.tool_form)
+        message = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [c.openai() for c in calls]
+        return {"index": index, "message": message, "logprobs": logprobs,
+                "finish_reason": self.finish_reason(result, bool(calls))}
 
     def whole(self, done: list[tuple[Generation, list]]) -> dict:
         """The whole response of n choices (result and token events each); timings and cospec are
@@ -430,6 +501,6 @@ class _Reply:
             cospec["choices"] = [self._summary(result, i) | ({"tokens": self._tokens(ev)} if self.provenance else {})
                                  for i, (result, ev) in enumerate(done)]
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
-                "choices": [self._choice(result.text, result.finish_reason, i) for i, (result, _) in enumerate(done)],
+                "choices": [self._whole_choice(result, i) for i, (result, _) in enumerate(done)],
                 "usage": openai_usage(self.n_prompt, *(result for result, _ in done)), "timings": first.stats.to_json(),
                 "cospec": cospec}

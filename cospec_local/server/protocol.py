@@ -1,23 +1,30 @@
 """OpenAI's request and error shapes, and how a request becomes GenerationParams.
 
 Requests are validated with pydantic. Fields OpenAI defines but this server cannot honour
-(n > 1, logprobs, tools, ...) are refused with 400 naming the field where a request asks for them,
-not silently ignored; OPENAI_FIELDS says what becomes of each.
+(frequency_penalty, logit_bias, audio, ...) are refused with 400 naming the field where a request
+asks for them, not silently ignored; OPENAI_FIELDS says what becomes of each.
 Unknown fields are ignored, as OpenAI's own API does, unless the server runs with --strict.
 Extension fields (`mode`, `arbiter`, `spec_type`, `top_k`, `min_p`, `repeat_penalty`, `draft_max`,
-`ignore_eos`, `provenance`) are top-level, as llama-server's are; OpenAI clients send them with `extra_body`.
+`ignore_eos`, `provenance`, and llama-server's `grammar` and `json_schema`) are top-level, as
+llama-server's are; OpenAI clients send them with `extra_body`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .. import _cospec
+from ..json_grammar import JSON_OBJECT_GRAMMAR, SchemaError, schema_grammar
 from ..params import MODES, GenerationParams
+from ..tool_calls import ToolsError, tool_names
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_CHOICES = 16  # n: each choice is a generation of its own, one after another
+MAX_COMPLETION_LOGPROBS = 5  # the text endpoint's logprobs (a count of likeliest tokens), OpenAI's limit
+# Nesting of brackets in a request's grammar: llama.cpp's parser recurses once per level.
+MAX_GRAMMAR_DEPTH = 256
 
 
 class APIError(Exception):
@@ -38,10 +45,36 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallItem(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextPart], None] = None
+    tool_calls: list[ToolCallItem] | None = None  # an assistant's calls, sent back in the conversation
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None
+
+    def template_message(self) -> dict:
+        """The message as chat templates read it (OpenAI's developer role is their system role)."""
+        out = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
 
     def text(self) -> str:
         if self.content is None:
@@ -70,7 +103,6 @@ class _Common(BaseModel):
     n: int = Field(1, ge=1, le=MAX_CHOICES)  # independent generations, choice i with seed + i
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    logprobs: Any = None
     logit_bias: dict | None = None
     user: str | None = None
     # Extensions.
@@ -83,6 +115,8 @@ class _Common(BaseModel):
     draft_max: int | None = Field(None, ge=1, le=_cospec.N_DRAFT_MAX)
     ignore_eos: bool | None = None
     provenance: bool = False
+    grammar: str | None = None  # llama-server's: a GBNF grammar the reply must match
+    json_schema: dict | None = None  # llama-server's: a JSON schema the reply must match
 
     @field_validator("stop")
     @classmethod
@@ -99,13 +133,47 @@ class _Common(BaseModel):
                 raise ValueError("stop strings must be valid UTF-8") from None
         return stops
 
+    def output_grammar(self) -> str | None:
+        """The grammar the request holds its reply to (grammar, json_schema, response_format); at most one."""
+        given = [name for name in ("grammar", "json_schema", "response_format") if self._constrains(name)]
+        if len(given) > 1:
+            raise APIError(400, f"{' and '.join(given)}: give one way of constraining the reply", param=given[1])
+        if self.grammar is not None:
+            _check_grammar_depth(self.grammar)
+            return self.grammar
+        schema = self.json_schema
+        if schema is None and self._constrains("response_format"):
+            kind = self.response_format.get("type")
+            if kind == "json_object":
+                return JSON_OBJECT_GRAMMAR
+            spec = self.response_format.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+                raise APIError(400, "response_format json_schema needs {'name': ..., 'schema': {...}}",
+                               param="response_format")
+            schema = spec.get("schema", {})  # OpenAI allows it left out: any JSON value
+        if schema is None:
+            return None
+        try:
+            return schema_grammar(schema)
+        except SchemaError as exc:
+            raise APIError(400, str(exc), param="response_format" if self.json_schema is None else "json_schema") \
+                from None
+
+    def _constrains(self, name: str) -> bool:
+        if name == "response_format":
+            value = getattr(self, "response_format", None)
+            return value is not None and value.get("type", "text") != "text"
+        return getattr(self, name) is not None
+
+    def logprob_request(self) -> tuple[bool, int]:
+        """Whether the reply carries log-probabilities, and how many likeliest tokens each lists."""
+        return False, 0
+
     def refuse_unsupported(self) -> None:
         """400 for OpenAI features this server does not implement, naming the field."""
         for name in ("frequency_penalty", "presence_penalty"):
             if getattr(self, name) != 0:
                 raise APIError(400, f"{name} is not supported; use repeat_penalty (llama.cpp's)", param=name)
-        if self.logprobs not in (None, False):
-            raise APIError(400, "logprobs are not supported", param="logprobs")
         if self.logit_bias:
             raise APIError(400, "logit_bias is not supported", param="logit_bias")
 
@@ -117,43 +185,86 @@ class ChatCompletionRequest(_Common):
     tool_choice: Any = None
     functions: list | None = None  # the older spelling of tools
     function_call: Any = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=_cospec.N_TOP_LOGPROBS_MAX)
     modalities: list[str] | None = None
     audio: dict | None = None
     web_search_options: dict | None = None
     response_format: dict | None = None
+    parallel_tool_calls: bool | None = None  # as llama-server: one call unless a request asks for several
     # OpenAI's that change nothing here: accepted (also under --strict) and ignored.
-    parallel_tool_calls: Any = None
     prediction: Any = None
     reasoning_effort: Any = None
     metadata: Any = None
     store: Any = None
     service_tier: Any = None
 
+    def logprob_request(self) -> tuple[bool, int]:
+        return bool(self.logprobs), self.top_logprobs or 0
+
+    def tool_request(self) -> "ToolRequest | None":
+        """The tools the model is shown and how it must use them; None where it is shown none."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        try:
+            names = tool_names(self.tools)
+        except ToolsError as exc:
+            raise APIError(400, str(exc), param="tools") from None
+        forced = None
+        if self.tool_choice == "required":
+            forced = ""
+        elif isinstance(self.tool_choice, dict):
+            forced = (self.tool_choice.get("function") or {}).get("name")
+            if self.tool_choice.get("type") != "function" or forced not in names:
+                raise APIError(400, f"tool_choice names no tool of this request (tools: {', '.join(names)})",
+                               param="tool_choice")
+        return ToolRequest(self.tools, forced, bool(self.parallel_tool_calls))
+
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        if self.tools:
-            raise APIError(400, "tools are not supported", param="tools")
         for name in ("functions", "function_call"):
             if getattr(self, name) not in (None, [], "none"):
-                raise APIError(400, f"{name} is not supported", param=name)
-        if self.tool_choice not in (None, "none", "auto"):
-            raise APIError(400, "tool_choice: this server calls no tools", param="tool_choice")
-        if self.top_logprobs:
-            raise APIError(400, "top_logprobs: logprobs are not supported", param="top_logprobs")
+                raise APIError(400, f"{name} is OpenAI's older spelling; send tools and tool_choice", param=name)
+        if self.tool_choice not in (None, "none", "auto", "required") and not isinstance(self.tool_choice, dict):
+            raise APIError(400, "tool_choice must be none, auto, required or {'type': 'function', 'function': "
+                                "{'name': ...}}", param="tool_choice")
+        if self.tool_choice not in (None, "none") and not self.tools:
+            raise APIError(400, "tool_choice needs tools", param="tool_choice")
+        if self.top_logprobs and not self.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         if self.audio is not None or any(m != "text" for m in self.modalities or []):
             raise APIError(400, "only text output is supported", param="audio" if self.audio else "modalities")
         if self.web_search_options is not None:
             raise APIError(400, "web search is not supported", param="web_search_options")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise APIError(400, "only response_format type 'text' is supported", param="response_format")
+        if self.response_format is not None and self.response_format.get("type", "text") not in (
+                "text", "json_object", "json_schema"):
+            raise APIError(400, "response_format type must be text, json_object or json_schema",
+                           param="response_format")
+        tools = self.tool_request()
+        if tools is not None and tools.forced is not None and self.output_grammar() is not None:
+            raise APIError(400, "a forced tool call already constrains the reply; leave out grammar, json_schema "
+                                "and response_format", param="tool_choice")
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    """A chat request's tools: shown to the model by its template; forced: "" for any of them (tool_choice
+    required), a tool's name, or None (the model chooses: auto); parallel: several calls allowed."""
+
+    tools: list
+    forced: str | None
+    parallel: bool
 
 
 class CompletionRequest(_Common):
     prompt: Union[str, list[str], list[int]]
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)  # the likeliest tokens listed per token
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+
+    def logprob_request(self) -> tuple[bool, int]:
+        return self.logprobs is not None, self.logprobs or 0
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
@@ -184,10 +295,10 @@ OPENAI_FIELDS = {
         "messages": "supported", "model": "supported", "stream": "supported", "stream_options": "supported",
         "max_tokens": "supported", "max_completion_tokens": "supported", "temperature": "supported",
         "top_p": "supported", "seed": "supported", "stop": "supported", "n": "supported",
-        "frequency_penalty": "refused", "presence_penalty": "refused", "logprobs": "refused",
-        "top_logprobs": "refused", "logit_bias": "refused", "tools": "refused", "tool_choice": "refused",
-        "parallel_tool_calls": "ignored", "functions": "refused", "function_call": "refused",
-        "response_format": "refused", "modalities": "refused", "audio": "refused", "web_search_options": "refused",
+        "frequency_penalty": "refused", "presence_penalty": "refused", "logprobs": "supported",
+        "top_logprobs": "supported", "logit_bias": "refused", "tools": "supported", "tool_choice": "supported",
+        "parallel_tool_calls": "supported", "functions": "refused", "function_call": "refused",
+        "response_format": "supported", "modalities": "refused", "audio": "refused", "web_search_options": "refused",
         "prediction": "ignored", "reasoning_effort": "ignored", "metadata": "ignored", "store": "ignored",
         "service_tier": "ignored", "user": "ignored",
     },
@@ -195,10 +306,19 @@ OPENAI_FIELDS = {
         "prompt": "supported", "model": "supported", "stream": "supported", "stream_options": "supported",
         "max_tokens": "supported", "temperature": "supported", "top_p": "supported", "seed": "supported",
         "stop": "supported", "n": "supported", "best_of": "refused", "echo": "refused", "suffix": "refused",
-        "frequency_penalty": "refused", "presence_penalty": "refused", "logprobs": "refused",
+        "frequency_penalty": "refused", "presence_penalty": "refused", "logprobs": "supported",
         "logit_bias": "refused", "user": "ignored",
     },
 }
+
+
+def _check_grammar_depth(grammar: str) -> None:
+    depth = deepest = 0
+    for char in grammar:
+        depth += (char in "([") - (char in ")]")
+        deepest = max(deepest, depth)
+    if deepest > MAX_GRAMMAR_DEPTH:
+        raise APIError(400, f"grammar: brackets nest {deepest} deep; at most {MAX_GRAMMAR_DEPTH}", param="grammar")
 
 
 def parse_request(cls: type[_Common], data: Any, strict: bool) -> _Common:
@@ -243,6 +363,12 @@ def generation_params(request: _Common, defaults: GenerationParams, allowed_arbi
         # A request must not make the server read an arbitrary folder from its disk.
         raise APIError(400, f"arbiter {changes['arbiter']!r} is not served here; one of: "
                             f"{', '.join(sorted(allowed_arbiters))}", param="arbiter")
+    logprobs, top = request.logprob_request()
+    if logprobs:
+        changes.update(logprobs=True, top_logprobs=top)
+    grammar = request.output_grammar()
+    if grammar is not None:
+        changes["grammar"] = grammar
     params = defaults.updated(**changes)
     try:
         params.validate()

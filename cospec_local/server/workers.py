@@ -80,22 +80,39 @@ class PreparedPrompt:
     tokens: list[int]
     # A draft of another vocabulary's own rendering of the messages (None: it reads the prompt's text).
     draft_tokens: list[int] | None = None
+    tool_form: str | None = None  # the form of call the model writes (tool_calls.HERMES, ...), where shown tools
+    grammar: str | None = None    # a forced tool call's grammar
 
 
 # ---------------------------------------------------------------- the engine process
 
 def prepare_prompt(engine: Engine, chat: bool, payload, params: GenerationParams) -> PreparedPrompt:
-    """The prompt's tokens (checked against the context), the arbiter loaded; RequestRefused for
-    what the request got wrong."""
+    """The prompt's tokens (checked against the context), the arbiter loaded, a grammar checked;
+    RequestRefused for what the request got wrong. A chat's payload: (messages, ToolRequest or None)."""
     from ..chat_template import ChatTemplateError
     from ..errors import ArbiterError, InvalidArgumentError
+    from ..json_grammar import SchemaError
+    from ..tool_calls import ToolsError, call_format, call_grammar
 
     param = "messages" if chat else "prompt"
-    draft_prompt = None
+    draft_prompt = tool_form = grammar = None
     if chat:
+        messages, tools = payload
+        if tools is not None:
+            if not engine.takes_tools:
+                raise RequestRefused(400, "this model's chat template does not show tools to the model (it was not "
+                                          "made for tool calls); send no tools, or start the server with "
+                                          "--chat-template-file naming a template that takes them", "tools", None)
+            tool_form = call_format(engine.chat_template.source)
+            if tools.forced is not None:
+                try:
+                    grammar = call_grammar(tools.tools, tool_form, tools.forced or None, tools.parallel)
+                except (SchemaError, ToolsError) as exc:
+                    raise RequestRefused(400, f"tools: {exc}", "tools", None) from None
+        shown = tools.tools if tools is not None else None
         try:
-            prompt = engine.render_chat(payload)
-            draft_prompt = engine.render_draft_chat(payload)
+            prompt = engine.render_chat(messages, tools=shown)
+            draft_prompt = engine.render_draft_chat(messages, tools=shown)
         except ChatTemplateError as exc:
             raise RequestRefused(400, f"the chat template refused the messages: {exc}", param, None) from None
     elif isinstance(payload, str):
@@ -114,7 +131,16 @@ def prepare_prompt(engine: Engine, chat: bool, payload, params: GenerationParams
             engine.arbiter_for(params)
         except (ArbiterError, InvalidArgumentError, FileNotFoundError) as exc:
             raise RequestRefused(400, f"arbiter {params.arbiter!r}: {exc}", "arbiter", None) from None
-    return PreparedPrompt(prompt, draft_prompt)
+    if params.logprobs and params.mode == "draft-only" and engine.vocab_difference is not None:
+        raise RequestRefused(400, "logprobs: in draft-only mode a draft of another vocabulary writes its own tokens, "
+                                  "whose log-probabilities are not reported; use speculative or target-only mode",
+                             "logprobs", None)
+    if grammar or params.grammar:
+        try:
+            engine.check_grammar(grammar or params.grammar, "draft" if params.mode == "draft-only" else "target")
+        except InvalidArgumentError as exc:
+            raise RequestRefused(400, str(exc), "grammar", None) from None
+    return PreparedPrompt(prompt, draft_prompt, tool_form, grammar)
 
 
 def _engine_main(conn, spec: EngineSpec, stop_request) -> None:

@@ -404,12 +404,33 @@ enum cospec_stop_reason {
     COSPEC_STOP_ERROR        = 6, // an error stopped generation; the text so far is kept
 };
 
-// Streaming: called once per emitted token, in order. `text` holds the bytes
-// that are now safe to show (held back while they could begin a stop string or
-// an incomplete UTF-8 character), so concatenating every `text` gives the
-// final text. Return false to stop generation (stop reason ABORTED).
-typedef bool (*cospec_token_fn)(cospec_token token, int32_t provenance, const char * text, int32_t text_len,
-                                void * user_data);
+// A token's log-probability: log softmax of the logits of the model that chose it (temperature 1,
+// before the repeat penalty, sampling and a grammar), as OpenAI's logprobs and llama-server's.
+typedef struct cospec_token_logprob {
+    cospec_token token;
+    float        logprob;
+} cospec_token_logprob;
+
+// The most tokens a generation lists per emitted token beside its own (OpenAI's top_logprobs).
+#define COSPEC_N_TOP_LOGPROBS_MAX 20
+
+// One emitted token, as the streaming callback sees it.
+typedef struct cospec_token_event {
+    cospec_token token;      // -1 in the last call, which only flushes held-back text
+    int32_t provenance;      // enum cospec_provenance; -1 with token -1
+    // The bytes that are now safe to show (held back while they could begin a stop string or an
+    // incomplete UTF-8 character): concatenating every event's text gives the final text.
+    const char * text;
+    int32_t text_len;
+    // With cospec_generate_params.logprobs: the token's own log-probability, then the n_top
+    // likeliest tokens at its position, likeliest first ([1 + n_top]); else NULL.
+    const cospec_token_logprob * logprobs;
+    int32_t n_top;
+} cospec_token_event;
+
+// Streaming: called once per emitted token, in order, then once with token -1.
+// Return false to stop generation (stop reason ABORTED).
+typedef bool (*cospec_token_fn)(const cospec_token_event * event, void * user_data);
 
 // The one set of generation defaults (cospec_generate_default_params); the
 // bindings, the Python API and the CLI read theirs from here.
@@ -489,11 +510,36 @@ struct cospec_generate_params {
     // with such a draft reads this prompt, and its result's tokens are the draft's.
     const cospec_token * draft_prompt;
     int32_t n_draft_prompt;
+    // Record each emitted token's log-probability under the model whose row chose it (the target's
+    // verify or step row, whatever the token's provenance: a kept draft token gets the target's
+    // view of it; the draft's row in draft-only mode), and the n_top_logprobs likeliest tokens
+    // there (0..COSPEC_N_TOP_LOGPROBS_MAX): cospec_result_logprobs and the token callback's event.
+    bool    logprobs;          // default false
+    int32_t n_top_logprobs;    // default 0
+    // A grammar the output must match, in llama.cpp's GBNF (llama.cpp's json-schema-to-grammar writes
+    // one from a JSON schema); NULL or "": none. The draft's proposals, the target's choices and every
+    // token an arbiter keeps follow it, so the output always matches and lossless speculation gives
+    // exactly target-only's constrained output. The end of generation is allowed only where the
+    // grammar is complete. A grammar that does not parse fails the call with INVALID_ARGUMENT.
+    const char * grammar;
+    const char * grammar_root; // its start symbol (NULL: "root")
     cospec_token_fn token_callback;
     void * token_user_data;
 };
 
 struct cospec_generate_params cospec_generate_default_params(void);
+
+// A JSON schema (its JSON text) as a GBNF grammar, by llama.cpp's own converter
+// (common/json-schema-to-grammar). rule_name NULL or "root": the grammar's output is one JSON value
+// of the schema. Else the schema's values are the rule rule_name, and root_rule, a GBNF expression
+// that may name it, starts the grammar (e.g. "\"<tool_call>\" tool-call \"</tool_call>\"").
+// Returns the grammar, valid until the next call on this thread, or NULL (cospec_last_error says why).
+const char * cospec_json_schema_to_grammar(const char * schema_json, const char * rule_name, const char * root_rule);
+
+// Whether a GBNF grammar parses for the target's (which = 0) or the draft's (1) vocabulary, with
+// root as its start symbol (NULL: "root"): COSPEC_OK, else INVALID_ARGUMENT (llama.cpp's parser
+// writes its reason to its log). A caller can refuse a request's grammar before generating.
+int32_t cospec_grammar_check(const cospec_engine * engine, int32_t which, const char * grammar, const char * root);
 
 // One set of counters, used by every mode.
 // In speculative mode n_accepted + n_kept + n_fallback + n_bonus + n_plain == n_generated
@@ -544,6 +590,10 @@ void cospec_engine_reset(cospec_engine * engine);
 const char *               cospec_result_text(const cospec_result * result, int32_t * len);
 const cospec_token *       cospec_result_tokens(const cospec_result * result, int32_t * n);
 const int32_t *            cospec_result_provenance(const cospec_result * result, int32_t * n);
+// With cospec_generate_params.logprobs, per emitted token *n_per_token entries (1 + n_top_logprobs):
+// its own log-probability, then the likeliest tokens at its position; token i's begin at
+// i * *n_per_token. NULL (*n_per_token 0) when they were not asked for.
+const cospec_token_logprob * cospec_result_logprobs(const cospec_result * result, int32_t * n_per_token);
 // Every arbiter decision the generation applied, in order.
 const cospec_decision *    cospec_result_decisions(const cospec_result * result, int32_t * n);
 int32_t                    cospec_result_stop_reason(const cospec_result * result);

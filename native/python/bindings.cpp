@@ -482,11 +482,21 @@ bool python_progress(int32_t which, float progress, void * user_data) {
     }
 }
 
-bool python_token(cospec_token token, int32_t provenance, const char * text, int32_t len, void * user_data) {
+// A token's log-probabilities as a list of (token, logprob) pairs: its own, then the likeliest.
+py::list logprobs_to_list(const cospec_token_logprob * lp, int32_t n) {
+    py::list out;
+    for (int32_t i = 0; i < n; ++i) {
+        out.append(py::make_tuple(lp[i].token, lp[i].logprob));
+    }
+    return out;
+}
+
+bool python_token(const cospec_token_event * ev, void * user_data) {
     auto * state = static_cast<callback_state *>(user_data);
     py::gil_scoped_acquire gil;
     try {
-        py::object go_on = state->fn(token, provenance, py::bytes(text, (size_t) len));
+        py::object logprobs = ev->logprobs == nullptr ? py::object(py::none()) : py::object(logprobs_to_list(ev->logprobs, 1 + ev->n_top));
+        py::object go_on = state->fn(ev->token, ev->provenance, py::bytes(ev->text, (size_t) ev->text_len), logprobs);
         return go_on.is_none() || go_on.cast<bool>();
     } catch (py::error_already_set & e) {
         state->error = std::move(e);
@@ -633,8 +643,11 @@ class Engine {
     }
 
     py::dict generate(const std::vector<int32_t> & prompt, const cospec_generate_params & base, std::shared_ptr<Arbiter> arbiter,
-                      const std::vector<std::string> & stop, py::object on_token, const std::vector<int32_t> & draft_prompt) {
+                      const std::vector<std::string> & stop, py::object on_token, const std::vector<int32_t> & draft_prompt,
+                      const std::string & grammar, const std::string & grammar_root) {
         cospec_generate_params p = base;
+        p.grammar = grammar.empty() ? nullptr : grammar.c_str();
+        p.grammar_root = grammar_root.empty() ? nullptr : grammar_root.c_str();
         p.arbiter = arbiter ? arbiter->get() : nullptr;
         p.draft_prompt = draft_prompt.empty() ? nullptr : draft_prompt.data();
         p.n_draft_prompt = (int32_t) draft_prompt.size();
@@ -676,6 +689,13 @@ class Engine {
         out["tokens"] = std::vector<int32_t>(toks, toks + n);
         out["provenance"] = std::vector<int32_t>(prov, prov + n_prov);
         out["decisions"] = decisions_to_list(dec, n_dec);
+        int32_t per_token = 0;
+        const cospec_token_logprob * lp = cospec_result_logprobs(res, &per_token);
+        py::list logprobs;
+        for (int32_t i = 0; lp != nullptr && i < n; ++i) {
+            logprobs.append(logprobs_to_list(lp + (size_t) i * per_token, per_token));
+        }
+        out["logprobs"] = lp == nullptr ? py::object(py::none()) : py::object(logprobs);
         out["stop_reason"] = cospec_result_stop_reason(res);
         out["status"] = status;
         out["status_name"] = cospec_status_name(status);
@@ -926,6 +946,15 @@ PYBIND11_MODULE(_cospec, m) {
     m.attr("FLY_DEFAULTS") = fly_defaults;
     m.attr("DEFAULT_VERIFY_COST") = COSPEC_DEFAULT_VERIFY_COST;
     m.attr("DEFAULT_N_CTX") = COSPEC_DEFAULT_N_CTX;
+    m.attr("N_TOP_LOGPROBS_MAX") = COSPEC_N_TOP_LOGPROBS_MAX;
+    m.def("json_schema_to_grammar", [](const std::string & schema, const std::string & rule_name, const std::string & root_rule) {
+        const char * grammar = cospec_json_schema_to_grammar(schema.c_str(), rule_name.c_str(), root_rule.c_str());
+        if (grammar == nullptr) {
+            raise_status(COSPEC_ERR_INVALID_ARGUMENT);
+        }
+        return std::string(grammar);
+    }, py::arg("schema"), py::arg("rule_name") = std::string(), py::arg("root_rule") = std::string(),
+       "A JSON schema's grammar by llama.cpp's converter (cospec_json_schema_to_grammar).");
 
     py::class_<cospec_generate_params>(m, "GenerateParams",
                                        "cospec_generate_params: constructed with cospec_generate_default_params()")
@@ -958,7 +987,9 @@ PYBIND11_MODULE(_cospec, m) {
         .def_readwrite("repeat_last_n", &cospec_generate_params::repeat_last_n)
         .def_readwrite("seed", &cospec_generate_params::seed)
         .def_readwrite("sample_arbiter", &cospec_generate_params::sample_arbiter)
-        .def_readwrite("ignore_eos", &cospec_generate_params::ignore_eos);
+        .def_readwrite("ignore_eos", &cospec_generate_params::ignore_eos)
+        .def_readwrite("logprobs", &cospec_generate_params::logprobs)
+        .def_readwrite("n_top_logprobs", &cospec_generate_params::n_top_logprobs);
 
     m.def("block_features", [](const py::dict & block) {
         python_block pb(block);
@@ -1076,7 +1107,13 @@ PYBIND11_MODULE(_cospec, m) {
         .def("is_eog", [](const Engine & e, int32_t t) { return cospec_token_is_eog(e.get(), t); })
         .def("generate", &Engine::generate, py::arg("prompt"), py::arg("params"), py::arg("arbiter") = nullptr,
              py::arg("stop") = std::vector<std::string>(), py::arg("on_token") = py::none(),
-             py::arg("draft_prompt") = std::vector<int32_t>())
+             py::arg("draft_prompt") = std::vector<int32_t>(), py::arg("grammar") = std::string(),
+             py::arg("grammar_root") = std::string())
+        .def("grammar_check", [](const Engine & e, int32_t which, const std::string & grammar, const std::string & root) {
+            if (cospec_grammar_check(e.get(), which, grammar.c_str(), root.empty() ? nullptr : root.c_str()) != COSPEC_OK) {
+                raise_status(COSPEC_ERR_INVALID_ARGUMENT);
+            }
+        }, py::arg("which"), py::arg("grammar"), py::arg("root") = std::string())
         .def("vocab_difference", [](const Engine & e) -> py::object {
             const char * d = cospec_engine_vocab_difference(e.get());
             return d == nullptr ? py::none() : py::object(py::str(d));

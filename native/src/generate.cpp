@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -20,6 +21,9 @@ struct cospec_result {
     std::vector<cospec_token> tokens;
     std::vector<int32_t> provenance;
     std::vector<cospec_decision> decisions;
+    // With params.logprobs: logprobs_per_token entries per token (its own, then the likeliest).
+    std::vector<cospec_token_logprob> logprobs;
+    int32_t logprobs_per_token = 0;
     int32_t stop_reason = COSPEC_STOP_NONE;
     int32_t status = COSPEC_OK;
     std::string error;
@@ -31,6 +35,8 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 using cospec::fill_batch;
 
+constexpr const char * GRAMMAR_PARSE_ERROR = "the grammar does not parse as GBNF, llama.cpp's grammar format (its "
+                                             "parser writes why to standard error)";
 constexpr uint64_t ARBITER_SEED_SALT = 0xa5b17e4c0ffee5edULL;
 // Tokens a block's first draft call catches up on after a block: the last
 // drafted token and the target's bonus or fallback. A longer catch-up (after
@@ -38,6 +44,12 @@ constexpr uint64_t ARBITER_SEED_SALT = 0xa5b17e4c0ffee5edULL;
 constexpr size_t BLOCK_CATCH_UP = 2;
 // The fixed cost model's price of an n-gram proposal, in target steps: a table lookup.
 constexpr double NGRAM_DRAFT_COST = 0.001;
+
+// llama.cpp's grammar sampler, freed with its owner.
+struct sampler_deleter {
+    void operator()(llama_sampler * s) const { llama_sampler_free(s); }
+};
+using sampler_ptr = std::unique_ptr<llama_sampler, sampler_deleter>;
 
 double ms_since(clock_type::time_point t0) {
     return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
@@ -158,6 +170,18 @@ class generation {
     }
 
     int32_t run(const cospec_token * prompt, int32_t n_prompt) {
+        if (p.grammar != nullptr && p.grammar[0] != '\0') {
+            // The grammar reads the tokens of the model that emits: the draft's in draft-only mode.
+            const llama_vocab * vocab = p.mode == COSPEC_MODE_DRAFT_ONLY ? e.draft.vocab : e.target.vocab;
+            grammar.reset(llama_sampler_init_grammar(vocab, p.grammar, p.grammar_root != nullptr ? p.grammar_root : "root"));
+            if (!grammar) {
+                r.stop_reason = COSPEC_STOP_ERROR;
+                return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, GRAMMAR_PARSE_ERROR);
+            }
+        }
+        if (p.logprobs) {
+            r.logprobs_per_token = 1 + p.n_top_logprobs;
+        }
         seq.assign(prompt, prompt + n_prompt);
         if (p.mode == COSPEC_MODE_DRAFT_ONLY && !e.vocab_difference.empty()) {
             seq = draft_prompt(prompt, n_prompt); // a draft of another vocabulary decodes alone in its own tokens
@@ -270,6 +294,15 @@ class generation {
     std::vector<float> penalized_row;
     std::vector<llama_token> penalty_history;
     int32_t n_shared = 0; // token ids both vocabularies share
+
+    // A grammar the output follows (params.grammar): its state after the emitted tokens, and
+    // copies advanced along a block's drafted tokens (while drafting, while judging).
+    sampler_ptr grammar;
+    sampler_ptr draft_grammar;
+    sampler_ptr walk_grammar;
+    std::vector<llama_token_data> candidates;
+    std::vector<float> allowed_row;
+    std::vector<cospec_token_logprob> top_scratch;
 
     std::vector<llama_token> seq; // prompt + generated tokens
     int32_t stop = COSPEC_STOP_NONE;
@@ -430,6 +463,12 @@ class generation {
 
     // A model whose weights or metadata are broken can compute NaN or infinite
     // logits; argmax then picks token 0 forever. Refuse to emit garbage.
+    int32_t grammar_dead_end() {
+        return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "the grammar allows no token of the model's vocabulary here (text "
+                                                         "so far: \"" + r.text.substr(r.text.size() > 80 ? r.text.size() - 80 : 0) +
+                                                         "\")");
+    }
+
     int32_t nonfinite_logits() {
         return cospec::fail(COSPEC_ERR_DECODE, "the model computed non-finite logits (corrupt weights or metadata?)");
     }
@@ -459,16 +498,125 @@ class generation {
         const float * logits = with_penalty(raw_logits, n, 0);
         llama_token tok;
         if (greedy) {
-            tok = cospec::argmax(logits, n);
+            tok = greedy_choice(grammar.get(), logits, n);
         } else {
-            cospec::sampling_probs(logits, n, scfg, target_probs);
+            const float * row = allowed(grammar.get(), logits, n);
+            if (grammar && !std::isfinite(row[cospec::argmax(row, n)])) {
+                st.t_sample_ms += ms_since(t0);
+                return -1;
+            }
+            cospec::sampling_probs(row, n, scfg, target_probs);
             tok = cospec::sample_from(target_probs, rng);
         }
         st.t_sample_ms += ms_since(t0);
         return tok;
     }
 
-    void emit(llama_token tok, int32_t provenance) {
+    // ------------------------------------------------------------ grammar
+
+    // Whether grammar g (in its current state) allows token tok next.
+    bool grammar_allows(llama_sampler * g, llama_token tok) {
+        llama_token_data one {tok, 0.0f, 0.0f};
+        llama_token_data_array arr {&one, 1, -1, false};
+        llama_sampler_apply(g, &arr);
+        return std::isfinite(one.logit);
+    }
+
+    // The row with every token g does not allow at -inf (the row itself without a grammar).
+    const float * allowed(llama_sampler * g, const float * row, int32_t n) {
+        if (g == nullptr) {
+            return row;
+        }
+        candidates.resize((size_t) n);
+        for (int32_t i = 0; i < n; ++i) {
+            candidates[i] = {i, row[i], 0.0f};
+        }
+        llama_token_data_array arr {candidates.data(), (size_t) n, -1, false};
+        llama_sampler_apply(g, &arr);
+        allowed_row.assign((size_t) n, -INFINITY);
+        for (size_t i = 0; i < arr.size; ++i) {
+            if (arr.data[i].id >= 0 && arr.data[i].id < n) {
+                allowed_row[(size_t) arr.data[i].id] = arr.data[i].logit;
+            }
+        }
+        return allowed_row.data();
+    }
+
+    // The greedy choice under g: the argmax where g allows it (the common case, one check), else
+    // the argmax over the tokens g allows; -1 where it allows none of the n.
+    llama_token greedy_choice(llama_sampler * g, const float * row, int32_t n) {
+        const llama_token best = cospec::argmax(row, n);
+        if (g == nullptr || grammar_allows(g, best)) {
+            return best;
+        }
+        const float * masked = allowed(g, row, n);
+        const llama_token tok = cospec::argmax(masked, n);
+        return std::isfinite(masked[tok]) ? tok : -1;
+    }
+
+    // Advance g past tok (an end-of-generation token ends the output and leaves it as it is).
+    void grammar_accept(llama_sampler * g, const llama_vocab * vocab, llama_token tok) {
+        if (g != nullptr && !llama_vocab_is_eog(vocab, tok)) {
+            llama_sampler_accept(g, tok);
+        }
+    }
+
+    // A proposal that arrived whole (the n-gram drafter's, a text draft's) cut before its first
+    // token the grammar does not allow.
+    void trim_to_grammar() {
+        if (!grammar) {
+            return;
+        }
+        sampler_ptr g(llama_sampler_clone(grammar.get()));
+        size_t n = 0;
+        while (n < drafted.size() && grammar_allows(g.get(), drafted[n])) {
+            if (llama_vocab_is_eog(e.target.vocab, drafted[n])) {
+                n += 1;
+                break; // the output ends there
+            }
+            llama_sampler_accept(g.get(), drafted[n]);
+            n += 1;
+        }
+        drafted.resize(n);
+    }
+
+    // ------------------------------------------------------------ log-probabilities
+
+    // The token's log-probability in row (n logits) and the likeliest n_top there, appended to the result.
+    void record_logprobs(const float * row, int32_t n, llama_token tok) {
+        const float lse = (float) cospec::log_sum_exp(row, n);
+        r.logprobs.push_back({tok, row[tok] - lse});
+        const int32_t k = std::min(p.n_top_logprobs, n);
+        top_scratch.clear();
+        const auto worse = [](const cospec_token_logprob & a, const cospec_token_logprob & b) {
+            return a.logprob > b.logprob || (a.logprob == b.logprob && a.token < b.token);
+        };
+        for (int32_t i = 0; i < n && k > 0; ++i) { // a min-heap of the k best so far
+            if ((int32_t) top_scratch.size() < k) {
+                top_scratch.push_back({i, row[i]});
+                std::push_heap(top_scratch.begin(), top_scratch.end(), worse);
+            } else if (row[i] > top_scratch.front().logprob) {
+                std::pop_heap(top_scratch.begin(), top_scratch.end(), worse);
+                top_scratch.back() = {i, row[i]};
+                std::push_heap(top_scratch.begin(), top_scratch.end(), worse);
+            }
+        }
+        std::sort_heap(top_scratch.begin(), top_scratch.end(), worse);
+        for (const auto & t : top_scratch) {
+            r.logprobs.push_back({t.token, t.logprob - lse});
+        }
+        for (int32_t i = (int32_t) top_scratch.size(); i < p.n_top_logprobs; ++i) {
+            r.logprobs.push_back({-1, -INFINITY}); // a vocabulary smaller than n_top: every token row keeps its size
+        }
+    }
+
+    // Emit tok, chosen from row (the logits of the model that chose it, for its log-probability).
+    void emit(llama_token tok, int32_t provenance, const float * row) {
+        const llama_vocab * vocab = p.mode == COSPEC_MODE_DRAFT_ONLY ? e.draft.vocab : e.target.vocab;
+        grammar_accept(grammar.get(), vocab, tok);
+        if (p.logprobs) {
+            record_logprobs(row, p.mode == COSPEC_MODE_DRAFT_ONLY ? e.draft.n_vocab : e.target.n_vocab, tok);
+        }
         seq.push_back(tok);
         r.tokens.push_back(tok);
         r.provenance.push_back(provenance);
@@ -488,7 +636,6 @@ class generation {
             case COSPEC_PROV_BONUS:    st.n_bonus += 1; break;
             default:                   st.n_plain += 1; break;
         }
-        const llama_vocab * vocab = p.mode == COSPEC_MODE_DRAFT_ONLY ? e.draft.vocab : e.target.vocab;
         if (llama_vocab_is_eog(vocab, tok) && !p.ignore_eos) {
             stop = COSPEC_STOP_EOG;
         } else {
@@ -496,7 +643,12 @@ class generation {
         }
         if (p.token_callback != nullptr) {
             const size_t end = stream_end();
-            const bool go_on = p.token_callback(tok, provenance, r.text.data() + sent, (int32_t) (end - sent), p.token_user_data);
+            cospec_token_event event {tok, provenance, r.text.data() + sent, (int32_t) (end - sent), nullptr, 0};
+            if (p.logprobs) {
+                event.logprobs = r.logprobs.data() + r.logprobs.size() - (size_t) r.logprobs_per_token;
+                event.n_top = p.n_top_logprobs;
+            }
+            const bool go_on = p.token_callback(&event, p.token_user_data);
             sent = end;
             if (!go_on && stop == COSPEC_STOP_NONE) {
                 stop = COSPEC_STOP_ABORTED;
@@ -550,7 +702,8 @@ class generation {
 
     void flush_text() {
         if (p.token_callback != nullptr && sent < r.text.size()) {
-            p.token_callback(-1, -1, r.text.data() + sent, (int32_t) (r.text.size() - sent), p.token_user_data);
+            const cospec_token_event event {-1, -1, r.text.data() + sent, (int32_t) (r.text.size() - sent), nullptr, 0};
+            p.token_callback(&event, p.token_user_data);
         }
         sent = r.text.size();
     }
@@ -575,10 +728,13 @@ class generation {
         }
         const float * row = llama_get_logits_ith(s.ctx, -1);
         const llama_token tok = choose(row, s.n_vocab);
+        if (tok < 0) {
+            return grammar_dead_end();
+        }
         if (!std::isfinite(row[tok])) {
             return nonfinite_logits();
         }
-        emit(tok, provenance);
+        emit(tok, provenance, row);
         return COSPEC_OK;
     }
 
@@ -613,6 +769,9 @@ class generation {
         if (!greedy && draft_probs.size() < (size_t) k) {
             draft_probs.resize(k);
         }
+        if (grammar) {
+            draft_grammar.reset(llama_sampler_clone(grammar.get())); // the draft proposes only what the grammar allows
+        }
         for (int32_t i = 0; i < k; ++i) {
             const float * row = llama_get_logits_ith(e.draft.ctx, -1);
             if (keep_draft_logits) {
@@ -627,17 +786,29 @@ class generation {
                     draft_declined = true;
                     break; // the draft is unsure: verifying further guesses would waste target work
                 }
-                d = cospec::argmax(chosen_from, n_shared);
+                d = greedy_choice(draft_grammar.get(), chosen_from, n_shared);
             } else {
-                cospec::sampling_probs(chosen_from, n_shared, scfg, draft_probs[i]);
-                d = cospec::sample_from(draft_probs[i], rng);
+                const float * masked = allowed(draft_grammar.get(), chosen_from, n_shared);
+                d = grammar && !std::isfinite(masked[cospec::argmax(masked, n_shared)]) ? -1 : 0;
+                if (d == 0) {
+                    cospec::sampling_probs(masked, n_shared, scfg, draft_probs[i]);
+                    d = cospec::sample_from(draft_probs[i], rng);
+                }
             }
             st.t_sample_ms += ms_since(t0);
+            if (d < 0) {
+                draft_declined = true;
+                break; // the grammar allows none of the draft's tokens here: the target decides alone
+            }
             if (!std::isfinite(row[d])) {
                 drafted.clear();
                 return nonfinite_logits();
             }
             drafted.push_back(d);
+            if (grammar && llama_vocab_is_eog(e.target.vocab, d)) {
+                break; // an end the grammar allows: nothing follows it
+            }
+            grammar_accept(draft_grammar.get(), e.target.vocab, d);
             if (i + 1 == k || e.abort_flag.load()) {
                 break;
             }
@@ -663,11 +834,21 @@ class generation {
         const int32_t kd = (int32_t) drafted.size();
         const int32_t nv = e.target.n_vocab;
         const auto t0 = clock_type::now();
+        // With a grammar the target chooses among the tokens it allows after drafted[0..j).
         const float * row = with_penalty(raw_row, nv, j);
         if (greedy) {
-            target_tokens[j] = cospec::argmax(row, nv);
+            target_tokens[j] = greedy_choice(walk_grammar.get(), row, nv);
             if (j < kd) {
                 mismatch[j] = drafted[j] != target_tokens[j];
+            }
+            st.t_sample_ms += ms_since(t0);
+            return;
+        }
+        row = allowed(walk_grammar.get(), row, nv);
+        if (walk_grammar && !std::isfinite(row[cospec::argmax(row, nv)])) {
+            target_tokens[j] = -1;
+            if (j < kd) {
+                mismatch[j] = 1;
             }
         } else if (j == kd) {
             cospec::sampling_probs(row, nv, scfg, target_probs);
@@ -740,6 +921,7 @@ class generation {
         }
         const auto t0 = clock_type::now();
         ngram->propose(k_max, drafted);
+        trim_to_grammar();
         const double lookup_ms = std::max(ms_since(t0), 1e-6);
         if (drafted.empty()) {
             return false;
@@ -804,15 +986,24 @@ class generation {
 
         target_tokens.assign(kd + 1, -1);
         mismatch.assign(kd, 0);
+        if (grammar) {
+            walk_grammar.reset(llama_sampler_clone(grammar.get()));
+        }
         // The lossless walk stops at the first mismatch, so later positions
         // need no verdict; an arbiter that can keep sees the whole block.
         for (int32_t j = 0; j <= kd; ++j) {
             judge(j, logits + (size_t) j * nv);
+            if (target_tokens[j] < 0) {
+                return grammar_dead_end();
+            }
             if (!std::isfinite(logits[(size_t) j * nv + target_tokens[j]])) {
                 return nonfinite_logits();
             }
             if (j < kd && mismatch[j] && !arbiter_decides()) {
                 break;
+            }
+            if (j < kd) {
+                grammar_accept(walk_grammar.get(), e.target.vocab, drafted[j]); // every drafted token follows the grammar
             }
         }
         return COSPEC_OK;
@@ -903,8 +1094,9 @@ class generation {
         bool scored = false;
         int32_t j = 0;
         for (; j < kd && stop == COSPEC_STOP_NONE; ++j) {
+            const float * row = rows + (size_t) j * e.target.n_vocab;
             if (!mismatch[j]) {
-                emit(drafted[j], block_from_ngram ? COSPEC_PROV_NGRAM : COSPEC_PROV_MATCH);
+                emit(drafted[j], block_from_ngram ? COSPEC_PROV_NGRAM : COSPEC_PROV_MATCH, row);
                 continue;
             }
             if (arbiter_decides() && !scored) {
@@ -921,9 +1113,9 @@ class generation {
                 r.decisions.push_back({st.n_blocks - 1, j, (int32_t) r.tokens.size(), p_keep[j], keep});
             }
             if (keep) {
-                emit(drafted[j], COSPEC_PROV_KEPT);
+                emit(drafted[j], COSPEC_PROV_KEPT, row);
             } else {
-                emit(target_tokens[j], COSPEC_PROV_FALLBACK);
+                emit(target_tokens[j], COSPEC_PROV_FALLBACK, row);
                 break;
             }
         }
@@ -933,7 +1125,7 @@ class generation {
         // brings the tuner to plain steps instead of asking for blocks forever.
         outcome = {kd, j, rejected || draft_declined};
         if (!rejected && stop == COSPEC_STOP_NONE) {
-            emit(target_tokens[kd], COSPEC_PROV_BONUS);
+            emit(target_tokens[kd], COSPEC_PROV_BONUS, rows + (size_t) kd * e.target.n_vocab);
         }
         if (r.decisions.size() > first_decision) {
             block.context = seq.data(); // emit() may have grown seq: the context's first n_context tokens stay
@@ -1038,6 +1230,7 @@ class generation {
         if ((int32_t) drafted.size() > budget) {
             drafted.resize((size_t) budget);
         }
+        trim_to_grammar();
         if (keep_draft_logits) {
             align_draft_rows();
         }
@@ -1257,6 +1450,10 @@ int32_t check_params(const cospec_engine * e, const cospec_token * prompt, int32
     if (!std::isfinite(p->draft_cost) || !std::isfinite(p->verify_cost) || p->draft_cost > 100.0f || p->verify_cost > 100.0f) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "draft_cost and verify_cost must be finite and at most 100 target steps");
     }
+    if (p->n_top_logprobs < 0 || p->n_top_logprobs > COSPEC_N_TOP_LOGPROBS_MAX) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "n_top_logprobs must be in [0, " + std::to_string(COSPEC_N_TOP_LOGPROBS_MAX) +
+                                                     "], got " + std::to_string(p->n_top_logprobs));
+    }
     if (p->n_stop < 0 || (p->n_stop > 0 && p->stop == nullptr)) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "stop strings: invalid array");
     }
@@ -1313,6 +1510,10 @@ cospec_generate_params cospec_generate_default_params(void) {
     p.n_stop = 0;
     p.draft_prompt = nullptr;
     p.n_draft_prompt = 0;
+    p.logprobs = false;
+    p.n_top_logprobs = 0;
+    p.grammar = nullptr;
+    p.grammar_root = nullptr;
     p.token_callback = nullptr;
     p.token_user_data = nullptr;
     return p;
@@ -1369,6 +1570,29 @@ const char * cospec_result_text(const cospec_result * r, int32_t * len) {
 const cospec_token * cospec_result_tokens(const cospec_result * r, int32_t * n) {
     if (n) *n = r ? (int32_t) r->tokens.size() : 0;
     return r ? r->tokens.data() : nullptr;
+}
+
+int32_t cospec_grammar_check(const cospec_engine * engine, int32_t which, const char * grammar, const char * root) {
+    cospec::clear_error();
+    if (engine == nullptr || grammar == nullptr || (which != 0 && which != 1) || (which == 1 && !engine->has_draft)) {
+        return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "cospec_grammar_check: no such model, or a NULL argument");
+    }
+    const llama_vocab * vocab = which == 0 ? engine->target.vocab : engine->draft.vocab;
+    try {
+        sampler_ptr g(llama_sampler_init_grammar(vocab, grammar, root != nullptr ? root : "root"));
+        if (!g) {
+            return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, GRAMMAR_PARSE_ERROR);
+        }
+    } catch (const std::exception & ex) {
+        return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, std::string(GRAMMAR_PARSE_ERROR) + ": " + ex.what());
+    }
+    return COSPEC_OK;
+}
+
+const cospec_token_logprob * cospec_result_logprobs(const cospec_result * r, int32_t * n_per_token) {
+    const bool has = r != nullptr && r->logprobs_per_token > 0;
+    if (n_per_token) *n_per_token = has ? r->logprobs_per_token : 0;
+    return has ? r->logprobs.data() : nullptr;
 }
 
 const cospec_decision * cospec_result_decisions(const cospec_result * r, int32_t * n) {

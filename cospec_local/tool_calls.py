@@ -1,0 +1,184 @@
+"""Tool calls: tools rendered by the model's own chat template, calls read back from its reply.
+
+A model learns one way of writing a call, and its chat template says which by the way it shows
+the tools. Two forms cover most open models:
+
+- hermes: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block per call (Qwen 2.5
+  and 3, Hermes 2 and 3, SmolLM3 and their many fine-tunes);
+- llama3: the whole reply one JSON object `{"name": ..., "parameters": {...}}` (Llama 3.1 to 3.3's
+  JSON tool calling), after an optional `<|python_tag|>`.
+
+A reply is read in its template's form; text that is no well-formed call stays the reply's content.
+`call_grammar` writes the grammar that forces a call (tool_choice "required" or a named function),
+its arguments held to the tool's JSON schema by llama.cpp's converter (json_grammar).
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from .json_grammar import schema_grammar
+
+HERMES = "hermes"
+LLAMA3 = "llama3"
+
+_HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
+_HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_PYTHON_TAG = "<|python_tag|>"
+# A tool no conversation names: a template that shows it to the model takes tools.
+_PROBE_TOOL = {"type": "function", "function": {"name": "cospec_probe_tool_7f3a", "description": "probe",
+                                                "parameters": {"type": "object", "properties": {}}}}
+
+
+class ToolsError(ValueError):
+    """Tools a request cannot use with this model (the message says why)."""
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+    id: str = ""
+
+    def __post_init__(self):
+        self.id = self.id or "call_" + uuid.uuid4().hex[:24]
+
+    def openai(self, index: int | None = None) -> dict:
+        """OpenAI's tool_calls entry (with `index` in a streamed delta)."""
+        out = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return out if index is None else {"index": index, **out}
+
+
+def takes_tools(template) -> bool:
+    """Whether a chat template shows tools to the model: it renders a probe tool's name."""
+    try:
+        text = template.render([{"role": "user", "content": "hello"}], add_generation_prompt=True,
+                               tools=[_PROBE_TOOL])
+    except ValueError:  # ChatTemplateError: a template that refuses tools does not take them
+        return False
+    return _PROBE_TOOL["function"]["name"] in text
+
+
+def call_format(template_source: str) -> str:
+    """The form of call the template's model writes: hermes where the template names <tool_call>,
+    llama3 where it asks for a {"name", "parameters"} object; hermes otherwise."""
+    if _HERMES_OPEN in template_source:
+        return HERMES
+    if '"parameters"' in template_source or "python_tag" in template_source or "ipython" in template_source:
+        return LLAMA3
+    return HERMES
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """OpenAI messages as chat templates read them: an assistant's tool call arguments as an object
+    (templates write them with tojson), its content "" where it only called tools."""
+    out = []
+    for message in messages:
+        message = dict(message)
+        if message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                call = json.loads(json.dumps(call))
+                function = call.get("function") or {}
+                if isinstance(function.get("arguments"), str):
+                    try:
+                        function["arguments"] = json.loads(function["arguments"])
+                    except json.JSONDecodeError:
+                        pass  # a template shows it as the text it is
+                calls.append(call)
+            message["tool_calls"] = calls
+            if message.get("content") is None:
+                message["content"] = ""
+        out.append(message)
+    return out
+
+
+def _call_of(value: Any, arguments_key: str) -> ToolCall | None:
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
+        return None
+    arguments = value.get(arguments_key, value.get("arguments", value.get("parameters", {})))
+    return ToolCall(value["name"], arguments if isinstance(arguments, str) else json.dumps(arguments,
+                                                                                         ensure_ascii=False))
+
+
+def parse_reply(text: str, form: str) -> tuple[str | None, list[ToolCall]]:
+    """The reply's content (None where it is all calls) and the calls it makes, in the given form."""
+    if form == LLAMA3:
+        body = text.strip()
+        if body.startswith(_PYTHON_TAG):
+            body = body[len(_PYTHON_TAG):].strip()
+        try:
+            value = json.loads(body)
+        except json.JSONDecodeError:
+            return text, []
+        values = value if isinstance(value, list) else [value]
+        calls = [_call_of(v, "parameters") for v in values]
+        if not calls or any(c is None for c in calls):
+            return text, []
+        return None, calls
+    calls, kept, last = [], [], 0
+    for match in _HERMES_CALL.finditer(text):
+        try:
+            call = _call_of(json.loads(match.group(1)), "arguments")
+        except json.JSONDecodeError:
+            call = None
+        if call is None:
+            continue
+        calls.append(call)
+        kept.append(text[last:match.start()])
+        last = match.end()
+    if not calls:
+        return text, []
+    kept.append(text[last:])
+    content = "".join(kept).strip()
+    return content or None, calls
+
+
+def may_begin_call(text: str, form: str) -> int:
+    """Where in streamed text a call may begin (len(text): nowhere yet): the text before it can be
+    sent as content while the rest waits to be read whole."""
+    if form == LLAMA3:
+        stripped = text.lstrip()
+        if not stripped or stripped[0] in "{[" or _PYTHON_TAG.startswith(stripped[:len(_PYTHON_TAG)]):
+            return 0
+        return len(text)
+    at = text.find(_HERMES_OPEN)
+    if at >= 0:
+        return at
+    for k in range(min(len(_HERMES_OPEN) - 1, len(text)), 0, -1):  # a tag cut at the text's end
+        if _HERMES_OPEN.startswith(text[-k:]):
+            return len(text) - k
+    return len(text)
+
+
+def tool_names(tools: list[dict]) -> list[str]:
+    names = []
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(function, dict) \
+                or not isinstance(function.get("name"), str) or not function["name"]:
+            raise ToolsError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': "
+                             "...}}}")
+        names.append(function["name"])
+    return names
+
+
+def call_grammar(tools: list[dict], form: str, name: str | None = None, parallel: bool = True) -> str:
+    """A grammar whose output is a call (several where parallel) of one of the tools (or of `name`),
+    in the template's form, its arguments matching the tool's JSON schema."""
+    chosen = [t for t in tools if name is None or t["function"]["name"] == name]
+    if not chosen:
+        raise ToolsError(f"tool_choice names {name!r}, which is not one of the request's tools")
+    key = "parameters" if form == LLAMA3 else "arguments"
+    options = [{"type": "object",
+                "properties": {"name": {"const": t["function"]["name"]},
+                               key: t["function"].get("parameters") or {"type": "object"}},
+                "required": ["name", key]} for t in chosen]
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    if form == LLAMA3:
+        return schema_grammar(schema)
+    one = f'"{_HERMES_OPEN}\\n" tool-call "\\n{_HERMES_CLOSE}"'
+    return schema_grammar(schema, "tool-call", one + (f' ("\\n" {one})*' if parallel else ""))
