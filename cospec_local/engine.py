@@ -537,6 +537,8 @@ class Engine:
             raise InvalidArgumentError("logprobs: in draft-only mode a draft of another vocabulary writes its own "
                                        "tokens, whose log-probabilities are not reported; use speculative or "
                                        "target-only mode")
+        if params.grammar:  # refused here, before any output, as a bad setting is
+            self.check_grammar(params.grammar, "draft" if params.mode == "draft-only" else "target")
         draft_tokens: list[int] = []
         if draft_prompt is not None and self.vocab_difference is not None:
             draft_tokens = (self._tokenize_rendered(draft_prompt, "draft") if isinstance(draft_prompt, str)

@@ -216,7 +216,7 @@ def test_a_served_chat_reaches_the_draft_in_its_own_format(pair):
     from cospec_local.params import GenerationParams
     from cospec_local.server.workers import prepare_prompt
 
-    prepared = prepare_prompt(pair, True, MESSAGES, GenerationParams())
+    prepared = prepare_prompt(pair, True, (MESSAGES, None), GenerationParams())
     assert prepared.tokens == pair.render_chat(MESSAGES)
     assert prepared.draft_tokens == pair.render_draft_chat(MESSAGES) is not None
     assert prepare_prompt(pair, False, "Hello", GenerationParams()).draft_tokens is None

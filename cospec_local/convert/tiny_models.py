@@ -1,6 +1,6 @@
 """Tiny random models of every architecture family llama.cpp runs, made in seconds from
 transformers configs by llama.cpp's own converter (`convert_hf_to_gguf.py`, vendored in
-llama-cpp-python's sdist; `./install.sh --dev` unpacks it into .venv/src/llama.cpp).
+llama-cpp-python's sdist; `./install.sh` unpacks it into .venv/src/llama.cpp).
 
 Every model gets SmolLM2's vocabulary (its GGUF tokenizer keys copied in place of the converter's
 vocabulary step), so any two of them, and SmolLM2 itself, make a draft/target pair. Weights are
@@ -154,7 +154,7 @@ def llama_cpp_source() -> Path:
     """llama.cpp's source tree as llama-cpp-python's sdist vendors it."""
     root = Path(os.environ.get("COSPEC_LLAMA_CPP_SRC", Path(sys.prefix) / "src" / "llama.cpp"))
     if not (root / "convert_hf_to_gguf.py").is_file():
-        raise FileNotFoundError(f"llama.cpp's source is not at {root}: ./install.sh --dev unpacks it there "
+        raise FileNotFoundError(f"llama.cpp's source is not at {root}: ./install.sh unpacks it there "
                                 "(or set COSPEC_LLAMA_CPP_SRC to a llama.cpp checkout of the pinned version)")
     return root
 
