@@ -279,3 +279,14 @@ def test_chat_identity_compares_a_cross_vocabulary_arbiter_with_target_only(tmp_
     assert result["identical"] == sum(r["identical"] for r in result["rows"])
     assert all(r["identical"] for r in result["rows"] if r["abstained"] and r["kept"] == 0)
     assert result["command"]["chat_template_file"] == str(qa)
+
+
+def test_structured_output_measures_each_configuration_and_checks_lossless(tmp_path):
+    out = tmp_path / "grammar.json"
+    bench("structured_output.py", "--prompts", 2, "--repeats", 1, "-n", 24, "--out", out)
+    report = json.loads(out.read_text())
+    assert set(report["tokens_per_s"]) == {"target-only", "target-only + grammar", "speculative",
+                                           "speculative + grammar"}
+    assert all(v > 0 for v in report["tokens_per_s"].values()) and report["lossless_under_grammar"] is True
+    assert report["grammar_cost"]["speculative"] == pytest.approx(
+        report["tokens_per_s"]["speculative + grammar"] / report["tokens_per_s"]["speculative"])
