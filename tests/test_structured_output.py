@@ -123,3 +123,54 @@ def test_a_draft_of_another_vocabulary_proposes_inside_the_grammar():
             assert spec.tokens == target.tokens and spec.stats.draft_n > 0
             if target.stop_reason == "eog":
                 matches_person(target.text)
+
+
+def test_tool_calls_in_each_form_from_a_real_template(engine_for):
+    """Llama 3.1's template (from llama.cpp's source) takes tools and asks for its JSON form; the
+    grammar that forces a call writes that form, and the reply reads back as the call."""
+    from cospec_local.convert.tiny_models import llama_cpp_source
+    from cospec_local.template_process import IsolatedChatTemplate
+    from cospec_local.tool_calls import LLAMA3, call_format, call_grammar, parse_reply, takes_tools
+
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    source = (llama_cpp_source() / "models/templates/meta-llama-Llama-3.1-8B-Instruct.jinja").read_text()
+    template = IsolatedChatTemplate(source, "<|begin_of_text|>", "<|eot_id|>")
+    assert takes_tools(template) and call_format(source) == LLAMA3
+    text = template.render([{"role": "user", "content": "What is the weather in Paris?"}], tools=[weather])
+    engine = engine_for("disagreeing")
+    reply = engine.generate(text, grammar=call_grammar([weather], LLAMA3), max_tokens=40)
+    content, (call,) = parse_reply(reply.text, LLAMA3)
+    assert content is None and call.name == "get_weather" and isinstance(json.loads(call.arguments)["city"], str)
+
+
+def test_replies_are_read_for_calls_and_anything_else_stays_content():
+    from cospec_local.tool_calls import HERMES, LLAMA3, may_begin_call, parse_reply
+
+    text = 'Let me look.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>{"name": "g", ' \
+           '"arguments": "{\\"y\\": 2}"}</tool_call>'
+    content, calls = parse_reply(text, HERMES)
+    assert content == "Let me look." and [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {"x": 1}),
+                                                                                               ("g", {"y": 2})]
+    assert parse_reply("<tool_call>{not json}</tool_call>", HERMES) == ("<tool_call>{not json}</tool_call>", [])
+    assert parse_reply('<tool_call>\n{"name": "f", "arguments": {}}', HERMES)[1][0].name == "f"  # cut at the end
+    assert parse_reply('<|python_tag|>{"name": "f", "parameters": {"a": "b"}}', LLAMA3)[1][0].arguments == '{"a": "b"}'
+    assert parse_reply('{"answer": 4}', LLAMA3) == ('{"answer": 4}', [])  # JSON that is no call
+    assert parse_reply("It is sunny.", LLAMA3) == ("It is sunny.", [])
+    assert may_begin_call("Sure <tool", HERMES) == 5 and may_begin_call("Sure.", HERMES) == 5
+    assert may_begin_call('  {"name"', LLAMA3) == 0 and may_begin_call("It is", LLAMA3) == 5
+
+
+def test_generate_takes_llama_cli_grammar_flags(target_path):
+    import subprocess
+    import sys
+
+    schema = json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+    run = subprocess.run([sys.executable, "-m", "cospec_local.cli", "generate", "-m", target_path, "-p",
+                          "A number as JSON:", "-j", schema, "-n", "40", "--no-display-prompt"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert isinstance(json.loads(run.stdout)["n"], int)
+    both = subprocess.run([sys.executable, "-m", "cospec_local.cli", "generate", "-m", target_path, "-p", "x",
+                           "-j", schema, "--grammar", 'root ::= "a"'], capture_output=True, text=True, timeout=120)
+    assert both.returncode != 0 and "give one of --grammar, --json-schema" in both.stderr
