@@ -24,7 +24,9 @@ from .arbiters import (AUTO, NAMED_ARBITERS, Arbiter, another_draft_fix, missing
                        resolve_arbiter_path, resolve_auto)
 from .chat_template import ChatTemplate, ChatTemplateError, from_gguf_metadata, template_source
 from .template_process import IsolatedChatTemplate
-from .tool_calls import takes_tools, template_messages
+from .json_grammar import response_format_grammar
+from .openai_format import CallReader, assistant_message, chat_logprobs, finish_reason
+from .tool_calls import ToolRequest, ToolsError, call_format, call_grammar, takes_tools, template_messages, tool_request
 from .errors import (ArbiterDraftError, ArbiterError, ArbiterSettingsWarning, ContextFullError, GenerationError,
                      InvalidArgumentError, from_native)
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
@@ -729,6 +731,24 @@ class Engine:
             self._takes_tools = takes_tools(self.chat_template)
         return self._takes_tools
 
+    def tool_setup(self, tools: ToolRequest | None) -> tuple[str | None, str | None]:
+        """The form of call the model writes (tool_calls.HERMES, LLAMA3) and the grammar of a forced
+        call, for these tools (None, None without); ToolsError where the template shows no tools or
+        a tool's schema does not convert."""
+        if tools is None:
+            return None, None
+        if not self.takes_tools:
+            raise ToolsError("this model's chat template does not show tools to the model (it was not made for "
+                             "tool calls); send no tools, or give a chat template that takes them "
+                             "(--chat-template-file)")
+        form = call_format(self.chat_template.source)
+        if tools.forced is None:
+            return form, None
+        try:
+            return form, call_grammar(tools.tools, form, tools.forced or None, tools.parallel)
+        except ValueError as exc:  # SchemaError: a tool's parameters
+            raise ToolsError(f"tools: {exc}") from None
+
     def _render(self, template: ChatTemplate, which: str, messages: Sequence[dict], add_generation_prompt: bool,
                 tools: list[dict] | None = None) -> list[int]:
         text = template.render(template_messages(list(messages)), add_generation_prompt=add_generation_prompt,
@@ -746,40 +766,63 @@ class Engine:
         return tokens
 
     def create_chat_completion(self, messages: Sequence[dict], *, stream: bool = False, max_tokens: int = 512,
-                               params: GenerationParams | None = None, **kwargs):
-        """OpenAI-style chat completion: a dict, or an iterator of chunk dicts with stream=True."""
-        prompt = self.render_chat(messages)
-        kwargs.setdefault("draft_prompt", self.render_draft_chat(messages))
+                               params: GenerationParams | None = None, tools: list[dict] | None = None,
+                               tool_choice=None, parallel_tool_calls: bool | None = None,
+                               response_format: dict | None = None, logprobs: bool = False, top_logprobs: int = 0,
+                               **kwargs):
+        """OpenAI-style chat completion: a dict, or an iterator of chunk dicts with stream=True.
+        tools / tool_choice / parallel_tool_calls, response_format and logprobs / top_logprobs
+        as OpenAI's (and `serve`'s) take them; other keywords override GenerationParams fields."""
+        form, grammar = self.tool_setup(tool_request(tools, tool_choice, parallel_tool_calls))
+        grammar = grammar or response_format_grammar(response_format)
+        if grammar is not None:
+            kwargs["grammar"] = grammar
+        if logprobs or top_logprobs:
+            kwargs.update(logprobs=True, top_logprobs=top_logprobs)
+        shown = tools if form is not None else None
+        prompt = self.render_chat(messages, tools=shown)
+        kwargs.setdefault("draft_prompt", self.render_draft_chat(messages, tools=shown))
         completion_id = "chatcmpl-" + uuid.uuid4().hex[:24]
         created = int(time.time())
         if stream:
-            return self._chat_chunks(prompt, completion_id, created, max_tokens, params, kwargs)
+            return self._chat_chunks(prompt, completion_id, created, max_tokens, params, kwargs, form)
         result = self.generate(prompt, params, max_tokens=max_tokens, **kwargs)
+        message, called = assistant_message(result.text, form)
         return {
             "id": completion_id,
             "object": "chat.completion",
             "created": created,
             "model": self.model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                         "finish_reason": result.finish_reason}],
+            "choices": [{"index": 0, "message": message,
+                         "logprobs": None if result.logprobs is None else chat_logprobs(result.logprobs),
+                         "finish_reason": finish_reason(result.finish_reason, called)}],
             "usage": openai_usage(len(prompt), result),
             "timings": result.stats.to_json(),
             "cospec": {"mode": result.mode, "arbiter": result.arbiter, "provenance": result.provenance,
                        "stop_reason": result.stop_reason},
         }
 
-    def _chat_chunks(self, prompt, completion_id, created, max_tokens, params, kwargs) -> Iterator[dict]:
-        def chunk(delta: dict, finish_reason=None) -> dict:
+    def _chat_chunks(self, prompt, completion_id, created, max_tokens, params, kwargs, form) -> Iterator[dict]:
+        def chunk(delta: dict, finish=None, entries=()) -> dict:
             return {"id": completion_id, "object": "chat.completion.chunk", "created": created,
                     "model": self.model_name,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+                    "choices": [{"index": 0, "delta": delta,
+                                 "logprobs": chat_logprobs(list(entries)) if entries else None,
+                                 "finish_reason": finish}]}
 
         yield chunk({"role": "assistant"})
+        calls, pending = CallReader(form), []
         for event in self.stream(prompt, params, max_tokens=max_tokens, **kwargs):
-            if event.text:
-                yield chunk({"content": event.text})
+            if event.logprobs is not None:
+                pending.append(event.logprobs)
+            if event.text and (text := calls.sendable(event.text)):
+                yield chunk({"content": text}, entries=pending)
+                pending = []
         result = self.last_result
-        final = chunk({}, result.finish_reason)
+        delta = calls.rest_delta()
+        if delta or pending:
+            yield chunk(delta, entries=pending)
+        final = chunk({}, finish_reason(result.finish_reason, "tool_calls" in delta))
         final["usage"] = openai_usage(len(prompt), result)
         final["timings"] = result.stats.to_json()
         yield final

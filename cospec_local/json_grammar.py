@@ -31,3 +31,22 @@ def schema_grammar(schema: Any, rule_name: str = "", root_rule: str = "") -> str
 
 # Any JSON object: OpenAI's response_format {"type": "json_object"}.
 JSON_OBJECT_GRAMMAR = schema_grammar({"type": "object"})
+
+
+def response_format_grammar(response_format: dict | None) -> str | None:
+    """The grammar of OpenAI's response_format: None for text (or none given), any JSON object for
+    json_object, the schema's for json_schema ({"name", "schema", "strict"}; strict or not, the
+    grammar holds the reply to the schema). SchemaError for a format it cannot honour."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type", "text") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return JSON_OBJECT_GRAMMAR
+    if kind != "json_schema":
+        raise SchemaError("response_format type must be text, json_object or json_schema")
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise SchemaError("response_format json_schema needs {'name': ..., 'schema': {...}}")
+    return schema_grammar(spec.get("schema", {}))  # OpenAI allows it left out: any JSON value

@@ -34,7 +34,45 @@ _PROBE_TOOL = {"type": "function", "function": {"name": "cospec_probe_tool_7f3a"
 
 
 class ToolsError(ValueError):
-    """Tools a request cannot use with this model (the message says why)."""
+    """Tools a request cannot use with this model (the message says why; `param` names the field)."""
+
+    def __init__(self, message: str, param: str = "tools"):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    """A chat request's tools: shown to the model by its template; forced: "" for any of them
+    (tool_choice required), a tool's name, or None (the model chooses: auto); parallel: several
+    calls allowed."""
+
+    tools: list
+    forced: str | None
+    parallel: bool
+
+
+def tool_request(tools: list | None, tool_choice=None, parallel_tool_calls: bool | None = None) -> ToolRequest | None:
+    """OpenAI's tools, tool_choice and parallel_tool_calls as a ToolRequest (None where the model is
+    shown no tools: none given, or tool_choice "none"); ToolsError for values that do not fit."""
+    if tool_choice not in (None, "none", "auto", "required") and not isinstance(tool_choice, dict):
+        raise ToolsError("tool_choice must be none, auto, required or {'type': 'function', 'function': "
+                         "{'name': ...}}", "tool_choice")
+    if not tools:
+        if tool_choice not in (None, "none"):
+            raise ToolsError("tool_choice needs tools", "tool_choice")
+        return None
+    if tool_choice == "none":
+        return None
+    names = tool_names(tools)
+    forced = None
+    if tool_choice == "required":
+        forced = ""
+    elif isinstance(tool_choice, dict):
+        forced = (tool_choice.get("function") or {}).get("name")
+        if tool_choice.get("type") != "function" or forced not in names:
+            raise ToolsError(f"tool_choice names no tool of this request (tools: {', '.join(names)})", "tool_choice")
+    return ToolRequest(list(tools), forced, bool(parallel_tool_calls))
 
 
 @dataclass

@@ -174,3 +174,34 @@ def test_generate_takes_llama_cli_grammar_flags(target_path):
     both = subprocess.run([sys.executable, "-m", "cospec_local.cli", "generate", "-m", target_path, "-p", "x",
                            "-j", schema, "--grammar", 'root ::= "a"'], capture_output=True, text=True, timeout=120)
     assert both.returncode != 0 and "give one of --grammar, --json-schema" in both.stderr
+
+
+def test_the_python_api_takes_openais_tools_response_format_and_logprobs(target_path, draft_paths, engine_for):
+    from cospec_local.convert.tiny_models import llama_cpp_source
+    from cospec_local.tool_calls import ToolsError
+
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    paris = [{"role": "user", "content": "What is the weather in Paris?"}]
+    qwen = (llama_cpp_source() / "models/templates/Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+    with Engine(target_path, draft_paths["disagreeing"], n_ctx=1024, chat_template=qwen) as engine:
+        whole = engine.create_chat_completion(paris, tools=[weather], tool_choice="required", max_tokens=60)
+        (call,) = whole["choices"][0]["message"]["tool_calls"]
+        assert whole["choices"][0]["finish_reason"] == "tool_calls" and whole["choices"][0]["message"]["content"] is None
+        assert call["function"]["name"] == "get_weather" and "city" in json.loads(call["function"]["arguments"])
+        chunks = list(engine.create_chat_completion(paris, tools=[weather], tool_choice="required", max_tokens=60,
+                                                    stream=True))
+        deltas = [c["choices"][0]["delta"] for c in chunks]
+        streamed = [d["tool_calls"][0]["function"] for d in deltas if "tool_calls" in d]
+        assert streamed == [call["function"]] and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+        assert not any(d.get("content") for d in deltas)
+
+        asked = [{"role": "user", "content": 'Reply with a JSON object: {"answer": ...}. What is 2+2?'}]
+        reply = engine.create_chat_completion(asked, response_format={"type": "json_object"}, max_tokens=60,
+                                              logprobs=True, top_logprobs=2)
+        choice = reply["choices"][0]
+        assert isinstance(json.loads(choice["message"]["content"]), dict)
+        assert "".join(e["token"] for e in choice["logprobs"]["content"]) == choice["message"]["content"]
+        assert all(len(e["top_logprobs"]) == 2 for e in choice["logprobs"]["content"])
+    with pytest.raises(ToolsError, match="does not show tools"):
+        engine_for("disagreeing").create_chat_completion(paris, tools=[weather], max_tokens=4)

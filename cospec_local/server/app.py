@@ -26,9 +26,9 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ..arbiters import arbiters_for_draft
-from ..engine import Generation, TokenLogprobs, openai_usage
+from ..engine import Generation, openai_usage
+from ..openai_format import CallReader, assistant_message, chat_logprobs, finish_reason, text_logprobs
 from ..params import GenerationParams
-from ..tool_calls import may_begin_call, parse_reply
 from .metrics import ServerMetrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, generation_params, parse_request
 from .scheduler import END, EnginePool, Job, ServerBusy
@@ -334,7 +334,7 @@ class CospecServer:
                 if reply.chat:
                     yield json.dumps(reply.chunk({"role": "assistant", "content": ""}, index=index))
                 pending: list = []  # tokens whose text is not sent yet (a split UTF-8 character, a tool call)
-                calls = _CallReader(reply.tool_form)
+                calls = CallReader(reply.tool_form)
                 async for event in job.tokens():
                     first = first or time.perf_counter()
                     pending.append(event)
@@ -352,14 +352,11 @@ class CospecServer:
                     return
                 self._observe(result, started, first)
                 results.append(result)
-                content, tool_calls = calls.rest()
-                if content or tool_calls:
-                    delta = reply.delta(content) if content else {}
-                    if tool_calls:
-                        delta["tool_calls"] = [c.openai(i) for i, c in enumerate(tool_calls)]
+                delta = calls.rest_delta()
+                if delta:
                     yield json.dumps(reply.chunk(delta, tokens=pending, index=index))
                     pending = []
-                yield json.dumps(reply.last_chunk(result, pending, index=index, called=bool(tool_calls)))
+                yield json.dumps(reply.last_chunk(result, pending, index=index, called="tool_calls" in delta))
             if include_usage:
                 yield json.dumps(reply.usage_chunk(results))
             yield "[DONE]"
@@ -383,27 +380,6 @@ def _refused(exc: RequestRefused) -> APIError:
     return APIError(status, message, param=param, code=code)
 
 
-class _CallReader:
-    """A streamed reply of a model shown tools: text goes out as content until a call may begin; the
-    rest is read whole at the end, as content and tool calls."""
-
-    def __init__(self, form: str | None):
-        self.form, self.text, self.sent = form, "", 0
-
-    def sendable(self, text: str) -> str:
-        if self.form is None:
-            return text
-        self.text += text
-        end = max(self.sent, may_begin_call(self.text, self.form))
-        out, self.sent = self.text[self.sent:end], end
-        return out
-
-    def rest(self) -> tuple[str | None, list]:
-        if self.form is None:
-            return None, []
-        return parse_reply(self.text[self.sent:], self.form)
-
-
 class _Reply:
     """The response objects of one request, chat or text completion, whole or in chunks."""
 
@@ -425,24 +401,12 @@ class _Reply:
         """Per-token provenance (the extension): id (-1: held-back text at the end), provenance, text."""
         return [{"id": e.token, "provenance": e.provenance, "text": e.text} for e in events]
 
-    def _logprobs(self, entries: list[TokenLogprobs], offset: int = 0):
+    def _logprobs(self, entries: list, offset: int = 0):
         """OpenAI's logprobs object of these tokens (None where the request asked for none): chat's
         {"content": [...]}, or the text endpoint's parallel lists."""
         if not self.params.logprobs:
             return None
-        if self.chat:
-            def entry(e) -> dict:
-                return {"token": e.piece.decode("utf-8", "replace"), "logprob": e.logprob, "bytes": list(e.piece)}
-            return {"content": [entry(e) | {"top_logprobs": [entry(t) for t in e.top]} for e in entries],
-                    "refusal": None}
-        offsets, at = [], offset
-        for e in entries:
-            offsets.append(at)
-            at += len(e.piece.decode("utf-8", "replace"))
-        return {"tokens": [e.piece.decode("utf-8", "replace") for e in entries],
-                "token_logprobs": [e.logprob for e in entries],
-                "top_logprobs": [{t.piece.decode("utf-8", "replace"): t.logprob for t in e.top} for e in entries],
-                "text_offset": offsets}
+        return chat_logprobs(entries) if self.chat else text_logprobs(entries, offset)
 
     def _choice(self, body, finish_reason, index: int = 0, logprobs=None) -> dict:
         if self.chat:
@@ -466,11 +430,8 @@ class _Reply:
         return {"mode": result.mode, "arbiter": result.arbiter, "stop_reason": result.stop_reason,
                 "seed": (self.params.seed + index) % 2**64}
 
-    def finish_reason(self, result: Generation, called: bool) -> str:
-        return "tool_calls" if called and result.finish_reason == "stop" else result.finish_reason
-
     def last_chunk(self, result: Generation, pending, index: int = 0, called: bool = False) -> dict:
-        out = self.chunk({}, self.finish_reason(result, called), tokens=pending, index=index)
+        out = self.chunk({}, finish_reason(result.finish_reason, called), tokens=pending, index=index)
         out["timings"] = result.stats.to_json()
         out.setdefault("cospec", {}).update(self._summary(result, index))
         return out
@@ -481,14 +442,11 @@ class _Reply:
 
     def _whole_choice(self, result: Generation, index: int) -> dict:
         logprobs = self._logprobs(result.logprobs or [])
-        if self.tool_form is None:
+        if not self.chat:
             return self._choice(result.text, result.finish_reason, index, logprobs)
-        content, calls = parse_reply(result.text, self.tool_form)
-        message = {"role": "assistant", "content": content}
-        if calls:
-            message["tool_calls"] = [c.openai() for c in calls]
+        message, called = assistant_message(result.text, self.tool_form)
         return {"index": index, "message": message, "logprobs": logprobs,
-                "finish_reason": self.finish_reason(result, bool(calls))}
+                "finish_reason": finish_reason(result.finish_reason, called)}
 
     def whole(self, done: list[tuple[Generation, list]]) -> dict:
         """The whole response of n choices (result and token events each); timings and cospec are

@@ -10,15 +10,14 @@ llama-server's are; OpenAI clients send them with `extra_body`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .. import _cospec
-from ..json_grammar import JSON_OBJECT_GRAMMAR, SchemaError, schema_grammar
+from ..json_grammar import SchemaError, response_format_grammar, schema_grammar
 from ..params import MODES, GenerationParams
-from ..tool_calls import ToolsError, tool_names
+from ..tool_calls import ToolRequest, ToolsError, tool_request
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_CHOICES = 16  # n: each choice is a generation of its own, one after another
@@ -141,23 +140,13 @@ class _Common(BaseModel):
         if self.grammar is not None:
             _check_grammar_depth(self.grammar)
             return self.grammar
-        schema = self.json_schema
-        if schema is None and self._constrains("response_format"):
-            kind = self.response_format.get("type")
-            if kind == "json_object":
-                return JSON_OBJECT_GRAMMAR
-            spec = self.response_format.get("json_schema")
-            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-                raise APIError(400, "response_format json_schema needs {'name': ..., 'schema': {...}}",
-                               param="response_format")
-            schema = spec.get("schema", {})  # OpenAI allows it left out: any JSON value
-        if schema is None:
-            return None
+        param = "json_schema" if self.json_schema is not None else "response_format"
         try:
-            return schema_grammar(schema)
+            if self.json_schema is not None:
+                return schema_grammar(self.json_schema)
+            return response_format_grammar(getattr(self, "response_format", None))
         except SchemaError as exc:
-            raise APIError(400, str(exc), param="response_format" if self.json_schema is None else "json_schema") \
-                from None
+            raise APIError(400, str(exc), param=param) from None
 
     def _constrains(self, name: str) -> bool:
         if name == "response_format":
@@ -202,58 +191,28 @@ class ChatCompletionRequest(_Common):
     def logprob_request(self) -> tuple[bool, int]:
         return bool(self.logprobs), self.top_logprobs or 0
 
-    def tool_request(self) -> "ToolRequest | None":
+    def tool_request(self) -> ToolRequest | None:
         """The tools the model is shown and how it must use them; None where it is shown none."""
-        if not self.tools or self.tool_choice == "none":
-            return None
         try:
-            names = tool_names(self.tools)
+            return tool_request(self.tools, self.tool_choice, self.parallel_tool_calls)
         except ToolsError as exc:
-            raise APIError(400, str(exc), param="tools") from None
-        forced = None
-        if self.tool_choice == "required":
-            forced = ""
-        elif isinstance(self.tool_choice, dict):
-            forced = (self.tool_choice.get("function") or {}).get("name")
-            if self.tool_choice.get("type") != "function" or forced not in names:
-                raise APIError(400, f"tool_choice names no tool of this request (tools: {', '.join(names)})",
-                               param="tool_choice")
-        return ToolRequest(self.tools, forced, bool(self.parallel_tool_calls))
+            raise APIError(400, str(exc), param=exc.param) from None
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
         for name in ("functions", "function_call"):
             if getattr(self, name) not in (None, [], "none"):
                 raise APIError(400, f"{name} is OpenAI's older spelling; send tools and tool_choice", param=name)
-        if self.tool_choice not in (None, "none", "auto", "required") and not isinstance(self.tool_choice, dict):
-            raise APIError(400, "tool_choice must be none, auto, required or {'type': 'function', 'function': "
-                                "{'name': ...}}", param="tool_choice")
-        if self.tool_choice not in (None, "none") and not self.tools:
-            raise APIError(400, "tool_choice needs tools", param="tool_choice")
         if self.top_logprobs and not self.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         if self.audio is not None or any(m != "text" for m in self.modalities or []):
             raise APIError(400, "only text output is supported", param="audio" if self.audio else "modalities")
         if self.web_search_options is not None:
             raise APIError(400, "web search is not supported", param="web_search_options")
-        if self.response_format is not None and self.response_format.get("type", "text") not in (
-                "text", "json_object", "json_schema"):
-            raise APIError(400, "response_format type must be text, json_object or json_schema",
-                           param="response_format")
         tools = self.tool_request()
         if tools is not None and tools.forced is not None and self.output_grammar() is not None:
             raise APIError(400, "a forced tool call already constrains the reply; leave out grammar, json_schema "
                                 "and response_format", param="tool_choice")
-
-
-@dataclass(frozen=True)
-class ToolRequest:
-    """A chat request's tools: shown to the model by its template; forced: "" for any of them (tool_choice
-    required), a tool's name, or None (the model chooses: auto); parallel: several calls allowed."""
-
-    tools: list
-    forced: str | None
-    parallel: bool
 
 
 class CompletionRequest(_Common):

@@ -91,24 +91,16 @@ def prepare_prompt(engine: Engine, chat: bool, payload, params: GenerationParams
     RequestRefused for what the request got wrong. A chat's payload: (messages, ToolRequest or None)."""
     from ..chat_template import ChatTemplateError
     from ..errors import ArbiterError, InvalidArgumentError
-    from ..json_grammar import SchemaError
-    from ..tool_calls import ToolsError, call_format, call_grammar
+    from ..tool_calls import ToolsError
 
     param = "messages" if chat else "prompt"
     draft_prompt = tool_form = grammar = None
     if chat:
         messages, tools = payload
-        if tools is not None:
-            if not engine.takes_tools:
-                raise RequestRefused(400, "this model's chat template does not show tools to the model (it was not "
-                                          "made for tool calls); send no tools, or start the server with "
-                                          "--chat-template-file naming a template that takes them", "tools", None)
-            tool_form = call_format(engine.chat_template.source)
-            if tools.forced is not None:
-                try:
-                    grammar = call_grammar(tools.tools, tool_form, tools.forced or None, tools.parallel)
-                except (SchemaError, ToolsError) as exc:
-                    raise RequestRefused(400, f"tools: {exc}", "tools", None) from None
+        try:
+            tool_form, grammar = engine.tool_setup(tools)
+        except ToolsError as exc:
+            raise RequestRefused(400, str(exc), exc.param, None) from None
         shown = tools.tools if tools is not None else None
         try:
             prompt = engine.render_chat(messages, tools=shown)
