@@ -281,6 +281,7 @@ def test_chat_identity_compares_a_cross_vocabulary_arbiter_with_target_only(tmp_
     assert result["command"]["chat_template_file"] == str(qa)
 
 
+@pytest.mark.slow
 def test_structured_output_measures_each_configuration_and_checks_lossless(tmp_path):
     out = tmp_path / "grammar.json"
     bench("structured_output.py", "--prompts", 2, "--repeats", 1, "-n", 24, "--out", out)

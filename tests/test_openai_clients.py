@@ -24,6 +24,7 @@ TIME = {"type": "function", "function": {
                    "required": ["city", "hours24"]}}}
 PARIS = [{"role": "user", "content": "What is the weather in Paris?"}]
 GREEDY = {"temperature": 0, "extra_body": {"repeat_penalty": 1.0}}
+pytestmark = pytest.mark.slow  # a live server, replies of seconds
 
 
 def template(name: str) -> str:

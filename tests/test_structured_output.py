@@ -34,6 +34,7 @@ def matches_person(text: str) -> dict:
     return value
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["disagreeing", "mixed"])
 def test_every_draft_source_and_a_keep_everything_arbiter_stay_inside_the_grammar(engine_for, kind):
     engine = engine_for(kind)
@@ -112,6 +113,7 @@ def test_bad_grammars_and_schemas_are_refused_before_generating(engine_for):
         engine.generate("x", logprobs=True, top_logprobs=21, max_tokens=4)
 
 
+@pytest.mark.slow
 def test_a_draft_of_another_vocabulary_proposes_inside_the_grammar():
     """Gemma 3 target, SmolLM2 drafting text: proposals are cut before the first token the grammar
     refuses, and the constrained output is target-only's."""
@@ -125,6 +127,7 @@ def test_a_draft_of_another_vocabulary_proposes_inside_the_grammar():
                 matches_person(target.text)
 
 
+@pytest.mark.slow
 def test_tool_calls_in_each_form_from_a_real_template(engine_for):
     """Llama 3.1's template (from llama.cpp's source) takes tools and asks for its JSON form; the
     grammar that forces a call writes that form, and the reply reads back as the call."""
@@ -161,6 +164,7 @@ def test_replies_are_read_for_calls_and_anything_else_stays_content():
     assert may_begin_call('  {"name"', LLAMA3) == 0 and may_begin_call("It is", LLAMA3) == 5
 
 
+@pytest.mark.slow
 def test_generate_takes_llama_cli_grammar_flags(target_path):
     import subprocess
     import sys
@@ -176,6 +180,7 @@ def test_generate_takes_llama_cli_grammar_flags(target_path):
     assert both.returncode != 0 and "give one of --grammar, --json-schema" in both.stderr
 
 
+@pytest.mark.slow
 def test_the_python_api_takes_openais_tools_response_format_and_logprobs(target_path, draft_paths, engine_for):
     from cospec_local.convert.tiny_models import llama_cpp_source
     from cospec_local.tool_calls import ToolsError
