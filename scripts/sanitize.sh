@@ -6,7 +6,7 @@
 #   bash scripts/sanitize.sh [pytest args...]      (default: the whole test suite but the sandbox's)
 #
 # Swaps the installed extension for the sanitized one for the run and puts it back afterwards.
-# Last result: bench/RESULTS.md, "Sanitizers".
+# Last result: bench/HISTORY.md, "Sanitizers".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="$PWD/.venv/bin/python"

@@ -17,7 +17,7 @@ torch only (no engine); about 2 min for the demo draft and 12 min for the demo t
 (6 epochs of arith states).
 
 Run 2026-12-01 (cospec_local/data/demo/HISTORY.md, "A second warm-up round on the arbiter's own
-states": the first command) and 2026-12-02 with --eval and --seeds (bench/RESULTS.md, "What one
+states": the first command) and 2026-12-02 with --eval and --seeds (bench/HISTORY.md, "What one
 kept token could recover, and how well the arbiters rank": the second command).
 Kept as the record of those measurements, frozen: it is not maintained or tested and may not run
 against today's code.

@@ -11,7 +11,7 @@ is compared too.
 
     python bench/experiments/arbiter_pass.py --arbiter demo-lora --task arith --limit 150 -t 2
 
-Run 2026-12-03 (bench/RESULTS.md, "The LoRA arbiter's adapter folded into the draft; adaptive
+Run 2026-12-03 (bench/HISTORY.md, "The LoRA arbiter's adapter folded into the draft; adaptive
 lengths that measure again", and its blocks in "Keeping arbiters against sps on a faster VM;
 what the LoRA arbiter's pass is made of").
 Kept as the record of that measurement, frozen: it is not maintained or tested and may not run

@@ -1,11 +1,11 @@
 """Adaptive drafting with a draft that declines its tokens (--draft-p-min), on the demo pair:
 blocks, drafted tokens, plain steps and tokens/s for p-min 0, then a p-min that declines nearly
-everything, then 0 again, and target-only, in one process (bench/RESULTS.md, "A draft that
+everything, then 0 again, and target-only, in one process (bench/HISTORY.md, "A draft that
 declines its tokens").
 
     python bench/experiments/declined_blocks.py [--problems 20] [--threads 2]
 
-Run 2026-12-02 (bench/RESULTS.md, "A draft that declines its tokens (`--draft-p-min`), adaptive
+Run 2026-12-02 (bench/HISTORY.md, "A draft that declines its tokens (`--draft-p-min`), adaptive
 lengths").
 Kept as the record of that measurement, frozen: it is not maintained or tested and may not run
 against today's code.
