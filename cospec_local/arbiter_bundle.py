@@ -39,10 +39,12 @@ from . import _cospec
 if TYPE_CHECKING:
     from .domain_gate import DomainGate
 
-FORMAT_VERSION = 1  # the engine's COSPEC_ARBITER_FORMAT_VERSION; tests/test_learned_arbiter.py compares them
+FORMAT_VERSION = _cospec.ARBITER_FORMAT_VERSION  # the engine's COSPEC_ARBITER_FORMAT_VERSION: one number
 KEY = "cospec.arbiter."
-# The learned kinds, named as the engine names them (enum cospec_arbiter_kind).
-KINDS = tuple(_cospec.arbiter_kind_name(k) for k in (_cospec.ARBITER_FEATURES, _cospec.ARBITER_LORA))
+# The learned kinds, named as the engine names them (enum cospec_arbiter_kind, cospec_arbiter_kind_name).
+FEATURES = _cospec.arbiter_kind_name(_cospec.ARBITER_FEATURES)
+LORA = _cospec.arbiter_kind_name(_cospec.ARBITER_LORA)
+KINDS = (FEATURES, LORA)
 
 ARBITER_FILE = "arbiter.gguf"
 ADAPTER_FILE = "adapter.gguf"
@@ -152,7 +154,7 @@ def read_bundle(folder: str | Path, draft_gguf: str | Path | None = None) -> Arb
 
         bundle.gate = DomainGate(np.array(gate.data, dtype=np.int32).reshape(-1, 2), int(meta["gate_n_vocab"]),
                                  float(meta["gate_threshold"]), {})
-    if bundle.kind == "lora":
+    if bundle.kind == LORA:
         if draft_gguf is None:
             raise ValueError(f"{folder}: a lora arbiter is read back with the draft it was made for")
         adapter = gguf.GGUFReader(folder / meta.get("adapter", ADAPTER_FILE), "r")
@@ -283,7 +285,7 @@ def write_arbiter(out_dir: str | Path, *, kind: str, head, draft_gguf: str | Pat
     if gate is not None:
         writer.add_float32(KEY + "gate_threshold", float(gate.threshold))
         writer.add_uint32(KEY + "gate_n_vocab", int(gate.n_vocab))
-    if kind == "lora":
+    if kind == LORA:
         if lora is None or lora_alpha is None or n_embd is None:
             raise ValueError("a lora arbiter needs its LoRA weights, alpha and n_embd")
         if lora_context not in LORA_CONTEXTS:

@@ -868,7 +868,8 @@ def arbiter_train(name, work_dir, force, **options):
 
     from .arbiters import NAMED_ARBITERS, user_arbiters_dir
     from .errors import CospecError
-    from .train.recipe import KINDS, RecipeRun, RecipeSettings, RecipeStop, default_work_dir
+    from .arbiter_bundle import KINDS, LORA
+    from .train.recipe import RecipeRun, RecipeSettings, RecipeStop, default_work_dir
 
     if not name or name != Path(name).name or name.startswith(".") or name in ("target", "fly", "auto"):
         raise click.BadParameter(f"{name!r} is not a usable name (one folder name, not target, fly or auto)",
@@ -890,7 +891,7 @@ def arbiter_train(name, work_dir, force, **options):
         raise click.BadParameter("name at least one task", param_hint="--task")
     if not kinds or set(kinds) - set(KINDS):
         raise click.BadParameter(f"choose from {', '.join(KINDS)}", param_hint="--kinds")
-    if options["grpo"] and "lora" not in kinds:
+    if options["grpo"] and LORA not in kinds:
         raise click.BadParameter("GRPO starts from the LoRA arbiter: add lora to --kinds", param_hint="--grpo")
     settings = RecipeSettings(name=name, tasks=tasks, kinds=kinds, **options)
     run = RecipeRun(settings, Path(work_dir) if work_dir else default_work_dir(name), user_arbiters_dir())

@@ -345,7 +345,7 @@ def test_update_moves_p_keep_towards_the_rewarded_decision(recorded, kind, actio
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
     with torch.no_grad():
         before = policy_probs(model, items, with_tokens)
-    stats = grpo_update(model, ref, items, cfg, optimizer, with_tokens)
+    stats = grpo_update(model, ref, items, cfg, optimizer, with_tokens=with_tokens)
     with torch.no_grad():
         after = policy_probs(model, items, with_tokens)
     assert stats["decisions"] == len(before)

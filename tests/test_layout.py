@@ -67,9 +67,13 @@ def test_no_import_cycles_between_modules():
     assert cycles == []
 
 
-def test_the_arbiter_format_version_is_the_engines():
-    """arbiter_bundle writes the version the engine reads: change one without the other and this fails."""
-    from cospec_local import _cospec
-    from cospec_local.arbiter_bundle import FORMAT_VERSION
-
-    assert FORMAT_VERSION == _cospec.ARBITER_FORMAT_VERSION
+def test_docs_layout_names_every_module_and_native_source():
+    """docs/layout.md cannot drift from the tree: every module of the package (but a package's
+    __init__.py) and every C++ source of the engine is named there."""
+    repo = PACKAGE.parent
+    layout = (repo / "docs" / "layout.md").read_text(encoding="utf-8")
+    modules = [p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" and "__pycache__" not in p.parts]
+    sources = sorted((repo / "native").rglob("*.cpp"))
+    missing = [str(p.relative_to(repo)) for p in modules + sources if f"`{p.name}`" not in layout and
+               f"`{p.relative_to(repo)}`" not in layout]
+    assert missing == [], f"name these in docs/layout.md: {missing}"

@@ -359,9 +359,10 @@ def test_an_engine_killed_mid_generation_is_a_503_counted_once(long_server):
 
 
 @pytest.mark.slow
-def test_concurrent_streams_for_a_minute_lose_and_duplicate_nothing():
-    """Load: 8 streaming clients on 2 engines with 3 waiting places, for about a minute. Each stream
-    must equal the prompt's whole greedy answer, or be a clean 503; the server's memory stays flat."""
+def test_concurrent_streams_under_load_lose_and_duplicate_nothing():
+    """Load: 8 streaming clients on 2 engines with 3 waiting places, for half a minute. Each stream
+    must equal the prompt's whole greedy answer, or be a clean 503; the server's memory stays flat.
+    (bench/serve_soak.py holds it for 10 minutes, with faults.)"""
     server = ServerProcess("-c", "512", "-np", "2", "--queue", "3")
     try:
         _load(server, openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0, timeout=60))
@@ -398,11 +399,11 @@ def _load(server, client):
                 if text != reference[prompt]:
                     failures.append(f"{prompt!r}: {text!r} != {reference[prompt]!r}")
 
-    warm_until = time.monotonic() + 8
+    warm_until = time.monotonic() + 6
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda i: one_client(i, warm_until), range(8)))
     rss_before = server.rss_kib()
-    until = time.monotonic() + 50
+    until = time.monotonic() + 20
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda i: one_client(i, until), range(8)))
     rss_after = server.rss_kib()

@@ -8,9 +8,9 @@ process when an RPC server goes away mid-generation, for one. The server then an
 request with 503 engine_died (a stream gets it as its last event) and starts the engine again
 for the next one.
 
-The protocol on the pipe is (kind, args) from the server; from the engine process "ready",
-"ok", "token" (one TokenEvent, in order), "done" (the Generation) and "failed" / "refused" (an
-error of the engine or of the request).
+The messages on the pipe are the dataclasses below: Prepare and Generate from the server; from
+the engine process Ready, Prepared, Token (one TokenEvent, in order), Done (the Generation), and
+Failed / Refused (an error of the engine or of the request).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from .. import _cospec
 from ..engine import Engine, Generation, TokenEvent
@@ -82,6 +82,60 @@ class PreparedPrompt:
     draft_tokens: list[int] | None = None
     tool_form: str | None = None  # the form of call the model writes (tool_calls.HERMES, ...), where shown tools
     grammar: str | None = None    # a forced tool call's grammar
+
+
+# ---------------------------------------------------------------- messages on the pipe
+
+@dataclass(frozen=True)
+class Prepare:
+    """Server -> engine: tokenize a request's prompt (chat: (messages, ToolRequest or None))."""
+    chat: bool
+    payload: Any
+    params: GenerationParams
+
+
+@dataclass(frozen=True)
+class Generate:
+    """Server -> engine: run a generation (request_stop names it by generation_id)."""
+    generation_id: int
+    prompt: PreparedPrompt
+    params: GenerationParams
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Engine -> server: the models are loaded (n_ctx, has_draft, n_vocab, draft_path)."""
+    info: dict
+
+
+@dataclass(frozen=True)
+class Prepared:
+    prompt: PreparedPrompt
+
+
+@dataclass(frozen=True)
+class Token:
+    event: TokenEvent
+
+
+@dataclass(frozen=True)
+class Done:
+    result: Generation
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The engine could not start, or failed in the middle of a generation."""
+    message: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The request is at fault: the API's error (status, message, param, code)."""
+    status: int
+    message: str
+    param: str | None
+    code: str | None
 
 
 # ---------------------------------------------------------------- the engine process
@@ -151,7 +205,7 @@ def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
         if p is not None and p.mode == "speculative" and engine.has_draft:
             engine.arbiter_for(p)
     except (CospecError, FileNotFoundError, ValueError) as exc:
-        conn.send(("failed", str(exc)))
+        conn.send(Failed(str(exc)))
         return
     running = {"id": None}
 
@@ -162,39 +216,39 @@ def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
             engine.abort()
 
     signal.signal(signal.SIGUSR1, stop)
-    conn.send(("ready", {"n_ctx": engine.n_ctx, "has_draft": engine.has_draft, "n_vocab": engine.n_vocab,
-                      "draft_path": engine.draft_path}))
+    conn.send(Ready({"n_ctx": engine.n_ctx, "has_draft": engine.has_draft, "n_vocab": engine.n_vocab,
+                     "draft_path": engine.draft_path}))
     said_draft_off = False
     while True:
         try:
-            kind, args = conn.recv()
+            message = conn.recv()
         except EOFError:
             break
         try:
-            if kind == "prepare":
-                conn.send(("ok", prepare_prompt(engine, *args)))
-            elif kind == "generate":
-                generation_id, prompt, params = args
-                running["id"] = generation_id
+            if isinstance(message, Prepare):
+                conn.send(Prepared(prepare_prompt(engine, message.chat, message.payload, message.params)))
+            elif isinstance(message, Generate):
+                running["id"] = message.generation_id
+                prompt = message.prompt
                 try:
-                    for event in engine.stream(prompt.tokens, params, draft_prompt=prompt.draft_tokens):
-                        conn.send(("token", event))
-                        if stop_request.value == generation_id:
+                    for event in engine.stream(prompt.tokens, message.params, draft_prompt=prompt.draft_tokens):
+                        conn.send(Token(event))
+                        if stop_request.value == message.generation_id:
                             break  # closing the stream stops the native loop
                 finally:
                     running["id"] = None
-                conn.send(("done", engine.last_result))
+                conn.send(Done(engine.last_result))
                 if not said_draft_off and (note := draft_off_note(engine.last_result)) is not None:
                     said_draft_off = True  # once per engine process, in the server's log, as chat says it once
                     print(f"note: {note}", file=sys.stderr, flush=True)
         except RequestRefused as exc:
-            conn.send(("refused", exc.args))
+            conn.send(Refused(*exc.args))
         except GenerationError as exc:
-            conn.send(("failed", f"{exc.status_name}: {exc}"))
+            conn.send(Failed(f"{exc.status_name}: {exc}"))
         except (CospecError, ValueError) as exc:
-            conn.send(("refused", (400, str(exc), None, getattr(exc, "status_name", None))))
+            conn.send(Refused(400, str(exc), None, getattr(exc, "status_name", None)))
         except Exception as exc:  # noqa: BLE001 - one request's failure must not end the engine
-            conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+            conn.send(Failed(f"{type(exc).__name__}: {exc}"))
     engine.close()
 
 
@@ -225,15 +279,15 @@ class EngineWorker:
         child.close()
         self.conn = parent
         try:
-            kind, value = parent.recv()
+            message = parent.recv()
         except (EOFError, OSError):
             self.process.join(5)
             raise EngineUnavailable(f"the engine process did not start: {describe_exit(self.process.exitcode)}") \
                 from None
-        if kind != "ready":
+        if not isinstance(message, Ready):
             self.process.join(5)
-            raise EngineUnavailable(value)
-        self.info = value
+            raise EngineUnavailable(message.message)
+        self.info = message.info
 
     def ensure_started(self) -> None:
         if not self.alive:
@@ -257,30 +311,33 @@ class EngineWorker:
         except (EOFError, OSError):
             raise self._died() from None
 
-    def _reply(self, message):
-        kind, value = message
-        if kind == "refused":
-            raise RequestRefused(*value)
-        if kind == "failed":
-            raise GenerationFailed(value)
-        return value
+    @staticmethod
+    def _raise(message) -> None:
+        if isinstance(message, Refused):
+            raise RequestRefused(message.status, message.message, message.param, message.code)
+        if isinstance(message, Failed):
+            raise GenerationFailed(message.message)
+        raise GenerationFailed(f"the engine process answered {type(message).__name__}")
 
     def prepare(self, chat: bool, payload, params: GenerationParams) -> PreparedPrompt:
-        self._send(("prepare", (chat, payload, params)))
-        return self._reply(self._receive())
+        self._send(Prepare(chat, payload, params))
+        message = self._receive()
+        if not isinstance(message, Prepared):
+            self._raise(message)
+        return message.prompt
 
     def generate(self, generation_id: int, prompt: PreparedPrompt, params: GenerationParams,
                  on_token: Callable[[TokenEvent], None]) -> Generation:
         """`generation_id` (unique in this server) is what request_stop names."""
-        self._send(("generate", (generation_id, prompt, params)))
+        self._send(Generate(generation_id, prompt, params))
         while True:
-            kind, value = self._receive()
-            if kind == "token":
-                on_token(value)
-            elif kind == "done":
-                return value
+            message = self._receive()
+            if isinstance(message, Token):
+                on_token(message.event)
+            elif isinstance(message, Done):
+                return message.result
             else:
-                return self._reply((kind, value))
+                self._raise(message)
 
     def request_stop(self, generation_id: int) -> None:
         """Stop that generation, whether it is running or about to start; it still answers "done"

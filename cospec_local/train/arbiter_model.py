@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..arbiter_bundle import LORA_CONTEXTS
+from ..arbiter_bundle import FEATURES, LORA, LORA_CONTEXTS
 from .states import DecisionState
 
 N_FEATURES = 16  # cospec_block_features (COSPEC_N_FEATURES); checked against the extension at run time
@@ -71,7 +71,7 @@ class Head(nn.Module):
 
 
 class FeaturesArbiter(nn.Module):
-    kind = "features"
+    kind = FEATURES
 
     def __init__(self, hidden: int = 64, n_layers: int = 2):
         super().__init__()
@@ -168,7 +168,7 @@ def load_draft_backbone(draft: str | Path):
 
 
 class LoraArbiter(nn.Module):
-    kind = "lora"
+    kind = LORA
 
     def __init__(self, backbone, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0, hidden: int = 64,
                  n_layers: int = 2, lora_context: str = "draft"):
@@ -244,7 +244,7 @@ def load_arbiter(folder: str | Path, draft_gguf: str | Path):
     tensors = bundle.head
     n_layers = int(bundle.meta["head_layers"])
     hidden = tensors["head.0.weight"].shape[0] if n_layers > 1 else 1
-    if bundle.kind == "features":
+    if bundle.kind == FEATURES:
         model = FeaturesArbiter(hidden, n_layers)
     else:
         rank = next(iter(bundle.lora.values()))[0].shape[0]

@@ -36,6 +36,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..arbiter_bundle import FEATURES, LORA
 from ..tasks import load_task
 from ..tasks.base import stable_int
 from .config import comma_list, option, parse_config
@@ -195,8 +196,8 @@ def grpo_loss(p_new, actions, advantages, p_old, p_ref, weights, clip_eps: float
     return loss, stats
 
 
-def grpo_update(model, ref, items: list[UpdateItem], cfg: GRPOConfig, optimizer, with_tokens: bool, rank: int = 0,
-                world: int = 1, train_model=None, step: int = 0) -> dict:
+def grpo_update(model, ref, items: list[UpdateItem], cfg: GRPOConfig, optimizer, *, with_tokens: bool,
+                rank: int = 0, world: int = 1, train_model=None, step: int = 0) -> dict:
     """Policy update on one step's items (identical on every process; each trains on its share of
     every minibatch). `train_model` is the DDP wrapper of `model` under torchrun. Each minibatch's
     loss is its mean over all of its decisions, whatever the number of processes: a process divides
@@ -329,10 +330,10 @@ def export_policy(model, kind: str, folder: Path, draft_gguf: Path, threshold: f
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     extra = {}
-    if kind == "lora":
+    if kind == LORA:
         extra = model.export_args()
-    description = {"features": "MLP over the block's features, warm-up then GRPO on CoSpec rollouts",
-                   "lora": "draft + LoRA adapter, head over hidden states and features, warm-up then GRPO on "
+    description = {FEATURES: "MLP over the block's features, warm-up then GRPO on CoSpec rollouts",
+                   LORA: "draft + LoRA adapter, head over hidden states and features, warm-up then GRPO on "
                            "CoSpec rollouts"}[kind]
     write_arbiter(tmp, kind=kind, head=model.head, draft_gguf=draft_gguf, threshold=threshold,
                   name=f"{draft_gguf.stem.split('-q')[0]}-{kind}", description=description, info=info, onnx=onnx,
@@ -422,9 +423,9 @@ class GRPOTrainer:
         self.kind = self.model.kind
         if cfg.threshold is None:
             cfg.threshold = self.model.threshold
-        self.with_tokens = self.kind == "lora"
+        self.with_tokens = self.kind == LORA
         for name, p in self.model.named_parameters():
-            p.requires_grad_(self.kind == "features" or "lora_" in name or name.startswith("head."))
+            p.requires_grad_(self.kind == FEATURES or "lora_" in name or name.startswith("head."))
         self.ref = load_arbiter(init, self.draft)
         for p in self.ref.parameters():
             p.requires_grad_(False)
@@ -491,8 +492,8 @@ class GRPOTrainer:
         items, stats = credit(step, prompts, policy)
         t_rollout = time.time() - t0 - t_eval
         stats["live_prompts"] = n_live
-        update = grpo_update(self.model, self.ref, items, cfg, self.optimizer, self.with_tokens, self.rank,
-                             self.world, self.train_model, step)
+        update = grpo_update(self.model, self.ref, items, cfg, self.optimizer, with_tokens=self.with_tokens,
+                             rank=self.rank, world=self.world, train_model=self.train_model, step=step)
         record.update(stats)
         record.update(update)
         record.update({"rollout_s": round(t_rollout, 1), "eval_s": round(t_eval, 1),

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
+from ..arbiter_bundle import FEATURES, LORA
 from ..arbiters import BASELINE_RUNS, evaluation_entry, verdict
 from ..child_processes import die_with_parent
 from ..machine import busy_note
@@ -51,7 +52,7 @@ MIN_HEADROOM_SHARE = 0.02
 MIN_HEADROOM_PROBLEMS = 2
 # Fewer decisive states than this (exactly one branch right) cannot train a keep decision.
 MIN_DECISIVE_STATES = 20
-KINDS = ("lora", "features")
+DEFAULT_KINDS = (LORA, FEATURES)  # LoRA first: a tie on dev goes to it (it reads the text)
 # Collection's time per problem over target-only's (a recorded run with Python's recording
 # arbiter, features, and each state's keep branch continued): the demo pair on arith, 2 cores,
 # 60 problems in 4 s at 0.07 s each alone; 15x that with a test suite beside it.
@@ -79,7 +80,7 @@ class RecipeSettings:
                                            "chatml, gemma); with --chat.")
     draft_chat_template: str | None = _opt(None, "For a draft of another vocabulary, which reads each problem in its "
                                                  "own format: a template instead of its own; with --chat.")
-    kinds: tuple[str, ...] = _opt(KINDS, "Which arbiters to train: lora (the draft with an adapter; reads the "
+    kinds: tuple[str, ...] = _opt(DEFAULT_KINDS, "Which arbiters to train: lora (the draft with an adapter; reads the "
                                          "text), features (a small MLP over the block's numbers; no extra pass).")
     train: int = _opt(1000, "Train problems per task (fewer where a file has fewer; --minutes may lower it).")
     dev: int = _opt(100, "Dev problems per task: the headroom check and the keep threshold.")
@@ -284,9 +285,9 @@ def estimate_seconds(room: dict, settings: RecipeSettings, sizes: SplitSizes) ->
         decisive = 0.4 * 0.4 * sizes.train
     evaluate = sizes.test * (t_target + t_draft + t_spec * (1 + len(settings.kinds)))
     warmup = 0.0
-    if "lora" in settings.kinds:
+    if LORA in settings.kinds:
         warmup += decisive * 12 * 0.0065 * max(1.0, room["draft_bytes"] / DEMO_DRAFT_BYTES) ** 0.8
-    if "features" in settings.kinds:
+    if FEATURES in settings.kinds:
         warmup += 30.0
     grpo = settings.grpo_steps * 14.0 * max(1.0, t_spec / 0.1) if settings.grpo else 0.0
     # A later round collects about as many states again, and warms up on all rounds' (SmolLM2's arithmetic
@@ -557,7 +558,7 @@ class RecipeRun:
     def choose(self, warmed: dict) -> str:
         """The kind the dev split prefers: most right keeps net of wrong ones (ties: lora, which reads the text)."""
         dev = warmed["dev"]
-        return max(self.settings.kinds, key=lambda k: (dev[k]["right_keeps"] - dev[k]["wrong_keeps"], k == "lora"))
+        return max(self.settings.kinds, key=lambda k: (dev[k]["right_keeps"] - dev[k]["wrong_keeps"], k == LORA))
 
     def install(self, kind: str, source: Path, evaluation: dict, rounds: list[dict], room: dict) -> Path:
         from ..arbiter_bundle import BUNDLE_FILES, set_name
@@ -636,11 +637,11 @@ class RecipeRun:
         why = f"the draft's vocabulary differs from the target's ({difference}): the LoRA arbiter cannot read the target's tokens"
         if s.grpo:
             raise RecipeStop(f"{why}, and GRPO starts from it: leave out --grpo")
-        if "features" not in s.kinds:
+        if FEATURES not in s.kinds:
             raise RecipeStop(f"{why}: use --kinds features")
-        if "lora" in s.kinds:
+        if LORA in s.kinds:
             self.say(f"note: {why}; training the features arbiter only")
-        return replace(s, kinds=("features",))
+        return replace(s, kinds=(FEATURES,))
 
     def _say_states(self, collected: dict) -> None:
         prefix = f"round {collected.get('round', 1)} " if self.settings.rounds > 1 else ""

@@ -31,6 +31,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..arbiter_bundle import FEATURES, LORA
 from .config import comma_list, option, parse_config
 from .states import LabelledState
 
@@ -299,21 +300,21 @@ def main(argv: list[str] | None = None) -> None:
     results = {"config": {k: str(v) for k, v in asdict(cfg).items()}, "data": manifests,
                "train_states": len(train_states), "train_decisive": sum(s.label >= 0 for s in train_states),
                "train_keep_better": sum(s.label == 1 for s in train_states), "arbiters": {}}
-    if cfg.lora_from_features and comma_list(cfg.arbiters) != ["features", "lora"]:
+    if cfg.lora_from_features and comma_list(cfg.arbiters) != [FEATURES, LORA]:
         sys.exit("--lora-from-features needs --arbiters features,lora")
     trained = {}
     for kind in comma_list(cfg.arbiters):
         t0 = time.time()
         torch.manual_seed(cfg.seed)
-        if kind == "features":
+        if kind == FEATURES:
             model = FeaturesArbiter(cfg.head_hidden, cfg.head_layers).to(device)
             train(model, train_states, dev_states, cfg, epochs=cfg.features_epochs, lr=cfg.features_lr,
                   batch_size=FULL_BATCH, with_tokens=False, log=log)
             extra = {}
-        elif kind == "lora":
+        elif kind == LORA:
             model = LoraArbiter(load_draft_backbone(draft), cfg.lora_rank, cfg.lora_alpha, 0.0, cfg.head_hidden,
                                 cfg.head_layers, cfg.lora_context).to(device)
-            start = trained["features"].head if cfg.lora_from_features else None
+            start = trained[FEATURES].head if cfg.lora_from_features else None
             train(model, train_states, dev_states, cfg, epochs=cfg.lora_epochs, lr=cfg.lora_lr,
                   batch_size=cfg.batch_size, with_tokens=True, log=log, start_head=start)
             extra = model.export_args()
@@ -321,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"unknown arbiter {kind!r}")
         wall = time.time() - t0
         trained[kind] = model
-        with_tokens = kind == "lora"
+        with_tokens = kind == LORA
         dev_probs = predict(model, dev_states, with_tokens)
         dev_decisive = [(p, s.label) for p, s in zip(dev_probs, dev_states) if s.label >= 0]
         threshold = choose_threshold([p for p, _ in dev_decisive], [y for _, y in dev_decisive], cfg.min_threshold)
@@ -336,8 +337,8 @@ def main(argv: list[str] | None = None) -> None:
                                              "families": sorted(families) or "all"},
                 "config": results["config"]}
         name = f"{cfg.name or Path(draft).stem.split('-q')[0]}-{kind}"
-        description = {"features": "MLP over the block's features, warm-up on branch-oracle labels",
-                       "lora": "draft + LoRA adapter, head over hidden states and features, warm-up on "
+        description = {FEATURES: "MLP over the block's features, warm-up on branch-oracle labels",
+                       LORA: "draft + LoRA adapter, head over hidden states and features, warm-up on "
                                "branch-oracle labels"}[kind]
         sources = [("plain speculative decoding's states", any("policy" not in m for m in manifests)),
                    ("those an earlier arbiter met", any("policy" in m for m in manifests))]

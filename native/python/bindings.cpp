@@ -4,6 +4,7 @@
 #include "../src/draft_tuner.h" // exposed for replaying timings in tests
 #include "../src/ngram_drafter.h" // exposed for checking proposals on crafted token sequences
 #include "../src/text_bridge.h"   // exposed for checking conversions between two real vocabularies
+#include "../src/text_stream.h"   // exposed for checking the UTF-8 hold-back
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>

@@ -1,15 +1,16 @@
 // The decoding loop: draft -> verify -> arbitrate, plus plain target-only and
 // draft-only decoding through the same machinery.
 #include "engine.h"
+#include "grammar.h"
 #include "sampling.h"
 #include "text_bridge.h"
+#include "text_stream.h"
 
 #include <algorithm>
 #include <cmath>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -44,12 +45,6 @@ constexpr uint64_t ARBITER_SEED_SALT = 0xa5b17e4c0ffee5edULL;
 constexpr size_t BLOCK_CATCH_UP = 2;
 // The fixed cost model's price of an n-gram proposal, in target steps: a table lookup.
 constexpr double NGRAM_DRAFT_COST = 0.001;
-
-// llama.cpp's grammar sampler, freed with its owner.
-struct sampler_deleter {
-    void operator()(llama_sampler * s) const { llama_sampler_free(s); }
-};
-using sampler_ptr = std::unique_ptr<llama_sampler, sampler_deleter>;
 
 double ms_since(clock_type::time_point t0) {
     return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
@@ -141,12 +136,6 @@ class generation {
         scfg.top_k = p.top_k;
         scfg.top_p = p.top_p;
         scfg.min_p = p.min_p;
-        penalize = p.repeat_penalty != 1.0f && p.repeat_last_n != 0;
-        for (int32_t i = 0; i < p.n_stop; ++i) {
-            if (p.stop[i] != nullptr && p.stop[i][0] != '\0') {
-                stops.emplace_back(p.stop[i]);
-            }
-        }
         if (e.has_draft) {
             n_shared = std::min(e.target.n_vocab, e.draft.n_vocab);
         }
@@ -173,8 +162,7 @@ class generation {
         if (p.grammar != nullptr && p.grammar[0] != '\0') {
             // The grammar reads the tokens of the model that emits: the draft's in draft-only mode.
             const llama_vocab * vocab = p.mode == COSPEC_MODE_DRAFT_ONLY ? e.draft.vocab : e.target.vocab;
-            grammar.reset(llama_sampler_init_grammar(vocab, p.grammar, p.grammar_root != nullptr ? p.grammar_root : "root"));
-            if (!grammar) {
+            if (!grammar.parse(vocab, p.grammar, p.grammar_root)) {
                 r.stop_reason = COSPEC_STOP_ERROR;
                 return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, GRAMMAR_PARSE_ERROR);
             }
@@ -290,24 +278,18 @@ class generation {
     // batch came last). llama.cpp rebuilds its graph when the size changes, so
     // only a decode of the same size as the last one times a fair cost.
     int32_t last_target_n = 0;
-    bool penalize = false; // a repeat penalty is on
-    std::vector<float> penalized_row;
-    std::vector<llama_token> penalty_history;
+    cospec::repeat_penalty penalty {p.repeat_penalty, p.repeat_last_n};
     int32_t n_shared = 0; // token ids both vocabularies share
 
     // A grammar the output follows (params.grammar): its state after the emitted tokens, and
     // copies advanced along a block's drafted tokens (while drafting, while judging).
-    sampler_ptr grammar;
-    sampler_ptr draft_grammar;
-    sampler_ptr walk_grammar;
-    std::vector<llama_token_data> candidates;
-    std::vector<float> allowed_row;
-    std::vector<cospec_token_logprob> top_scratch;
+    cospec::grammar_state grammar;
+    cospec::grammar_state draft_grammar;
+    cospec::grammar_state walk_grammar;
 
     std::vector<llama_token> seq; // prompt + generated tokens
     int32_t stop = COSPEC_STOP_NONE;
-    std::vector<std::string> stops;
-    size_t sent = 0; // bytes of r.text already passed to the token callback
+    cospec::text_stream text {r.text, stop_strings(p)};
     std::vector<char> piece;
 
     // Per-block buffers, kept across steps to avoid reallocations.
@@ -475,22 +457,10 @@ class generation {
 
     // ------------------------------------------------------------ output
 
-    // The logits a token is chosen from at the position after seq and the
-    // first n_block drafted tokens: the model's own, or a copy with the repeat
-    // penalty over that history. Draft and target rows of one position see the
-    // same history, which keeps speculative sampling lossless.
+    // The logits a token is chosen from at the position after seq and the first n_block drafted
+    // tokens: the model's own, or a copy with the repeat penalty over that history.
     const float * with_penalty(const float * row, int32_t n, int32_t n_block) {
-        if (!penalize) {
-            return row;
-        }
-        const size_t total = seq.size() + (size_t) n_block;
-        const size_t first = p.repeat_last_n > 0 && total > (size_t) p.repeat_last_n ? total - (size_t) p.repeat_last_n : 0;
-        penalty_history.clear();
-        for (size_t i = first; i < total; ++i) {
-            penalty_history.push_back(i < seq.size() ? seq[i] : drafted[i - seq.size()]);
-        }
-        cospec::apply_repeat_penalty(row, n, penalty_history, p.repeat_penalty, penalized_row);
-        return penalized_row.data();
+        return penalty.apply(row, n, seq, drafted, n_block);
     }
 
     llama_token choose(const float * raw_logits, int32_t n) {
@@ -498,9 +468,9 @@ class generation {
         const float * logits = with_penalty(raw_logits, n, 0);
         llama_token tok;
         if (greedy) {
-            tok = greedy_choice(grammar.get(), logits, n);
+            tok = grammar.greedy(logits, n);
         } else {
-            const float * row = allowed(grammar.get(), logits, n);
+            const float * row = grammar.mask(logits, n);
             if (grammar && !std::isfinite(row[cospec::argmax(row, n)])) {
                 st.t_sample_ms += ms_since(t0);
                 return -1;
@@ -514,108 +484,32 @@ class generation {
 
     // ------------------------------------------------------------ grammar
 
-    // Whether grammar g (in its current state) allows token tok next.
-    bool grammar_allows(llama_sampler * g, llama_token tok) {
-        llama_token_data one {tok, 0.0f, 0.0f};
-        llama_token_data_array arr {&one, 1, -1, false};
-        llama_sampler_apply(g, &arr);
-        return std::isfinite(one.logit);
-    }
-
-    // The row with every token g does not allow at -inf (the row itself without a grammar).
-    const float * allowed(llama_sampler * g, const float * row, int32_t n) {
-        if (g == nullptr) {
-            return row;
-        }
-        candidates.resize((size_t) n);
-        for (int32_t i = 0; i < n; ++i) {
-            candidates[i] = {i, row[i], 0.0f};
-        }
-        llama_token_data_array arr {candidates.data(), (size_t) n, -1, false};
-        llama_sampler_apply(g, &arr);
-        allowed_row.assign((size_t) n, -INFINITY);
-        for (size_t i = 0; i < arr.size; ++i) {
-            if (arr.data[i].id >= 0 && arr.data[i].id < n) {
-                allowed_row[(size_t) arr.data[i].id] = arr.data[i].logit;
-            }
-        }
-        return allowed_row.data();
-    }
-
-    // The greedy choice under g: the argmax where g allows it (the common case, one check), else
-    // the argmax over the tokens g allows; -1 where it allows none of the n.
-    llama_token greedy_choice(llama_sampler * g, const float * row, int32_t n) {
-        const llama_token best = cospec::argmax(row, n);
-        if (g == nullptr || grammar_allows(g, best)) {
-            return best;
-        }
-        const float * masked = allowed(g, row, n);
-        const llama_token tok = cospec::argmax(masked, n);
-        return std::isfinite(masked[tok]) ? tok : -1;
-    }
-
-    // Advance g past tok (an end-of-generation token ends the output and leaves it as it is).
-    void grammar_accept(llama_sampler * g, const llama_vocab * vocab, llama_token tok) {
-        if (g != nullptr && !llama_vocab_is_eog(vocab, tok)) {
-            llama_sampler_accept(g, tok);
-        }
-    }
-
     // A proposal that arrived whole (the n-gram drafter's, a text draft's) cut before its first
     // token the grammar does not allow.
     void trim_to_grammar() {
         if (!grammar) {
             return;
         }
-        sampler_ptr g(llama_sampler_clone(grammar.get()));
+        cospec::grammar_state g = grammar.copy();
         size_t n = 0;
-        while (n < drafted.size() && grammar_allows(g.get(), drafted[n])) {
-            if (llama_vocab_is_eog(e.target.vocab, drafted[n])) {
-                n += 1;
+        while (n < drafted.size() && g.allows(drafted[n])) {
+            g.accept(e.target.vocab, drafted[n]);
+            if (llama_vocab_is_eog(e.target.vocab, drafted[n++])) {
                 break; // the output ends there
             }
-            llama_sampler_accept(g.get(), drafted[n]);
-            n += 1;
         }
         drafted.resize(n);
     }
 
     // ------------------------------------------------------------ log-probabilities
 
-    // The token's log-probability in row (n logits) and the likeliest n_top there, appended to the result.
-    void record_logprobs(const float * row, int32_t n, llama_token tok) {
-        const float lse = (float) cospec::log_sum_exp(row, n);
-        r.logprobs.push_back({tok, row[tok] - lse});
-        const int32_t k = std::min(p.n_top_logprobs, n);
-        top_scratch.clear();
-        const auto worse = [](const cospec_token_logprob & a, const cospec_token_logprob & b) {
-            return a.logprob > b.logprob || (a.logprob == b.logprob && a.token < b.token);
-        };
-        for (int32_t i = 0; i < n && k > 0; ++i) { // a min-heap of the k best so far
-            if ((int32_t) top_scratch.size() < k) {
-                top_scratch.push_back({i, row[i]});
-                std::push_heap(top_scratch.begin(), top_scratch.end(), worse);
-            } else if (row[i] > top_scratch.front().logprob) {
-                std::pop_heap(top_scratch.begin(), top_scratch.end(), worse);
-                top_scratch.back() = {i, row[i]};
-                std::push_heap(top_scratch.begin(), top_scratch.end(), worse);
-            }
-        }
-        std::sort_heap(top_scratch.begin(), top_scratch.end(), worse);
-        for (const auto & t : top_scratch) {
-            r.logprobs.push_back({t.token, t.logprob - lse});
-        }
-        for (int32_t i = (int32_t) top_scratch.size(); i < p.n_top_logprobs; ++i) {
-            r.logprobs.push_back({-1, -INFINITY}); // a vocabulary smaller than n_top: every token row keeps its size
-        }
-    }
-
     // Emit tok, chosen from row (the logits of the model that chose it, for its log-probability).
     void emit(llama_token tok, int32_t provenance, const float * row) {
         const llama_vocab * vocab = p.mode == COSPEC_MODE_DRAFT_ONLY ? e.draft.vocab : e.target.vocab;
-        grammar_accept(grammar.get(), vocab, tok);
+        grammar.accept(vocab, tok);
         if (p.logprobs) {
-            record_logprobs(row, p.mode == COSPEC_MODE_DRAFT_ONLY ? e.draft.n_vocab : e.target.n_vocab, tok);
+            const int32_t n = p.mode == COSPEC_MODE_DRAFT_ONLY ? e.draft.n_vocab : e.target.n_vocab;
+            cospec::token_logprobs(row, n, tok, p.n_top_logprobs, r.logprobs);
         }
         seq.push_back(tok);
         r.tokens.push_back(tok);
@@ -638,18 +532,17 @@ class generation {
         }
         if (llama_vocab_is_eog(vocab, tok) && !p.ignore_eos) {
             stop = COSPEC_STOP_EOG;
-        } else {
-            append_text(vocab, tok);
+        } else if (text.append(token_piece(vocab, tok))) {
+            stop = COSPEC_STOP_STRING;
         }
         if (p.token_callback != nullptr) {
-            const size_t end = stream_end();
-            cospec_token_event event {tok, provenance, r.text.data() + sent, (int32_t) (end - sent), nullptr, 0};
+            const std::string_view shown = text.take(stop != COSPEC_STOP_NONE);
+            cospec_token_event event {tok, provenance, shown.data(), (int32_t) shown.size(), nullptr, 0};
             if (p.logprobs) {
                 event.logprobs = r.logprobs.data() + r.logprobs.size() - (size_t) r.logprobs_per_token;
                 event.n_top = p.n_top_logprobs;
             }
             const bool go_on = p.token_callback(&event, p.token_user_data);
-            sent = end;
             if (!go_on && stop == COSPEC_STOP_NONE) {
                 stop = COSPEC_STOP_ABORTED;
             }
@@ -659,7 +552,8 @@ class generation {
         }
     }
 
-    void append_text(const llama_vocab * vocab, llama_token tok) {
+    // A token's text (a reference into a buffer the next call reuses).
+    std::string_view token_piece(const llama_vocab * vocab, llama_token tok) {
         if (piece.size() < 64) {
             piece.resize(64);
         }
@@ -668,44 +562,26 @@ class generation {
             piece.resize((size_t) -n);
             n = llama_token_to_piece(vocab, tok, piece.data(), (int32_t) piece.size(), 0, false);
         }
-        r.text.append(piece.data(), (size_t) std::max(n, 0));
-        // A stop string can only begin in the part not yet streamed: stream_end
-        // holds back exactly the bytes that could still start one.
-        size_t first = std::string::npos;
-        for (const auto & s : stops) {
-            first = std::min(first, r.text.find(s, sent));
-        }
-        if (first != std::string::npos) {
-            r.text.resize(first);
-            stop = COSPEC_STOP_STRING;
-        }
+        return {piece.data(), (size_t) std::max(n, 0)};
     }
 
-    // End of the text that is safe to stream: not a possible start of a stop
-    // string, not an incomplete UTF-8 character.
-    size_t stream_end() const {
-        const size_t size = r.text.size();
-        if (stop != COSPEC_STOP_NONE) {
-            return size;
-        }
-        size_t hold = 0;
-        for (const auto & s : stops) {
-            for (size_t k = std::min(s.size() - 1, size - sent); k > hold; --k) {
-                if (r.text.compare(size - k, k, s, 0, k) == 0) {
-                    hold = k;
-                    break;
-                }
-            }
-        }
-        return std::max(sent, cospec::utf8_complete_end(r.text, size - hold));
-    }
-
+    // What the text held back until now, passed on as the last callback's (token -1).
     void flush_text() {
-        if (p.token_callback != nullptr && sent < r.text.size()) {
-            const cospec_token_event event {-1, -1, r.text.data() + sent, (int32_t) (r.text.size() - sent), nullptr, 0};
+        const std::string_view rest = text.take(true);
+        if (p.token_callback != nullptr && !rest.empty()) {
+            const cospec_token_event event {-1, -1, rest.data(), (int32_t) rest.size(), nullptr, 0};
             p.token_callback(&event, p.token_user_data);
         }
-        sent = r.text.size();
+    }
+
+    static std::vector<std::string> stop_strings(const cospec_generate_params & params) {
+        std::vector<std::string> out;
+        for (int32_t i = 0; i < params.n_stop; ++i) {
+            if (params.stop[i] != nullptr) {
+                out.emplace_back(params.stop[i]);
+            }
+        }
+        return out;
     }
 
     // ------------------------------------------------------------ steps
@@ -769,9 +645,7 @@ class generation {
         if (!greedy && draft_probs.size() < (size_t) k) {
             draft_probs.resize(k);
         }
-        if (grammar) {
-            draft_grammar.reset(llama_sampler_clone(grammar.get())); // the draft proposes only what the grammar allows
-        }
+        draft_grammar = grammar.copy(); // the draft proposes only what the grammar allows
         for (int32_t i = 0; i < k; ++i) {
             const float * row = llama_get_logits_ith(e.draft.ctx, -1);
             if (keep_draft_logits) {
@@ -786,9 +660,9 @@ class generation {
                     draft_declined = true;
                     break; // the draft is unsure: verifying further guesses would waste target work
                 }
-                d = greedy_choice(draft_grammar.get(), chosen_from, n_shared);
+                d = draft_grammar.greedy(chosen_from, n_shared);
             } else {
-                const float * masked = allowed(draft_grammar.get(), chosen_from, n_shared);
+                const float * masked = draft_grammar.mask(chosen_from, n_shared);
                 d = grammar && !std::isfinite(masked[cospec::argmax(masked, n_shared)]) ? -1 : 0;
                 if (d == 0) {
                     cospec::sampling_probs(masked, n_shared, scfg, draft_probs[i]);
@@ -808,7 +682,7 @@ class generation {
             if (grammar && llama_vocab_is_eog(e.target.vocab, d)) {
                 break; // an end the grammar allows: nothing follows it
             }
-            grammar_accept(draft_grammar.get(), e.target.vocab, d);
+            draft_grammar.accept(e.target.vocab, d);
             if (i + 1 == k || e.abort_flag.load()) {
                 break;
             }
@@ -837,14 +711,14 @@ class generation {
         // With a grammar the target chooses among the tokens it allows after drafted[0..j).
         const float * row = with_penalty(raw_row, nv, j);
         if (greedy) {
-            target_tokens[j] = greedy_choice(walk_grammar.get(), row, nv);
+            target_tokens[j] = walk_grammar.greedy(row, nv);
             if (j < kd) {
                 mismatch[j] = drafted[j] != target_tokens[j];
             }
             st.t_sample_ms += ms_since(t0);
             return;
         }
-        row = allowed(walk_grammar.get(), row, nv);
+        row = walk_grammar.mask(row, nv);
         if (walk_grammar && !std::isfinite(row[cospec::argmax(row, nv)])) {
             target_tokens[j] = -1;
             if (j < kd) {
@@ -986,9 +860,7 @@ class generation {
 
         target_tokens.assign(kd + 1, -1);
         mismatch.assign(kd, 0);
-        if (grammar) {
-            walk_grammar.reset(llama_sampler_clone(grammar.get()));
-        }
+        walk_grammar = grammar.copy();
         // The lossless walk stops at the first mismatch, so later positions
         // need no verdict; an arbiter that can keep sees the whole block.
         for (int32_t j = 0; j <= kd; ++j) {
@@ -1003,7 +875,7 @@ class generation {
                 break;
             }
             if (j < kd) {
-                grammar_accept(walk_grammar.get(), e.target.vocab, drafted[j]); // every drafted token follows the grammar
+                walk_grammar.accept(e.target.vocab, drafted[j]); // every drafted token follows the grammar
             }
         }
         return COSPEC_OK;
@@ -1067,8 +939,8 @@ class generation {
     // under (arbiter.gguf's verify_cost, checked when it loaded): the lengths
     // it decides in are then the ones it learned from.
     double trained_verify_cost() const {
-        const char * v = p.arbiter != nullptr ? p.arbiter->meta("verify_cost") : nullptr;
-        return v != nullptr ? std::strtod(v, nullptr) : cospec::draft_tuner::FIXED_VERIFY_MARGINAL;
+        const std::optional<double> trained = p.arbiter != nullptr ? p.arbiter->trained_verify_cost() : std::nullopt;
+        return trained.value_or(cospec::draft_tuner::FIXED_VERIFY_MARGINAL);
     }
 
     // The fixed cost model's verify cost: the call's own, else the one its arbiter was trained under.
@@ -1579,8 +1451,8 @@ int32_t cospec_grammar_check(const cospec_engine * engine, int32_t which, const 
     }
     const llama_vocab * vocab = which == 0 ? engine->target.vocab : engine->draft.vocab;
     try {
-        sampler_ptr g(llama_sampler_init_grammar(vocab, grammar, root != nullptr ? root : "root"));
-        if (!g) {
+        cospec::grammar_state g;
+        if (!g.parse(vocab, grammar, root)) {
             return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, GRAMMAR_PARSE_ERROR);
         }
     } catch (const std::exception & ex) {

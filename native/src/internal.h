@@ -4,6 +4,7 @@
 #include "cospec.h"
 
 #include <cstddef>
+#include <optional>
 #include <string>
 
 struct gguf_context;
@@ -69,6 +70,8 @@ struct cospec_arbiter {
     // Write p_keep[i] for every mismatch position; return 0 on success.
     virtual int32_t score(const cospec_block & block, float * p_keep) = 0;
     virtual const char * meta(const char * /*key*/) const { return nullptr; }
+    // A learned arbiter's verify cost of the timing-free block lengths its states were drafted under.
+    virtual std::optional<double> trained_verify_cost() const { return std::nullopt; }
     // The head's input rows (learned arbiters only); returns the row width or a negative status.
     virtual int32_t head_inputs(const cospec_block & /*block*/, float * /*out*/, size_t /*out_size*/) {
         return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, std::string("arbiter '") + name() + "' has no head");

@@ -135,15 +135,28 @@ std::optional<int32_t> learned_kind(const std::string & name) {
 }
 
 // What arbiter.gguf holds.
+// An arbiter file, read once: every value checked and typed here, so nothing downstream parses text.
 struct bundle {
     std::string path;  // arbiter.gguf
     std::string dir;
-    std::map<std::string, std::string> meta; // every scalar value under cospec.arbiter., as text
+    std::map<std::string, std::string> meta; // every scalar value under cospec.arbiter., as text (cospec_arbiter_meta)
     int32_t kind = COSPEC_ARBITER_FEATURES;  // enum cospec_arbiter_kind: a learned one
     float threshold = 0.5f;
+    std::string name;              // empty: "cospec-" and the kind
+    std::string draft_fingerprint; // of the draft it was made for
+    std::string draft_file;        // that draft's file name, for messages (may be empty)
+    // What its states were drafted under (absent in files that do not say): the timing-free
+    // block lengths use verify_cost; the Python side warns on another draft_max.
+    std::optional<double> verify_cost;
+    std::optional<double> draft_cost;
+    std::optional<int32_t> draft_max;
+    std::optional<bool> adaptive_draft;
+    // A LoRA arbiter: its adapter (a file beside arbiter.gguf), the draft's width, the scale.
+    std::string adapter;
     int32_t n_embd = 0;
     float lora_scale = 1.0f;
     bool context_from_draft = false; // lora_context == "draft"
+    int32_t n_head_layers = 0;
     head_mlp head;
     // The domain gate: sorted keys first * gate_n_vocab + second of the training prompts' bigrams.
     std::vector<uint64_t> gate_keys;
@@ -259,6 +272,142 @@ int32_t read_tensor(ggml_context * ctx, const std::string & who, const std::stri
     return COSPEC_OK;
 }
 
+// A number under key: absent (nullopt, true), or in [lo, hi] and whole where asked (true); false
+// where the text is not such a number.
+bool meta_number(const bundle & b, const char * key, double lo, double hi, bool whole, std::optional<double> & out) {
+    const auto it = b.meta.find(key);
+    out.reset();
+    if (it == b.meta.end()) {
+        return true;
+    }
+    char * end = nullptr;
+    const double v = std::strtod(it->second.c_str(), &end);
+    if (end == it->second.c_str() || *end != '\0' || !(v >= lo && v <= hi) || (whole && v != std::floor(v))) {
+        return false;
+    }
+    out = v;
+    return true;
+}
+
+// The file's cospec.arbiter.* values: every one as text (b.meta), the ones the engine uses typed and checked.
+int32_t read_metadata(const gguf_context * g, const std::string & who, bundle & b) {
+    const std::string prefix = KEY_PREFIX;
+    for (int64_t i = 0; i < gguf_get_n_kv(g); ++i) {
+        const std::string key = gguf_get_key(g, i);
+        std::string value;
+        if (key.compare(0, prefix.size(), prefix) == 0 && scalar_text(g, i, value)) {
+            b.meta[key.substr(prefix.size())] = value;
+        }
+    }
+    for (const char * key : {"version", "kind", "head_layers", "draft_fingerprint", "threshold"}) {
+        if (b.meta.count(key) == 0) {
+            return fail(COSPEC_ERR_ARBITER, who + ": not an arbiter file (no " + prefix + key + ")");
+        }
+    }
+    if (b.meta["version"] != std::to_string(FORMAT_VERSION)) {
+        return fail(COSPEC_ERR_ARBITER, who + ": format version " + b.meta["version"] + ", this engine reads version " +
+                                            std::to_string(FORMAT_VERSION));
+    }
+    if (const std::optional<int32_t> learned = learned_kind(b.meta["kind"])) {
+        b.kind = *learned;
+    } else {
+        return fail(COSPEC_ERR_ARBITER, who + ": unknown kind '" + b.meta["kind"] + "' (expected features or lora)");
+    }
+    b.draft_fingerprint = b.meta["draft_fingerprint"];
+    b.draft_file = b.meta.count("draft_file") ? b.meta["draft_file"] : "";
+    b.name = b.meta.count("name") ? b.meta["name"] : "";
+    std::optional<double> v;
+    if (!meta_number(b, "threshold", 0.0, 1.0, false, v)) {
+        return fail(COSPEC_ERR_ARBITER, who + ": threshold must lie in [0, 1]");
+    }
+    b.threshold = (float) *v;
+    if (!meta_number(b, "verify_cost", 0.0, 100.0, false, b.verify_cost)) {
+        return fail(COSPEC_ERR_ARBITER, who + ": verify_cost must lie in [0, 100] target steps");
+    }
+    if (!meta_number(b, "draft_cost", 0.0, 100.0, false, b.draft_cost)) {
+        return fail(COSPEC_ERR_ARBITER, who + ": draft_cost must lie in [0, 100] target steps");
+    }
+    if (!meta_number(b, "draft_max", 1.0, COSPEC_N_DRAFT_MAX, true, v)) {
+        return fail(COSPEC_ERR_ARBITER, who + ": draft_max must be a whole number in [1, " +
+                                            std::to_string(COSPEC_N_DRAFT_MAX) + "]");
+    }
+    if (v) {
+        b.draft_max = (int32_t) *v;
+    }
+    if (const auto a = b.meta.find("adaptive_draft"); a != b.meta.end()) {
+        if (a->second != "true" && a->second != "false") {
+            return fail(COSPEC_ERR_ARBITER, who + ": adaptive_draft must be true or false");
+        }
+        b.adaptive_draft = a->second == "true";
+    }
+    if (!meta_number(b, "head_layers", 1.0, MAX_HEAD_LAYERS, true, v)) {
+        return fail(COSPEC_ERR_ARBITER, who + ": head_layers must be 1.." + std::to_string(MAX_HEAD_LAYERS));
+    }
+    b.n_head_layers = (int32_t) *v;
+    if (b.kind != COSPEC_ARBITER_LORA) {
+        return COSPEC_OK;
+    }
+    for (const char * key : {"n_embd", "adapter"}) {
+        if (b.meta.count(key) == 0) {
+            return fail(COSPEC_ERR_ARBITER, who + ": not an arbiter file (no " + prefix + key + ")");
+        }
+    }
+    b.adapter = b.meta["adapter"];
+    if (!meta_number(b, "n_embd", 1.0, 1 << 20, true, v)) {
+        return fail(COSPEC_ERR_ARBITER, who + ": n_embd must be a positive whole number");
+    }
+    b.n_embd = (int32_t) *v;
+    if (!meta_number(b, "lora_scale", -1e6, 1e6, false, v)) {
+        return fail(COSPEC_ERR_ARBITER, who + ": lora_scale must be a finite number");
+    }
+    b.lora_scale = v ? (float) *v : 1.0f;
+    const auto context = b.meta.find("lora_context");
+    const std::string reader = context == b.meta.end() ? "adapter" : context->second;
+    if (reader != "draft" && reader != "adapter") {
+        return fail(COSPEC_ERR_ARBITER, who + ": unknown lora_context '" + reader + "' (expected draft or adapter)");
+    }
+    b.context_from_draft = reader == "draft";
+    return COSPEC_OK;
+}
+
+// The head: input normalisation and b.n_head_layers dense layers ending in one output.
+int32_t read_head(ggml_context * ctx, const std::string & who, bundle & b) {
+    const ggml_tensor * mean = ggml_get_tensor(ctx, "head.in_mean");
+    if (mean == nullptr) {
+        return fail(COSPEC_ERR_ARBITER, who + ": tensor 'head.in_mean' is missing");
+    }
+    const int64_t n_in = mean->ne[0];
+    if (n_in < 1 || n_in > MAX_HEAD_WIDTH) {
+        return fail(COSPEC_ERR_ARBITER, who + ": head input width " + std::to_string(n_in) + " is out of range");
+    }
+    if (read_tensor(ctx, who, "head.in_mean", n_in, 1, b.head.in_mean) != COSPEC_OK ||
+        read_tensor(ctx, who, "head.in_scale", n_in, 1, b.head.in_scale) != COSPEC_OK) {
+        return COSPEC_ERR_ARBITER;
+    }
+    int64_t width = n_in;
+    for (int32_t l = 0; l < b.n_head_layers; ++l) {
+        const std::string name = "head." + std::to_string(l) + ".weight";
+        const ggml_tensor * w = ggml_get_tensor(ctx, name.c_str());
+        const int64_t n_out = w ? w->ne[1] : 0;
+        if (l + 1 == b.n_head_layers && n_out != 1) {
+            return fail(COSPEC_ERR_ARBITER, who + ": the head's last layer must have one output");
+        }
+        if (n_out < 1 || n_out > MAX_HEAD_WIDTH) {
+            return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + name + "' is missing or has a bad shape");
+        }
+        head_mlp::layer L;
+        L.n_in = (int32_t) width;
+        L.n_out = (int32_t) n_out;
+        if (read_tensor(ctx, who, name, width, n_out, L.weight) != COSPEC_OK ||
+            read_tensor(ctx, who, "head." + std::to_string(l) + ".bias", n_out, 1, L.bias) != COSPEC_OK) {
+            return COSPEC_ERR_ARBITER;
+        }
+        b.head.layers.push_back(std::move(L));
+        width = n_out;
+    }
+    return COSPEC_OK;
+}
+
 int32_t read_bundle(const char * path, bundle & b) {
     b.path = path;
     if (is_dir(b.path)) {
@@ -295,121 +444,11 @@ int32_t read_bundle(const char * path, bundle & b) {
     if (!g || !ctx) {
         return fail(COSPEC_ERR_ARBITER, who + ": corrupt GGUF");
     }
-    const std::string prefix = KEY_PREFIX;
-    for (int64_t i = 0; i < gguf_get_n_kv(g.get()); ++i) {
-        const std::string key = gguf_get_key(g.get(), i);
-        std::string value;
-        if (key.compare(0, prefix.size(), prefix) == 0 && scalar_text(g.get(), i, value)) {
-            b.meta[key.substr(prefix.size())] = value;
-        }
+    if (const int32_t st = read_metadata(g.get(), who, b); st != COSPEC_OK) {
+        return st;
     }
-    const auto need = [&](const char * key) -> const std::string * {
-        auto it = b.meta.find(key);
-        if (it == b.meta.end()) {
-            fail(COSPEC_ERR_ARBITER, who + ": not an arbiter file (no " + prefix + key + ")");
-            return nullptr;
-        }
-        return &it->second;
-    };
-    const std::string * version = need("version");
-    const std::string * kind = version ? need("kind") : nullptr;
-    const std::string * layers = kind ? need("head_layers") : nullptr;
-    if (layers == nullptr || need("draft_fingerprint") == nullptr || need("threshold") == nullptr) {
-        return COSPEC_ERR_ARBITER;
-    }
-    if (*version != std::to_string(FORMAT_VERSION)) {
-        return fail(COSPEC_ERR_ARBITER, who + ": format version " + *version + ", this engine reads version " +
-                                            std::to_string(FORMAT_VERSION));
-    }
-    if (const std::optional<int32_t> learned = learned_kind(*kind)) {
-        b.kind = *learned;
-    } else {
-        return fail(COSPEC_ERR_ARBITER, who + ": unknown kind '" + *kind + "' (expected features or lora)");
-    }
-    char * end = nullptr;
-    b.threshold = std::strtof(b.meta["threshold"].c_str(), &end);
-    if (!(b.threshold >= 0.0f && b.threshold <= 1.0f)) {
-        return fail(COSPEC_ERR_ARBITER, who + ": threshold must lie in [0, 1]");
-    }
-    if (const auto v = b.meta.find("verify_cost"); v != b.meta.end()) {
-        const double cost = std::strtod(v->second.c_str(), &end);
-        if (end == v->second.c_str() || !(cost >= 0.0 && cost <= 100.0)) {
-            return fail(COSPEC_ERR_ARBITER, who + ": verify_cost must lie in [0, 100] target steps");
-        }
-    }
-    // What its states were drafted under (the engine warns when a generation drafts otherwise):
-    // checked here so that nobody downstream parses a value that is not one.
-    if (const auto v = b.meta.find("draft_max"); v != b.meta.end()) {
-        const long k = std::strtol(v->second.c_str(), &end, 10);
-        if (end == v->second.c_str() || *end != '\0' || k < 1 || k > COSPEC_N_DRAFT_MAX) {
-            return fail(COSPEC_ERR_ARBITER, who + ": draft_max must be a whole number in [1, " +
-                                                std::to_string(COSPEC_N_DRAFT_MAX) + "]");
-        }
-    }
-    if (const auto v = b.meta.find("adaptive_draft"); v != b.meta.end() && v->second != "true" && v->second != "false") {
-        return fail(COSPEC_ERR_ARBITER, who + ": adaptive_draft must be true or false");
-    }
-    if (const auto v = b.meta.find("draft_cost"); v != b.meta.end()) {
-        const double cost = std::strtod(v->second.c_str(), &end);
-        if (end == v->second.c_str() || *end != '\0' || !(cost >= 0.0 && cost <= 100.0)) {
-            return fail(COSPEC_ERR_ARBITER, who + ": draft_cost must lie in [0, 100] target steps");
-        }
-    }
-    const unsigned long n_layers = std::strtoul(layers->c_str(), &end, 10);
-    if (n_layers < 1 || n_layers > MAX_HEAD_LAYERS) {
-        return fail(COSPEC_ERR_ARBITER, who + ": head_layers must be 1.." + std::to_string(MAX_HEAD_LAYERS));
-    }
-    if (b.kind == COSPEC_ARBITER_LORA) {
-        const std::string * n_embd = need("n_embd");
-        if (n_embd == nullptr || need("adapter") == nullptr) {
-            return COSPEC_ERR_ARBITER;
-        }
-        b.n_embd = (int32_t) std::strtol(n_embd->c_str(), &end, 10);
-        if (b.meta.count("lora_scale")) {
-            b.lora_scale = std::strtof(b.meta["lora_scale"].c_str(), &end);
-            if (!std::isfinite(b.lora_scale)) {
-                return fail(COSPEC_ERR_ARBITER, who + ": lora_scale must be a finite number");
-            }
-        }
-        const auto context = b.meta.find("lora_context");
-        const std::string reader = context == b.meta.end() ? "adapter" : context->second;
-        if (reader != "draft" && reader != "adapter") {
-            return fail(COSPEC_ERR_ARBITER, who + ": unknown lora_context '" + reader + "' (expected draft or adapter)");
-        }
-        b.context_from_draft = reader == "draft";
-    }
-    const ggml_tensor * mean = ggml_get_tensor(ctx.get(), "head.in_mean");
-    if (mean == nullptr) {
-        return fail(COSPEC_ERR_ARBITER, who + ": tensor 'head.in_mean' is missing");
-    }
-    const int64_t n_in = mean->ne[0];
-    if (n_in < 1 || n_in > MAX_HEAD_WIDTH) {
-        return fail(COSPEC_ERR_ARBITER, who + ": head input width " + std::to_string(n_in) + " is out of range");
-    }
-    if (read_tensor(ctx.get(), who, "head.in_mean", n_in, 1, b.head.in_mean) != COSPEC_OK ||
-        read_tensor(ctx.get(), who, "head.in_scale", n_in, 1, b.head.in_scale) != COSPEC_OK) {
-        return COSPEC_ERR_ARBITER;
-    }
-    int64_t width = n_in;
-    for (unsigned long l = 0; l < n_layers; ++l) {
-        const std::string name = "head." + std::to_string(l) + ".weight";
-        const ggml_tensor * w = ggml_get_tensor(ctx.get(), name.c_str());
-        const int64_t n_out = w ? w->ne[1] : 0;
-        if (l + 1 == n_layers && n_out != 1) {
-            return fail(COSPEC_ERR_ARBITER, who + ": the head's last layer must have one output");
-        }
-        if (n_out < 1 || n_out > MAX_HEAD_WIDTH) {
-            return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + name + "' is missing or has a bad shape");
-        }
-        head_mlp::layer L;
-        L.n_in = (int32_t) width;
-        L.n_out = (int32_t) n_out;
-        if (read_tensor(ctx.get(), who, name, width, n_out, L.weight) != COSPEC_OK ||
-            read_tensor(ctx.get(), who, "head." + std::to_string(l) + ".bias", n_out, 1, L.bias) != COSPEC_OK) {
-            return COSPEC_ERR_ARBITER;
-        }
-        b.head.layers.push_back(std::move(L));
-        width = n_out;
+    if (const int32_t st = read_head(ctx.get(), who, b); st != COSPEC_OK) {
+        return st;
     }
     return read_gate(ctx.get(), who, b);
 }
@@ -659,6 +698,7 @@ struct learned_arbiter final : cospec_arbiter {
     bool admits(const cospec_token * prompt, int32_t n_prompt) const override {
         return !gate_on || gate_coverage(b, prompt, n_prompt) >= (double) b.gate_threshold;
     }
+    std::optional<double> trained_verify_cost() const override { return b.verify_cost; }
     const char * meta(const char * key) const override {
         if (b.kind == COSPEC_ARBITER_LORA && std::strcmp(key, "adapter_use") == 0) {
             return folded != nullptr ? "folded" : "decode";
@@ -676,7 +716,7 @@ struct learned_arbiter final : cospec_arbiter {
     int32_t cols() const { return b.head.n_in(); }
 
     int32_t open_lora(const cospec_learned_arbiter_params & p) {
-        const std::string adapter_path = b.dir + "/" + b.meta["adapter"];
+        const std::string adapter_path = b.dir + "/" + b.adapter;
         if (const int32_t st = cospec::check_gguf_file("arbiter adapter", adapter_path.c_str()); st != COSPEC_OK) {
             return fail(COSPEC_ERR_ARBITER, cospec_last_error());
         }
@@ -987,11 +1027,11 @@ int32_t cospec_arbiter_load(cospec_engine * engine, const cospec_learned_arbiter
                 return st;
             }
         }
-        const std::string & want = a->b.meta["draft_fingerprint"];
+        const std::string & want = a->b.draft_fingerprint;
         if (want != engine->draft_fingerprint) {
-            const auto file = a->b.meta.find("draft_file");
+            const std::string & file = a->b.draft_file;
             return fail(COSPEC_ERR_ARBITER_DRAFT, "arbiter '" + a->b.path + "' was made for another draft model (" +
-                                                (file != a->b.meta.end() ? "'" + file->second + "', " : std::string()) +
+                                                (!file.empty() ? "'" + file + "', " : std::string()) +
                                                 "fingerprint " + want + "); this engine's draft '" + engine->draft_path +
                                                 "' has fingerprint " + engine->draft_fingerprint);
         }
@@ -1015,8 +1055,7 @@ int32_t cospec_arbiter_load(cospec_engine * engine, const cospec_learned_arbiter
         a->keep_threshold = params->threshold >= 0.0f ? params->threshold : a->b.threshold;
         a->head_fn = params->head;
         a->head_user_data = params->head_user_data;
-        const auto name = a->b.meta.find("name");
-        a->label = name != a->b.meta.end() ? name->second : std::string("cospec-") + kind_name;
+        a->label = !a->b.name.empty() ? a->b.name : std::string("cospec-") + kind_name;
         if (a->b.kind == COSPEC_ARBITER_LORA) {
             if (const int32_t st = a->open_lora(*params); st != COSPEC_OK) {
                 return st;

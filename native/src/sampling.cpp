@@ -7,6 +7,50 @@
 
 namespace cospec {
 
+const float * repeat_penalty::apply(const float * row, int32_t n, const std::vector<int32_t> & seq,
+                                    const std::vector<int32_t> & drafted, int32_t n_block) {
+    if (!on()) {
+        return row;
+    }
+    const size_t total = seq.size() + (size_t) n_block;
+    const size_t first = last_n > 0 && total > (size_t) last_n ? total - (size_t) last_n : 0;
+    history.clear();
+    for (size_t i = first; i < total; ++i) {
+        history.push_back(i < seq.size() ? seq[i] : drafted[i - seq.size()]);
+    }
+    apply_repeat_penalty(row, n, history, penalty, out);
+    return out.data();
+}
+
+void token_logprobs(const float * row, int32_t n, int32_t tok, int32_t n_top, std::vector<cospec_token_logprob> & out) {
+    const float lse = (float) log_sum_exp(row, n);
+    out.push_back({tok, row[tok] - lse});
+    const int32_t k = std::min(n_top, n);
+    std::vector<cospec_token_logprob> top;
+    top.reserve((size_t) std::max(k, 0));
+    const auto better = [](const cospec_token_logprob & a, const cospec_token_logprob & b) {
+        return a.logprob > b.logprob || (a.logprob == b.logprob && a.token < b.token);
+    };
+    for (int32_t i = 0; i < n && k > 0; ++i) { // a heap whose front is the worst of the k best so far
+        const cospec_token_logprob t {i, row[i]};
+        if ((int32_t) top.size() < k) {
+            top.push_back(t);
+            std::push_heap(top.begin(), top.end(), better);
+        } else if (better(t, top.front())) {
+            std::pop_heap(top.begin(), top.end(), better);
+            top.back() = t;
+            std::push_heap(top.begin(), top.end(), better);
+        }
+    }
+    std::sort_heap(top.begin(), top.end(), better);
+    for (const auto & t : top) {
+        out.push_back({t.token, t.logprob - lse});
+    }
+    for (int32_t i = (int32_t) top.size(); i < n_top; ++i) {
+        out.push_back({-1, -INFINITY});
+    }
+}
+
 int32_t argmax(const float * logits, int32_t n) {
     int32_t best = 0;
     for (int32_t i = 1; i < n; ++i) {

@@ -3,6 +3,8 @@
 // and the acceptance test of lossless speculative sampling.
 #pragma once
 
+#include "cospec.h"
+
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -32,6 +34,29 @@ void sampling_probs(const float * logits, int32_t n, const sampler_config & cfg,
 // scratch list: it is sorted and deduplicated in place.
 void apply_repeat_penalty(const float * logits, int32_t n, std::vector<int32_t> & history, float penalty,
                           std::vector<float> & out);
+
+// llama.cpp's repeat penalty over the last `last_n` tokens of a history: the sequence so far and,
+// at a block's position j, its first j drafted tokens (the draft and the target of one position
+// see the same history, which keeps speculative sampling lossless).
+class repeat_penalty {
+  public:
+    repeat_penalty(float penalty, int32_t last_n) : penalty(penalty), last_n(last_n) {}
+    bool on() const { return penalty != 1.0f && last_n != 0; }
+    // The row penalised for seq and drafted[0..n_block) (last_n < 0: all of them), or the row itself when off.
+    const float * apply(const float * row, int32_t n, const std::vector<int32_t> & seq, const std::vector<int32_t> & drafted,
+                        int32_t n_block);
+
+  private:
+    float penalty;
+    int32_t last_n;
+    std::vector<int32_t> history;
+    std::vector<float> out;
+};
+
+// Append to out tok's log-probability in row (n logits: log softmax at temperature 1), then the
+// n_top likeliest tokens there, likeliest first (equal ones by id); {-1, -inf} pads a vocabulary
+// smaller than n_top, so that every token has 1 + n_top entries.
+void token_logprobs(const float * row, int32_t n, int32_t tok, int32_t n_top, std::vector<cospec_token_logprob> & out);
 
 // Draw one index from a probability vector (sums to 1 up to rounding).
 int32_t sample_from(const std::vector<float> & probs, std::mt19937_64 & rng);

@@ -1,4 +1,5 @@
 #include "text_bridge.h"
+#include "text_stream.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -42,18 +43,6 @@ std::vector<llama_token> encode(const llama_vocab * vocab, const std::string & t
     }
     out.resize((size_t) std::max(n, 0));
     return out;
-}
-
-size_t utf8_complete_end(const std::string & s, size_t end) {
-    for (size_t k = 1; k <= 4 && k <= end; ++k) {
-        const unsigned char c = (unsigned char) s[end - k];
-        if ((c & 0xC0) == 0x80) {
-            continue; // continuation byte: keep looking for the lead byte
-        }
-        const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        return need > k ? end - k : end;
-    }
-    return end;
 }
 
 bool texts_round_trip(const llama_vocab * from, const llama_vocab * to, std::string & why) {

@@ -31,10 +31,6 @@ bool texts_round_trip(const llama_vocab * from, const llama_vocab * to, std::str
 std::string token_bytes(const llama_vocab * vocab, llama_token token, bool special = false);
 std::vector<llama_token> encode(const llama_vocab * vocab, const std::string & text, bool special = false);
 
-// The end of s[0..end) without the bytes of a UTF-8 character not yet complete there (a
-// streamed text holds them back; a byte-level BPE tokenizer would write them as U+FFFD).
-size_t utf8_complete_end(const std::string & s, size_t end);
-
 class text_bridge {
   public:
     // Draft tokens re-encoded behind the end each time: how far back a merge may reach.

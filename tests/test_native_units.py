@@ -1,0 +1,18 @@
+"""The C++ unit tests of the generation loop's parts that need no model (native/tests/unit_tests.cpp:
+the text stream's stop strings and UTF-8 hold-back, the order of the samplers, the repeat penalty),
+built beside the extension by the package's CMake build."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_native_unit_tests_pass():
+    built = sorted(REPO.glob("build/*/cospec_unit_tests"), key=lambda p: p.stat().st_mtime)
+    assert built, "cospec_unit_tests is not built: ./install.sh builds it with the extension (build/)"
+    run = subprocess.run([str(built[-1])], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    checks, failed = (int(x) for x in run.stdout.split()[::2][:2])
+    assert failed == 0 and checks > 1000, run.stdout
