@@ -31,10 +31,10 @@ other ones is refused). Runs the engine only: never import torch here.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +48,7 @@ from ..params import GenerationParams
 from ..tasks import Problem, load_task
 from .branch_oracle import BranchOracle
 from .states import DecisionState, LabelledState
-from .config import HelpFormatter
+from .config import option, parse_config
 
 # Settings of the recorded runs and of their branches (the eval's defaults for these tasks).
 MAX_TOKENS = 256
@@ -111,33 +111,39 @@ def resume_point(out: Path) -> set[str]:
     return done
 
 
+@dataclass
+class CollectConfig:
+    """Decision states of a draft/target pair on task problems (collect.py's command line)."""
+
+    out: Path = option(None, "Folder for states.jsonl, problems.jsonl, manifest.json (required).")
+    model: str = option("demo-target", "Target model (named or GGUF path).", ("-m", "--model"))
+    model_draft: str = option("demo-draft", "Draft model (named or GGUF path).", ("-md", "--model-draft"))
+    families: str = option("arith,pyfunc", "Comma-separated task families.")
+    train: int = option(3000, "Train-split problems per family.")
+    dev: int = option(300, "Dev-split problems per family.")
+    threads: int = option(2, "CPU threads of the engine.")
+    max_tokens: int = option(MAX_TOKENS, "Most tokens per answer.")
+    verify_cost: float = option(GenerationParams().verify_cost,
+                                "Verify cost of the timing-free length model the blocks are drafted under "
+                                "(negative: the default); the arbiters trained on these states carry it. A --policy "
+                                "collection runs under its policy's own.")
+    policy: str | None = option(None, "A learned arbiter (name or folder): collect the states it meets, labelled "
+                                      "with its own continuations, instead of plain speculative decoding's first "
+                                      "mismatches.")
+    chat: bool = option(False, "Send each problem as a user message through the target's chat template (instruct "
+                               "models), ended by its end of turn.")
+    chat_template: str | None = option(None, "A chat template instead of the target's own (Jinja text, or a name: "
+                                             "chatml, gemma).")
+    chat_template_draft: str | None = option(None, "For a draft of another vocabulary: a chat template instead of "
+                                                   "its own.")
+    workers: int = option(2, "Engine processes of a --policy collection (threads are shared among them); plain "
+                             "collection runs one engine here.")
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
-    ap.add_argument("--out", required=True, type=Path, help="Folder for states.jsonl, problems.jsonl, manifest.json.")
-    ap.add_argument("-m", "--model", default="demo-target", help="Target model (named or GGUF path).")
-    ap.add_argument("-md", "--model-draft", default="demo-draft", help="Draft model (named or GGUF path).")
-    ap.add_argument("--families", default="arith,pyfunc", help="Comma-separated task families.")
-    ap.add_argument("--train", type=int, default=3000, help="Train-split problems per family.")
-    ap.add_argument("--dev", type=int, default=300, help="Dev-split problems per family.")
-    ap.add_argument("--threads", type=int, default=2, help="CPU threads of the engine.")
-    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="Most tokens per answer.")
-    ap.add_argument("--verify-cost", type=float, default=GenerationParams().verify_cost,
-                    help="Verify cost of the timing-free length model the blocks are drafted under (negative: the "
-                         "default); the arbiters trained on these states carry it. A --policy collection runs "
-                         "under its policy's own.")
-    ap.add_argument("--policy", default=None,
-                    help="A learned arbiter (name or folder): collect the states it meets, labelled with its own "
-                         "continuations, instead of plain speculative decoding's first mismatches.")
-    ap.add_argument("--chat", action="store_true", help="Send each problem as a user message through the target's "
-                                                         "chat template (instruct models), ended by its end of turn.")
-    ap.add_argument("--chat-template", default=None, help="A chat template instead of the target's own (Jinja text, "
-                                                           "or a name: chatml, gemma).")
-    ap.add_argument("--chat-template-draft", default=None, help="For a draft of another vocabulary: a chat template "
-                                                                 "instead of its own.")
-    ap.add_argument("--workers", type=int, default=2, help="Engine processes of a --policy collection (threads "
-                                                           "are shared among them); plain collection runs one "
-                                                           "engine here.")
-    args = ap.parse_args(argv)
+    args = parse_config(CollectConfig, argv, __doc__.split("\n\n")[0])
+    if args.out is None:
+        sys.exit("--out is required")
     if args.workers < 1:
         sys.exit("--workers must be at least 1")
 

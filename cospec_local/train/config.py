@@ -14,8 +14,14 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
     """Every --help: the defaults after each option's help, the epilog's recipe as written."""
 
 
-def option(default, help: str):
-    return dataclasses.field(default=default, metadata={"help": help})
+def option(default, help: str, flags: tuple[str, ...] = ()):
+    """A config field: its default, its help, and its spellings on the command line (default:
+    --field-name; the model flags are -m/--model and -md/--model-draft, as the CLI and llama.cpp)."""
+    return dataclasses.field(default=default, metadata={"help": help, "flags": flags})
+
+
+def _flags(f: dataclasses.Field) -> tuple[str, ...]:
+    return f.metadata.get("flags") or ("--" + f.name.replace("_", "-"),)
 
 
 def comma_list(text: str) -> list[str]:
@@ -24,20 +30,37 @@ def comma_list(text: str) -> list[str]:
 
 
 def parse_config(cls: type[T], argv: list[str] | None = None, description: str | None = None) -> T:
-    """Command-line flags --field-name for every field of the dataclass `cls`."""
+    """Command-line flags for every field of the dataclass `cls` (option's flags, else --field-name)."""
     parser = argparse.ArgumentParser(description=description or cls.__doc__,
                                      formatter_class=HelpFormatter)
     hints = get_type_hints(cls)
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
-        flag = "--" + f.name.replace("_", "-")
+        flags = _flags(f)
         required = f.default is dataclasses.MISSING
         if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+            parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
+                                help=f.metadata["help"])
             continue
         convert = {int: int, float: float, Path: Path}.get(kind, str)
         if kind in (Path | None, str | None, float | None, int | None):
             convert = {Path | None: Path, str | None: str, float | None: float, int | None: int}[kind]
-        parser.add_argument(flag, type=convert, required=required, default=None if required else f.default,
-                            help=f.metadata["help"])
+        parser.add_argument(*flags, dest=f.name, type=convert, required=required,
+                            default=None if required else f.default, help=f.metadata["help"])
     return cls(**vars(parser.parse_args(argv)))
+
+
+def config_args(config) -> list[str]:
+    """The command line that parse_config reads back as `config`: a caller that runs an entry point
+    in a process of its own (a recipe) builds the config, not the argument list."""
+    out: list[str] = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if value is None or (f.default is not dataclasses.MISSING and value == f.default):
+            continue
+        flag = _flags(f)[-1]  # the long spelling
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + flag[2:])
+        else:
+            out += [flag, str(value)]
+    return out

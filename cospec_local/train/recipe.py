@@ -45,6 +45,8 @@ from ..arbiters import BASELINE_RUNS, evaluation_entry, verdict
 from ..child_processes import die_with_parent
 from ..machine import busy_note
 from ..models import prompt_style
+from .collect import CollectConfig
+from .config import config_args
 from .states import LabelledState
 
 # Headroom: below these, the draft solves too few of the target's misses for an arbiter to matter.
@@ -450,15 +452,12 @@ class RecipeRun:
             raise RecipeStop(f"{module} failed (exit {returncode}); rerun the same command to resume: "
                              f"{' '.join(command)}")
 
-    def format_args(self) -> list[str]:
-        """The chat options of the collection's command line."""
-        s, args = self.settings, []
-        if s.chat:
-            args.append("--chat")
-        for flag, value in (("--chat-template", s.chat_template), ("--chat-template-draft", s.draft_chat_template)):
-            if value is not None:
-                args += [flag, value]
-        return args
+    def collect_config(self, out: Path, n_train: int) -> CollectConfig:
+        """A plain collection of this run's pair, tasks and chat format into `out`."""
+        s = self.settings
+        return CollectConfig(out=out, model=s.target, model_draft=s.draft, families=",".join(s.tasks),
+                             train=n_train, dev=s.dev, threads=s.threads, max_tokens=s.max_tokens, chat=s.chat,
+                             chat_template=s.chat_template, chat_template_draft=s.draft_chat_template)
 
     def collect_stage(self, n_train: int) -> dict:
         inputs = self.inputs("target", "draft", "tasks", "chat", "chat_template", "draft_chat_template", "dev",
@@ -466,11 +465,7 @@ class RecipeRun:
         if (done := self.stages.done("collect", inputs)) is not None:
             return done
         out = self.stages.folder("collect", inputs)
-        args = ["--out", str(out), "-m", self.settings.target, "-md", self.settings.draft,
-                "--families", ",".join(self.settings.tasks), "--train", str(n_train), "--dev", str(self.settings.dev),
-                "--threads", str(self.settings.threads), "--max-tokens", str(self.settings.max_tokens),
-                *self.format_args()]
-        self.run_module("cospec_local.train.collect", *args)
+        self.run_module("cospec_local.train.collect", *config_args(self.collect_config(out, n_train)))
         result = _count_states(out) | {"round": 1, "how": "plain speculative decoding's first mismatches"}
         return self.stages.finish("collect", inputs, result)
 
@@ -484,11 +479,9 @@ class RecipeRun:
         if (done := self.stages.done(name, inputs)) is not None:
             return done
         out = self.stages.folder(name, inputs)
-        args = ["--out", str(out), "--policy", str(policy), "-m", self.settings.target, "-md", self.settings.draft,
-                "--families", ",".join(self.settings.tasks), "--train", str(n_train), "--dev", str(self.settings.dev),
-                "--threads", str(self.settings.threads), "--max-tokens", str(self.settings.max_tokens),
-                "--workers", str(max(1, min(2, self.settings.threads))), *self.format_args()]
-        self.run_module("cospec_local.train.collect", *args)
+        config = replace(self.collect_config(out, n_train), policy=str(policy),
+                         workers=max(1, min(2, self.settings.threads)))
+        self.run_module("cospec_local.train.collect", *config_args(config))
         result = _count_states(out) | {"round": round_, "how": f"the states the round-{round_ - 1} "
                                                                 f"{policy.name} arbiter meets, each choice "
                                                                 f"continued by it"}

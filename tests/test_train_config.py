@@ -1,0 +1,31 @@
+"""One way to define an entry point: a config dataclass whose fields carry their help and their
+command-line spelling, read by parse_config; a caller that runs the entry point in a process of
+its own (a recipe) builds the config and config_args writes its command line."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cospec_local.train.collect import CollectConfig
+from cospec_local.train.config import config_args, parse_config
+
+
+def test_config_args_is_the_command_line_parse_config_reads_back():
+    config = CollectConfig(out=Path("/tmp/states"), model="smollm2-135m", model_draft="smollm2-135m-draft",
+                           families="arith", train=40, dev=0, chat=True, chat_template="chatml", policy="my-arith",
+                           workers=1)
+    args = config_args(config)
+    assert parse_config(CollectConfig, args) == config
+    assert "--chat" in args and "--model" in args and "--train" in args
+    assert "--threads" not in args  # defaults stay out of the command line
+
+
+def test_the_model_flags_are_spelled_as_the_cli_and_llama_cpp_spell_them(capsys):
+    config = parse_config(CollectConfig, ["--out", "x", "-m", "target.gguf", "-md", "draft.gguf", "--no-chat"])
+    assert (config.model, config.model_draft, config.chat, config.out) == ("target.gguf", "draft.gguf", False, Path("x"))
+    with pytest.raises(SystemExit):
+        parse_config(CollectConfig, ["--help"])
+    helped = capsys.readouterr().out
+    assert "-m MODEL, --model MODEL" in helped and "-md MODEL_DRAFT, --model-draft MODEL_DRAFT" in helped
+    assert "Train-split problems per family." in helped
