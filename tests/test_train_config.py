@@ -29,3 +29,15 @@ def test_the_model_flags_are_spelled_as_the_cli_and_llama_cpp_spell_them(capsys)
     helped = capsys.readouterr().out
     assert "-m MODEL, --model MODEL" in helped and "-md MODEL_DRAFT, --model-draft MODEL_DRAFT" in helped
     assert "Train-split problems per family." in helped
+
+
+def test_the_recipes_warmup_and_grpo_configs_round_trip():
+    from cospec_local.train.grpo import GRPOConfig
+    from cospec_local.train.warmup import WarmupConfig
+
+    grpo = GRPOConfig(init=Path("warm/lora"), out=Path("out"), target="smollm2-135m", draft="smollm2-135m-draft",
+                      families="arith", steps=5, dev=10, threads=1, max_tokens=64, seed=3)
+    assert parse_config(GRPOConfig, config_args(grpo)) == grpo
+    assert parse_config(GRPOConfig, ["-m", "t", "-md", "d"]).target == "t"
+    warmup = WarmupConfig(data="a,b", out=Path("out"), draft="smollm2-135m-draft", arbiters="features", seed=2)
+    assert parse_config(WarmupConfig, config_args(warmup)) == warmup

@@ -53,8 +53,9 @@ class GRPOConfig:
     init: Path = option(None, "Arbiter folder to start from (a warm-up arbiter); its kind (features or lora) is "
                               "the kind trained, and it is the KL reference.")
     out: Path = option(None, "Output folder: log.jsonl, curves.png, checkpoint.pt, best/ (the trained arbiter).")
-    target: str = option("demo-target", "Target model (named or GGUF path).")
-    draft: str = option("demo-draft", "Draft model (named or GGUF path): the one the arbiter was made for.")
+    target: str = option("demo-target", "Target model (named or GGUF path).", ("-m", "--model"))
+    draft: str = option("demo-draft", "Draft model (named or GGUF path): the one the arbiter was made for.",
+                        ("-md", "--model-draft"))
     families: str = option("arith,pyfunc", "Task families to train on (comma-separated).")
     pool: int = option(3000, "Training problems per family screened for mismatches (the prompt pool).")
     pool_from: Path | None = option(None, "Reuse the prompt pool another run screened (its pool.json) instead of "

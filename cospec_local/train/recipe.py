@@ -47,6 +47,8 @@ from ..machine import busy_note
 from ..models import prompt_style
 from .collect import CollectConfig
 from .config import config_args
+from .grpo import GRPOConfig
+from .warmup import WarmupConfig
 from .states import LabelledState
 
 # Headroom: below these, the draft solves too few of the target's misses for an arbiter to matter.
@@ -503,10 +505,10 @@ class RecipeRun:
                              f"{more_problems_advice(self.sizes, len(self.settings.tasks))}")
         out = self.stages.folder(name, inputs)
         shutil.rmtree(out, ignore_errors=True)  # a warm-up interrupted half-way starts again: same seed, same result
-        self.run_module("cospec_local.train.warmup", "--data", ",".join(r["folder"] for r in rounds), "--out", str(out),
-                        "--draft", self.settings.draft, "--arbiters", ",".join(self.settings.kinds),
-                        "--threads", str(self.settings.threads), "--seed", str(self.settings.seed),
-                        "--device", self.settings.device, "--name", self.settings.name)
+        s = self.settings
+        warmup = WarmupConfig(data=",".join(r["folder"] for r in rounds), out=out, draft=s.draft,
+                              arbiters=",".join(s.kinds), threads=s.threads, seed=s.seed, device=s.device, name=s.name)
+        self.run_module("cospec_local.train.warmup", *config_args(warmup))
         log = json.loads((out / "warmup_log.json").read_text())
         return self.stages.finish(name, inputs, {"folder": str(out), "dev": {
             kind: log["arbiters"][kind]["dev"] for kind in self.settings.kinds}})
@@ -518,11 +520,11 @@ class RecipeRun:
         if (done := self.stages.done("grpo", inputs)) is not None:
             return done
         out = self.stages.folder("grpo", inputs)
-        self.run_module("cospec_local.train.grpo", "--init", str(Path(warmed["folder"]) / "lora"), "--out", str(out),
-                        "--target", self.settings.target, "--draft", self.settings.draft,
-                        "--families", ",".join(self.settings.tasks), "--steps", str(self.settings.grpo_steps),
-                        "--dev", str(self.settings.dev), "--threads", str(self.settings.threads),
-                        "--max-tokens", str(self.settings.max_tokens), "--seed", str(self.settings.seed))
+        s = self.settings
+        grpo = GRPOConfig(init=Path(warmed["folder"]) / LORA, out=out, target=s.target, draft=s.draft,
+                          families=",".join(s.tasks), steps=s.grpo_steps, dev=s.dev, threads=s.threads,
+                          max_tokens=s.max_tokens, seed=s.seed)
+        self.run_module("cospec_local.train.grpo", *config_args(grpo))
         summary = json.loads((out / "summary.json").read_text())
         return self.stages.finish("grpo", inputs, {"folder": str(out / "best"), "best": summary["best"],
                                                    "sweep": summary.get("sweep")})

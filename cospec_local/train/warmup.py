@@ -48,7 +48,7 @@ class WarmupConfig:
                              "arbiter met (collect --policy), trained on together.")
     out: Path = option(None, "Folder for the arbiters (features/, lora/) and warmup_log.json.")
     draft: str = option("demo-draft", "The draft GGUF the states were collected with (named model or path); the "
-                                      "arbiters are bound to its fingerprint.")
+                                      "arbiters are bound to its fingerprint.", ("-md", "--model-draft"))
     arbiters: str = option("features,lora", "Which arbiters to train.")
     families: str = option("", "Train (and choose the threshold) on these task families only, comma-separated, e.g. "
                                "arith for an arbiter whose transfer to pyfunc is measured (default: every family "
