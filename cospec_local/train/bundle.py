@@ -11,9 +11,9 @@ Runs the engine only: never import torch here.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..arbiter_bundle import BUNDLE_FILES, REFERENCE_FILE
@@ -21,7 +21,7 @@ from ..engine import Engine
 from ..params import GenerationParams
 from ..evaluate import task_draft_prompt, task_prompt
 from ..tasks import load_task
-from .config import HelpFormatter
+from .config import REQUIRED, comma_list, option, parse_config
 
 # Per family: the shipped arbiters keep a draft token only past the 8th test problem.
 REFERENCE_PROBLEMS = 16
@@ -42,26 +42,31 @@ def reference_runs(engine: Engine, arbiter: str, tasks=("arith", "pyfunc"), n: i
     return rows
 
 
+@dataclass
+class BundleConfig:
+    """Ship a trained arbiter with its reference generations (bundle.py's command line)."""
+
+    arbiter: Path = option(REQUIRED, "The trained arbiter's folder (e.g. a run's best/).")
+    out: Path = option(REQUIRED, "Where the arbiter ships.")
+    model: str = option("demo-target", "Target model (named or GGUF path).", ("-m", "--model"))
+    model_draft: str = option("demo-draft", "Draft model (named or GGUF path).", ("-md", "--model-draft"))
+    n: int = option(REFERENCE_PROBLEMS, "Reference problems per task.")
+    tasks: str = option("arith,pyfunc", "Task families or files, comma-separated.")
+    chat: bool = option(False, "Through the target's chat template.")
+    max_tokens: int = option(256, "Most tokens per reference generation.")
+    chat_template_file: Path | None = option(None, "The target's chat template instead of its own (a base model's "
+                                                   "question/answer form).")
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
-    ap.add_argument("--arbiter", required=True, type=Path, help="The trained arbiter's folder (e.g. a run's best/).")
-    ap.add_argument("--out", required=True, type=Path, help="Where the arbiter ships.")
-    ap.add_argument("-m", "--model", default="demo-target", help="Target model (named or GGUF path).")
-    ap.add_argument("-md", "--model-draft", default="demo-draft", help="Draft model (named or GGUF path).")
-    ap.add_argument("--n", type=int, default=REFERENCE_PROBLEMS, help="Reference problems per task.")
-    ap.add_argument("--tasks", default="arith,pyfunc", help="Task families or files, comma-separated.")
-    ap.add_argument("--chat", action="store_true", help="Through the target's chat template.")
-    ap.add_argument("--max-tokens", type=int, default=256, help="Most tokens per reference generation.")
-    ap.add_argument("--chat-template-file", type=Path, default=None,
-                    help="The target's chat template instead of its own (a base model's question/answer form).")
-    args = ap.parse_args(argv)
+    args = parse_config(BundleConfig, argv, __doc__.split("\n\n")[0])
     args.out.mkdir(parents=True, exist_ok=True)
     for name in BUNDLE_FILES:
         if (args.arbiter / name).is_file() and args.arbiter.resolve() != args.out.resolve():
             shutil.copyfile(args.arbiter / name, args.out / name)
     template = args.chat_template_file.read_text(encoding="utf-8") if args.chat_template_file else None
     with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=1, chat_template=template) as engine:
-        rows = reference_runs(engine, str(args.out), [t for t in args.tasks.split(",") if t], args.n,
+        rows = reference_runs(engine, str(args.out), comma_list(args.tasks), args.n,
                               max_tokens=args.max_tokens, chat=args.chat)
     (args.out / REFERENCE_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     kept = sum(p == "kept" for r in rows for p in r["provenance"])

@@ -48,7 +48,7 @@ from ..params import GenerationParams
 from ..tasks import Problem, load_task
 from .branch_oracle import BranchOracle
 from .states import DecisionState, LabelledState
-from .config import option, parse_config
+from .config import REQUIRED, option, parse_config
 
 # Settings of the recorded runs and of their branches (the eval's defaults for these tasks).
 MAX_TOKENS = 256
@@ -115,7 +115,7 @@ def resume_point(out: Path) -> set[str]:
 class CollectConfig:
     """Decision states of a draft/target pair on task problems (collect.py's command line)."""
 
-    out: Path = option(None, "Folder for states.jsonl, problems.jsonl, manifest.json (required).")
+    out: Path = option(REQUIRED, "Folder for states.jsonl, problems.jsonl, manifest.json.")
     model: str = option("demo-target", "Target model (named or GGUF path).", ("-m", "--model"))
     model_draft: str = option("demo-draft", "Draft model (named or GGUF path).", ("-md", "--model-draft"))
     families: str = option("arith,pyfunc", "Comma-separated task families.")
@@ -142,8 +142,6 @@ class CollectConfig:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_config(CollectConfig, argv, __doc__.split("\n\n")[0])
-    if args.out is None:
-        sys.exit("--out is required")
     if args.workers < 1:
         sys.exit("--workers must be at least 1")
 

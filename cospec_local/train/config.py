@@ -14,9 +14,12 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
     """Every --help: the defaults after each option's help, the epilog's recipe as written."""
 
 
+REQUIRED = dataclasses.MISSING  # option(REQUIRED, ...): a field the command line must give
+
+
 def option(default, help: str, flags: tuple[str, ...] = ()):
-    """A config field: its default, its help, and its spellings on the command line (default:
-    --field-name; the model flags are -m/--model and -md/--model-draft, as the CLI and llama.cpp)."""
+    """A config field: its default (REQUIRED: none), its help, and its spellings on the command line
+    (default: --field-name; the model flags are -m/--model and -md/--model-draft, as the CLI and llama.cpp)."""
     return dataclasses.field(default=default, metadata={"help": help, "flags": flags})
 
 

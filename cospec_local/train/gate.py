@@ -9,15 +9,15 @@ chat template with --chat). Runs the engine only: never import torch here.
 """
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..arbiter_bundle import add_gate
 from ..domain_gate import build_gate
 from ..engine import Engine
 from ..tasks import load_task
-from .config import HelpFormatter
+from .config import REQUIRED, comma_list, option, parse_config
 
 
 def prompt_tokens(engine: Engine, prompts: list[str], chat: bool) -> list[list[int]]:
@@ -26,17 +26,22 @@ def prompt_tokens(engine: Engine, prompts: list[str], chat: bool) -> list[list[i
     return [engine.tokenize(p) for p in prompts]
 
 
+@dataclass
+class GateConfig:
+    """A domain gate for an arbiter from its tasks' prompts (gate.py's command line)."""
+
+    arbiter: Path = option(REQUIRED, "The arbiter's folder (arbiter.gguf is rewritten).")
+    tasks: str = option(REQUIRED, "Its training tasks, comma-separated (families or files).")
+    model: str = option("demo-target", "Target model (its chat template, with --chat).", ("-m", "--model"))
+    model_draft: str = option("demo-draft", "The draft the arbiter was made for.", ("-md", "--model-draft"))
+    train: int = option(3000, "Train problems per task whose prompts the gate admits.")
+    dev: int = option(300, "Dev problems per task: the threshold is set on them.")
+    chat: bool = option(False, "Prompts go through the target's chat template.")
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
-    ap.add_argument("--arbiter", required=True, type=Path, help="The arbiter's folder (arbiter.gguf is rewritten).")
-    ap.add_argument("--tasks", required=True, help="Its training tasks, comma-separated (families or files).")
-    ap.add_argument("-m", "--model", default="demo-target", help="Target model (its chat template, with --chat).")
-    ap.add_argument("-md", "--model-draft", default="demo-draft", help="The draft the arbiter was made for.")
-    ap.add_argument("--train", type=int, default=3000, help="Train problems per task whose prompts the gate admits.")
-    ap.add_argument("--dev", type=int, default=300, help="Dev problems per task: the threshold is set on them.")
-    ap.add_argument("--chat", action="store_true", help="Prompts go through the target's chat template.")
-    args = ap.parse_args(argv)
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    args = parse_config(GateConfig, argv, __doc__.split("\n\n")[0])
+    tasks = comma_list(args.tasks)
     with Engine(args.model, args.model_draft, n_ctx=512, n_threads=1) as engine:
         train = prompt_tokens(engine, [p.prompt for t in tasks for p in load_task(t, "train", args.train)], args.chat)
         dev = prompt_tokens(engine, [p.prompt for t in tasks for p in load_task(t, "dev", args.dev)], args.chat)
