@@ -32,9 +32,10 @@ def comma_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
-def parse_config(cls: type[T], argv: list[str] | None = None, description: str | None = None) -> T:
+def parse_config(cls: type[T], argv: list[str] | None = None, description: str | None = None,
+                 epilog: str | None = None) -> T:
     """Command-line flags for every field of the dataclass `cls` (option's flags, else --field-name)."""
-    parser = argparse.ArgumentParser(description=description or cls.__doc__,
+    parser = argparse.ArgumentParser(description=description or cls.__doc__, epilog=epilog,
                                      formatter_class=HelpFormatter)
     hints = get_type_hints(cls)
     for f in dataclasses.fields(cls):

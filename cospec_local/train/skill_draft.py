@@ -20,14 +20,15 @@ Measure the result with the runtime itself, e.g.
 """
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .config import HelpFormatter
+from .config import REQUIRED, option, parse_config
 from .device import resolve_device
 from .distill_draft import block_optimizer, load_blocks, log_update, lr_at, resolve_precision, save_blocks
 
@@ -151,34 +152,43 @@ def train(draft_gguf: Path, train_rows, dev_rows, out: Path, steps: int, lr: flo
             "wall_s": round(time.time() - t0, 1), "layers": model.config.num_hidden_layers}
 
 
+PRECISIONS = ("auto", "bf16", "float32")
+
+
+@dataclass
+class SkillDraftConfig:
+    """A draft taught one skill from a task's worked solutions (skill_draft.py's command line)."""
+
+    out: Path = option(REQUIRED, "Folder of the run: draft_blocks.pt, draft.gguf, blocks.gguf, skill_log.json.")
+    task: str = option("arith", "A task family or a jsonl file with worked solutions ({prompt, answer, solution}).")
+    target: str = option("smollm2-135m", "The target (named model or GGUF): its chat template, embedding and "
+                                         "metadata.", ("-m", "--model"))
+    draft: str = option("smollm2-135m-draft", "The draft to start from (named model or GGUF).",
+                        ("-md", "--model-draft"))
+    init: Path | None = option(None, "Go on from this draft_blocks.pt (an earlier run's) instead of the draft's own "
+                                     "blocks.")
+    stages: str = option("train,gguf", "Which stages to run, comma-separated.")
+    train_problems: int = option(20000, "Training problems (exchanges).")
+    dev_problems: int = option(200, "Dev problems.")
+    steps: int = option(900, "Optimizer steps.")
+    lr: float = option(5e-4, "Learning rate.")
+    batch: int = option(32, "Exchanges per step.")
+    seed: int = option(0, "Seed of initialisation and data order.")
+    threads: int = option(2, "torch threads.")
+    precision: str = option("auto", "auto (bf16 autocast where the CPU or CUDA device multiplies bf16 natively), "
+                                    "bf16 or float32.")
+    device: str = option("auto", "auto (CUDA where torch sees one, else the CPU), cpu or cuda[:N].")
+
+
 def main(argv: list[str] | None = None) -> None:
     from cospec_local.gguf_edit import strip_embedding
     from cospec_local.models import resolve_model
 
     from .distill_draft import write_draft_gguf
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=HelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--task", default="arith", help="a task family or a jsonl file with worked solutions "
-                                                   "({prompt, answer, solution})")
-    ap.add_argument("--target", default="smollm2-135m", help="the target (named model or GGUF): its chat template, "
-                                                             "embedding and metadata")
-    ap.add_argument("--draft", default="smollm2-135m-draft", help="the draft to start from (named model or GGUF)")
-    ap.add_argument("--init", type=Path, default=None, help="go on from this draft_blocks.pt (an earlier run's) "
-                                                             "instead of the draft's own blocks")
-    ap.add_argument("--stages", default="train,gguf")
-    ap.add_argument("--train-problems", type=int, default=20000)
-    ap.add_argument("--dev-problems", type=int, default=200)
-    ap.add_argument("--steps", type=int, default=900)
-    ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--precision", default="auto", choices=["auto", "bf16", "float32"],
-                    help="auto = bf16 autocast where the CPU (or CUDA device) multiplies bf16 natively")
-    ap.add_argument("--device", default="auto", help="auto (CUDA where torch sees one, else the CPU), cpu or cuda[:N]")
-    args = ap.parse_args(argv)
+    args = parse_config(SkillDraftConfig, argv, __doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1])
+    if args.precision not in PRECISIONS:
+        sys.exit(f"--precision must be one of {', '.join(PRECISIONS)}")
 
     import torch
 
@@ -189,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     target, draft = resolve_model(args.target), resolve_model(args.draft)
     args.out.mkdir(parents=True, exist_ok=True)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
-    log_update(args.out, LOG, args=vars(args) | {"out": str(args.out), "init": str(args.init) if args.init else None, "target_file": str(target), "draft_file": str(draft),
+    log_update(args.out, LOG, args=asdict(args) | {"out": str(args.out), "init": str(args.init) if args.init else None, "target_file": str(target), "draft_file": str(draft),
                                           "precision_used": precision, "device_used": str(device)})
     if "train" in stages:
         t0 = time.time()
