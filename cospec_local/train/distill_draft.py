@@ -43,17 +43,17 @@ Everything is logged to OUT/distill_log.json with wall times.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .config import HelpFormatter
+from .config import REQUIRED, option, parse_config
 from .device import resolve_device
 
 TOP_K = 16
@@ -551,40 +551,46 @@ def measure(target_gguf: Path, draft_gguf: Path, prompts: list[str], max_new: in
 # ----------------------------------------------------------------------------- main
 
 
+PRECISIONS = ("auto", "bf16", "float32")
+
+
+@dataclass
+class DistillConfig:
+    """A draft distilled from the target's own replies (distill_draft.py's command line)."""
+
+    out: Path = option(REQUIRED, "Folder of the run: its data, draft_blocks.pt, the draft GGUF and its log.")
+    target: Path | None = option(None, "Target GGUF (default: SmolLM2-135M-Instruct).", ("-m", "--model"))
+    stages: str = option("generate,train,gguf,measure", "Which stages to run, comma-separated.")
+    layers: int = option(2, "Transformer blocks of the draft (the target's first ones to start from).")
+    train_prompts: int = option(2000, "Template prompts (distill_prompts' 'train' split).")
+    self_prompts: int = option(0, "And this many prompts the target writes itself (held-out topics excluded).")
+    heldout_prompts: int = option(60, "Measure stage: the first N held-out prompts (seed 0).")
+    max_new: int = option(160, "Most tokens of each generated reply.")
+    gen_batch: int = option(128, "Replies generated per batch.")
+    epochs: float = option(2.0, "Training epochs.")
+    lr: float = option(1e-3, "Learning rate.")
+    batch: int = option(16, "Sequences per training step.")
+    seed: int = option(0, "Seed of prompts, generation and training.")
+    threads: int = option(1, "torch threads.")
+    with_data: str = option("", "Earlier OUT directories, comma-separated: the train stage trains on their data too, "
+                                "and the generate stage does not ask their prompts again (give this data set another "
+                                "--seed).")
+    init: Path | None = option(None, "Train stage: go on from this draft_blocks.pt (a previous run's blocks) instead "
+                                     "of the target's first blocks.")
+    precision: str = option("auto", "Generation and training arithmetic: auto = bf16 where the CPU has native bf16 "
+                                    "products, or on a CUDA device that has them; bf16; float32.")
+    device: str = option("auto", "Where generation and training run: auto (a CUDA device where torch sees one, else "
+                                 "the CPU), cpu or cuda[:N]; the measure stage runs llama.cpp as the engine is built.")
+
+
 def main(argv: list[str] | None = None) -> None:
     from cospec_local.models import find_smollm2_gguf
 
     from .distill_prompts import build_prompts, heldout_topics
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=HelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--target", type=Path, default=None, help="target GGUF (default: SmolLM2-135M-Instruct)")
-    ap.add_argument("--stages", default="generate,train,gguf,measure")
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--train-prompts", type=int, default=2000, help="template prompts (distill_prompts 'train' split)")
-    ap.add_argument("--self-prompts", type=int, default=0,
-                    help="and this many prompts the target writes itself (held-out topics excluded)")
-    ap.add_argument("--heldout-prompts", type=int, default=60, help="measure stage: the first N held-out prompts (seed 0)")
-    ap.add_argument("--max-new", type=int, default=160)
-    ap.add_argument("--gen-batch", type=int, default=128)
-    ap.add_argument("--epochs", type=float, default=2.0)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--with-data", default="",
-                    help="earlier OUT directories, comma-separated: the train stage trains on their data too, and "
-                         "the generate stage does not ask their prompts again (give this data set another --seed)")
-    ap.add_argument("--init", type=Path, default=None,
-                    help="train stage: go on from this draft_blocks.pt (a previous run's blocks) instead of the target's first blocks")
-    ap.add_argument("--precision", default="auto", choices=["auto", "bf16", "float32"],
-                    help="generation and training arithmetic: auto = bf16 where the CPU has native bf16 products, "
-                         "or on a CUDA device that has them")
-    ap.add_argument("--device", default="auto",
-                    help="where generation and training run: auto (a CUDA device where torch sees one, else the CPU), "
-                         "cpu or cuda[:N]; the measure stage runs llama.cpp as the engine is built")
-    args = ap.parse_args(argv)
+    args = parse_config(DistillConfig, argv, __doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1])
+    if args.precision not in PRECISIONS:
+        raise SystemExit(f"--precision must be one of {', '.join(PRECISIONS)}")
 
     import torch
 
@@ -610,7 +616,7 @@ def main(argv: list[str] | None = None) -> None:
         if maker is None or Path(maker).resolve() != Path(target).resolve():
             raise SystemExit(f"--with-data {d}: its data were made by {maker}, not by the target {target}")
         known += saved["prompts"]
-    log_update(args.out, args=vars(args) | {"out": str(args.out), "target": str(target), "init": str(args.init) if args.init else None,
+    log_update(args.out, args=asdict(args) | {"out": str(args.out), "target": str(target), "init": str(args.init) if args.init else None,
                                           "with_data": [str(d) for d in with_data], "precision_used": precision,
                                           "device_used": str(device)})
     draft_path = args.out / "smollm2-135m-draft-q8_0.gguf"
