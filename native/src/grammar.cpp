@@ -2,7 +2,9 @@
 
 #include "sampling.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 
 namespace cospec {
 
@@ -52,6 +54,19 @@ llama_token grammar_state::greedy(const float * row, int32_t n) {
     const llama_token best = argmax(row, n);
     if (!sampler || allows(best)) {
         return best;
+    }
+    // The likeliest tokens one by one before a pass over the whole vocabulary: the first one the
+    // grammar allows is the masked row's argmax (equal logits: the lower id, as argmax takes).
+    const int32_t k = std::min(n, GREEDY_CANDIDATES);
+    order.resize((size_t) n);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [row](int32_t a, int32_t b) {
+        return row[a] > row[b] || (row[a] == row[b] && a < b);
+    });
+    for (int32_t i = 1; i < k; ++i) { // order[0] is `best`, refused
+        if (allows(order[(size_t) i])) {
+            return order[(size_t) i];
+        }
     }
     const float * allowed = mask(row, n);
     const llama_token tok = argmax(allowed, n);

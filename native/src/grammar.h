@@ -35,8 +35,12 @@ class grammar_state {
         void operator()(llama_sampler * s) const { llama_sampler_free(s); }
     };
     std::unique_ptr<llama_sampler, sampler_deleter> sampler;
+    // Candidates tried one by one before the whole vocabulary is masked (greedy): each check is
+    // one token's, a mask is the vocabulary's.
+    static constexpr int32_t GREEDY_CANDIDATES = 32;
     std::vector<llama_token_data> candidates;
     std::vector<float> masked;
+    std::vector<int32_t> order;
 };
 
 } // namespace cospec
