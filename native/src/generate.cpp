@@ -471,7 +471,7 @@ class generation {
             tok = grammar.greedy(logits, n);
         } else {
             const float * row = grammar.mask(logits, n);
-            if (grammar && !std::isfinite(row[cospec::argmax(row, n)])) {
+            if (row == nullptr) {
                 st.t_sample_ms += ms_since(t0);
                 return -1;
             }
@@ -663,8 +663,8 @@ class generation {
                 d = draft_grammar.greedy(chosen_from, n_shared);
             } else {
                 const float * masked = draft_grammar.mask(chosen_from, n_shared);
-                d = grammar && !std::isfinite(masked[cospec::argmax(masked, n_shared)]) ? -1 : 0;
-                if (d == 0) {
+                d = -1;
+                if (masked != nullptr) {
                     cospec::sampling_probs(masked, n_shared, scfg, draft_probs[i]);
                     d = cospec::sample_from(draft_probs[i], rng);
                 }
@@ -719,7 +719,7 @@ class generation {
             return;
         }
         row = walk_grammar.mask(row, nv);
-        if (walk_grammar && !std::isfinite(row[cospec::argmax(row, nv)])) {
+        if (row == nullptr) {
             target_tokens[j] = -1;
             if (j < kd) {
                 mismatch[j] = 1;

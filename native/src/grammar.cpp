@@ -42,12 +42,14 @@ const float * grammar_state::mask(const float * row, int32_t n) {
     llama_token_data_array arr {candidates.data(), (size_t) n, -1, false};
     llama_sampler_apply(sampler.get(), &arr);
     masked.assign((size_t) n, -INFINITY);
+    bool any = false;
     for (size_t i = 0; i < arr.size; ++i) {
         if (arr.data[i].id >= 0 && arr.data[i].id < n) {
             masked[(size_t) arr.data[i].id] = arr.data[i].logit;
+            any = any || std::isfinite(arr.data[i].logit);
         }
     }
-    return masked.data();
+    return any ? masked.data() : nullptr;
 }
 
 llama_token grammar_state::greedy(const float * row, int32_t n) {
@@ -69,8 +71,7 @@ llama_token grammar_state::greedy(const float * row, int32_t n) {
         }
     }
     const float * allowed = mask(row, n);
-    const llama_token tok = argmax(allowed, n);
-    return std::isfinite(allowed[tok]) ? tok : -1;
+    return allowed != nullptr ? argmax(allowed, n) : -1;
 }
 
 void grammar_state::accept(const llama_vocab * vocab, llama_token tok) {

@@ -22,7 +22,8 @@ class grammar_state {
 
     // Whether the grammar allows tok next.
     bool allows(llama_token tok);
-    // The row with every token it does not allow at -inf (the row itself when empty).
+    // The row with every token it does not allow at -inf (the row itself when empty); nullptr
+    // where it allows none of the n.
     const float * mask(const float * row, int32_t n);
     // The greedy choice: the argmax where allowed (the common case: one check), else the argmax of
     // the tokens allowed; -1 where none of the n is.
