@@ -433,6 +433,23 @@ class Engine:
         with _native_errors():
             return self._native.token_to_piece(int(token))
 
+    def check_settings(self, params: GenerationParams) -> None:
+        """Refuse, before any output, settings this engine cannot honour (InvalidArgumentError whose
+        `field` names the setting): a grammar that does not parse, logprobs of a draft of another
+        vocabulary decoding alone."""
+        if params.logprobs and params.mode == "draft-only" and self.vocab_difference is not None:
+            error = InvalidArgumentError("logprobs: in draft-only mode a draft of another vocabulary writes its own "
+                                         "tokens, whose log-probabilities are not reported; use speculative or "
+                                         "target-only mode")
+            error.field = "logprobs"
+            raise error
+        if params.grammar:
+            try:
+                self.check_grammar(params.grammar, "draft" if params.mode == "draft-only" else "target")
+            except InvalidArgumentError as exc:
+                exc.field = "grammar"
+                raise
+
     def check_grammar(self, grammar: str, which: str = "target") -> None:
         """InvalidArgumentError unless the GBNF grammar parses for that model's vocabulary."""
         with _native_errors():
@@ -535,12 +552,7 @@ class Engine:
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if params.max_tokens == UNTIL_CONTEXT_ENDS:  # what the context has left (the engine refuses a full one)
             params = params.updated(max_tokens=max(1, self.n_ctx - len(tokens)))
-        if params.logprobs and params.mode == "draft-only" and self.vocab_difference is not None:
-            raise InvalidArgumentError("logprobs: in draft-only mode a draft of another vocabulary writes its own "
-                                       "tokens, whose log-probabilities are not reported; use speculative or "
-                                       "target-only mode")
-        if params.grammar:  # refused here, before any output, as a bad setting is
-            self.check_grammar(params.grammar, "draft" if params.mode == "draft-only" else "target")
+        self.check_settings(params)
         draft_tokens: list[int] = []
         if draft_prompt is not None and self.vocab_difference is not None:
             draft_tokens = (self._tokenize_rendered(draft_prompt, "draft") if isinstance(draft_prompt, str)

@@ -177,15 +177,10 @@ def prepare_prompt(engine: Engine, chat: bool, payload, params: GenerationParams
             engine.arbiter_for(params)
         except (ArbiterError, InvalidArgumentError, FileNotFoundError) as exc:
             raise RequestRefused(400, f"arbiter {params.arbiter!r}: {exc}", "arbiter", None) from None
-    if params.logprobs and params.mode == "draft-only" and engine.vocab_difference is not None:
-        raise RequestRefused(400, "logprobs: in draft-only mode a draft of another vocabulary writes its own tokens, "
-                                  "whose log-probabilities are not reported; use speculative or target-only mode",
-                             "logprobs", None)
-    if grammar or params.grammar:
-        try:
-            engine.check_grammar(grammar or params.grammar, "draft" if params.mode == "draft-only" else "target")
-        except InvalidArgumentError as exc:
-            raise RequestRefused(400, str(exc), "grammar", None) from None
+    try:
+        engine.check_settings(params.updated(grammar=grammar) if grammar else params)
+    except InvalidArgumentError as exc:
+        raise RequestRefused(400, str(exc), exc.field, None) from None
     return PreparedPrompt(prompt, draft_prompt, tool_form, grammar)
 
 
