@@ -78,6 +78,9 @@ def render_prompts(target_gguf: Path, prompts: list[str]) -> list[list[int]]:
         return [engine.render_chat([{"role": "user", "content": p}]) for p in prompts]
 
 
+PRECISIONS = ("auto", "bf16", "float32")  # --precision's choices (checked before torch loads)
+
+
 def resolve_precision(precision: str, device=None) -> str:
     """"bf16" or "float32": `auto` picks bf16 where oneDNN runs bf16 products natively (AVX512-BF16,
     AMX), since elsewhere (AVX2 only) they are emulated and 5x slower than float32, and on a CUDA
@@ -88,8 +91,8 @@ def resolve_precision(precision: str, device=None) -> str:
         if device is not None and device.type == "cuda":
             return "bf16" if torch.cuda.is_bf16_supported() else "float32"
         return "bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32"
-    if precision not in ("bf16", "float32"):
-        raise ValueError(f"precision must be auto, bf16 or float32, not {precision!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     return precision
 
 
@@ -549,9 +552,6 @@ def measure(target_gguf: Path, draft_gguf: Path, prompts: list[str], max_new: in
 
 
 # ----------------------------------------------------------------------------- main
-
-
-PRECISIONS = ("auto", "bf16", "float32")
 
 
 @dataclass

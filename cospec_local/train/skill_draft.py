@@ -30,7 +30,7 @@ import numpy as np
 
 from .config import REQUIRED, option, parse_config
 from .device import resolve_device
-from .distill_draft import block_optimizer, load_blocks, log_update, lr_at, resolve_precision, save_blocks
+from .distill_draft import PRECISIONS, block_optimizer, load_blocks, log_update, lr_at, resolve_precision, save_blocks
 
 LOG = "skill_log.json"
 
@@ -150,9 +150,6 @@ def train(draft_gguf: Path, train_rows, dev_rows, out: Path, steps: int, lr: flo
             "init": str(init) if init else None, "solutions": len(train_rows), "dev_solutions": len(dev_rows),
             "initial_dev_token_accuracy": start, "best_dev_token_accuracy": best, "curve": curve,
             "wall_s": round(time.time() - t0, 1), "layers": model.config.num_hidden_layers}
-
-
-PRECISIONS = ("auto", "bf16", "float32")
 
 
 @dataclass
