@@ -8,6 +8,7 @@ larger grammar (a tool call's arguments).
 """
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -29,8 +30,11 @@ def schema_grammar(schema: Any, rule_name: str = "", root_rule: str = "") -> str
         raise SchemaError(exc.args[-1]) from None
 
 
-# Any JSON object: OpenAI's response_format {"type": "json_object"}.
-JSON_OBJECT_GRAMMAR = schema_grammar({"type": "object"})
+@functools.cache
+def json_object_grammar() -> str:
+    """Any JSON object: OpenAI's response_format {"type": "json_object"} (converted on first use,
+    not when the package is imported)."""
+    return schema_grammar({"type": "object"})
 
 
 def response_format_grammar(response_format: dict | None) -> str | None:
@@ -43,7 +47,7 @@ def response_format_grammar(response_format: dict | None) -> str | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return JSON_OBJECT_GRAMMAR
+        return json_object_grammar()
     if kind != "json_schema":
         raise SchemaError("response_format type must be text, json_object or json_schema")
     spec = response_format.get("json_schema")

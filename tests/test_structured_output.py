@@ -11,7 +11,7 @@ import pytest
 from cospec_local import Engine
 from cospec_local.arbiters import arbiter_from_function
 from cospec_local.errors import InvalidArgumentError
-from cospec_local.json_grammar import JSON_OBJECT_GRAMMAR, SchemaError, schema_grammar
+from cospec_local.json_grammar import SchemaError, json_object_grammar, schema_grammar
 from cospec_local.models import resolve_model
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -64,7 +64,7 @@ def test_a_draft_token_the_grammar_refuses_is_never_kept(engine_for):
     """The draft proposes under the grammar: a prompt that invites prose still gets JSON from an
     arbiter that keeps everything the draft proposes."""
     engine = engine_for("disagreeing")
-    result = engine.generate("Tell me a story about a dragon.", grammar=JSON_OBJECT_GRAMMAR, max_tokens=120,
+    result = engine.generate("Tell me a story about a dragon.", grammar=json_object_grammar(), max_tokens=120,
                              arbiter=keep_every_mismatch(), spec_type="draft", adaptive_draft=False)
     assert result.stats.arbiter_keeps > 0
     assert result.text.lstrip().startswith("{")
@@ -75,15 +75,17 @@ def test_a_draft_token_the_grammar_refuses_is_never_kept(engine_for):
 def test_logprobs_come_from_the_row_that_chose_each_token(engine_for):
     engine = engine_for("disagreeing")
     prompt = engine.tokenize("The capital of France is Paris. The capital of Italy is")
-    spec = engine.generate(prompt, max_tokens=12, logprobs=True, top_logprobs=4)
+    # Fixed blocks: the engine's adaptive lengths, trained by earlier tests' timings, could choose
+    # plain steps only, and then no token would be a drafted one.
+    drafting = dict(spec_type="draft", adaptive_draft=False, draft_max=4)
+    spec = engine.generate(prompt, max_tokens=12, logprobs=True, top_logprobs=4, **drafting)
     target = engine.generate(prompt, mode="target-only", max_tokens=12, logprobs=True, top_logprobs=4)
     assert spec.tokens == target.tokens and set(spec.provenance) - {"target"}
     rows = engine.score(prompt + spec.tokens[:-1])[len(prompt) - 1:]
     for row, token, lp, other in zip(rows, spec.tokens, spec.logprobs, target.logprobs):
-        expected = float(row[token]) - float(np.logaddexp.reduce(row.astype(np.float64)))
-        assert lp.token == token and lp.logprob == pytest.approx(expected, abs=2e-3)
-        assert lp.logprob == pytest.approx(other.logprob, abs=1e-4)
         norm = float(np.logaddexp.reduce(row.astype(np.float64)))
+        assert lp.token == token and lp.logprob == pytest.approx(float(row[token]) - norm, abs=2e-3)
+        assert lp.logprob == pytest.approx(other.logprob, abs=1e-4)
         assert [t.logprob for t in lp.top] == sorted((t.logprob for t in lp.top), reverse=True)
         assert [t.logprob for t in lp.top] == pytest.approx(sorted(row - norm, reverse=True)[:4], abs=2e-3)
         assert all(t.logprob == pytest.approx(float(row[t.token]) - norm, abs=2e-3) for t in lp.top)
@@ -94,7 +96,8 @@ def test_logprobs_come_from_the_row_that_chose_each_token(engine_for):
         assert lp.logprob == pytest.approx(float(row[lp.token]) - float(np.logaddexp.reduce(row.astype(np.float64))),
                                            abs=2e-3)
     # Streamed, the same (a verify batch of another size may round the last digits differently).
-    streamed = [e.logprobs for e in engine.stream(prompt, max_tokens=12, logprobs=True, top_logprobs=4) if e.token >= 0]
+    streamed = [e.logprobs for e in engine.stream(prompt, max_tokens=12, logprobs=True, top_logprobs=4, **drafting)
+                if e.token >= 0]
     assert [e.token for e in streamed] == spec.tokens
     assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in spec.logprobs], abs=1e-4)
     assert engine.generate(prompt, max_tokens=4).logprobs is None
