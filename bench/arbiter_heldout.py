@@ -16,8 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
-from cospec_local.arbiters import resolve_arbiter_path
-from cospec_local.evaluate import model_identity
+from cospec_local.arbiter.catalog import resolve_arbiter_path
+from cospec_local.evaluation.task_eval import model_identity
 from cospec_local.models import resolve_model
 from cospec_local.tasks import load_task
 from cospec_local.train.rollout import GreedyTask, RolloutPool, ScreenTask, WorkerConfig

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from cospec_local import Engine
 from cospec_local.params import GenerationParams
-from cospec_local.train.distill_prompts import build_prompts
+from cospec_local.recipes.distill_prompts import build_prompts
 
 PROMPTS_FILE = Path(__file__).with_name("heldout_chat_prompts.txt")
 

@@ -1,5 +1,5 @@
 """Write a llama GGUF followed by zero feed-forward blocks: the source's exact function at the
-per-token cost of a larger model (`cospec_local.gguf_edit.add_ffn_blocks`). The named models
+per-token cost of a larger model (`cospec_local.formats.gguf_edit.add_ffn_blocks`). The named models
 `smollm2-135m-as-1b` / `-as-8b` are SmolLM2 made this way; this script makes the same from any
 llama GGUF, e.g. the bundled distilled draft on a machine without SmolLM2:
 
@@ -11,7 +11,7 @@ import argparse
 
 import gguf
 
-from cospec_local.gguf_edit import add_ffn_blocks
+from cospec_local.formats.gguf_edit import add_ffn_blocks
 from cospec_local.models import SMOLLM2_AT_COST, resolve_model
 
 

@@ -32,7 +32,7 @@ RUNS = {"target-only": {"mode": "target-only"},
 
 def main(argv=None) -> int:
     from cospec_local import Engine
-    from cospec_local.machine import OtherLoad
+    from cospec_local.evaluation.machine import OtherLoad
     from cospec_local.models import resolve_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

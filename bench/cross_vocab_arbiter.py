@@ -53,7 +53,7 @@ def chat_identity(out: Path, label: str, arbiter: str, prompts: int, threads: in
 def correct_by_problem(*folders: Path) -> dict[str, dict[str, bool]]:
     """problem id -> run label -> correct, over these eval folders' records (a later folder's run of
     the same label replaces an earlier one's)."""
-    from cospec_local.evaluate import load_records
+    from cospec_local.evaluation.task_eval import load_records
 
     correct: dict[str, dict[str, bool]] = {}
     for folder in folders:

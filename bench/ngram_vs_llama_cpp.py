@@ -33,7 +33,7 @@ def build_speculative_simple(out_dir: Path) -> Path:
     against llama-cpp-python's installed libraries (llama.cpp's own common/ included): seconds."""
     import llama_cpp
 
-    from cospec_local.convert.tiny_models import llama_cpp_source
+    from cospec_local.formats.tiny_models import llama_cpp_source
 
     binary = out_dir / "llama-speculative-simple"
     if binary.is_file():
@@ -67,7 +67,7 @@ def geomean(values: list[float]) -> float:
 
 def main(argv=None) -> int:
     from cospec_local import Engine
-    from cospec_local.machine import OtherLoad
+    from cospec_local.evaluation.machine import OtherLoad
     from cospec_local.models import resolve_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -30,8 +30,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from cospec_local import Engine, GenerationParams
-from cospec_local.evaluate import rotated, run_problem
-from cospec_local.runs import parse_runs
+from cospec_local.evaluation.task_eval import rotated, run_problem
+from cospec_local.evaluation.runs import parse_runs
 from cospec_local.tasks import load_task, score
 
 

@@ -14,7 +14,7 @@ def command(script: str, argv: list[str] | None) -> list[str]:
 
 
 def report(lines: list[str], cmd: list[str], out: Path | None, other_load: float, **fields) -> None:
-    from cospec_local.machine import busy_note, machine_identity
+    from cospec_local.evaluation.machine import busy_note, machine_identity
 
     if (note := busy_note(other_load)) is not None:
         lines.append(f"\nwarning: {note}")

@@ -1,7 +1,7 @@
 """What a rejected block costs on memories that cannot drop a tail (recurrent and hybrid models),
 against attention models and against llama.cpp's own `llama-speculative-simple` (which saves and
 restores a checkpoint of the target too): the zoo's tiny random models
-(cospec_local/convert/tiny_models.py), a ~900-token prompt, a draft of another family that almost
+(cospec_local/formats/tiny_models.py), a ~900-token prompt, a draft of another family that almost
 never agrees, greedy, fixed K, the same threads, each program's runs beside each other.
 
     python bench/rollback_cost.py --targets llama,qwen3,falconh1,qwen35,mamba2,jamba,lfm2 -k 4 --out bench/rollback_cost
@@ -46,8 +46,8 @@ def llama_sps_seconds(binary: Path, target: Path, draft: Path, prompt: str, k: i
 
 def main(argv=None) -> int:
     from cospec_local import Engine
-    from cospec_local.convert import tiny_models
-    from cospec_local.machine import OtherLoad
+    from cospec_local.formats import tiny_models
+    from cospec_local.evaluation.machine import OtherLoad
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--targets", default="llama,qwen3,gemma3,falconh1,qwen35,mamba2,jamba,lfm2,granitehybrid")

@@ -29,7 +29,7 @@ RUNS = {"target-only": ("target-only", None, False), "ngram": ("speculative", "n
 
 def main(argv=None) -> int:
     from cospec_local import Engine
-    from cospec_local.machine import OtherLoad
+    from cospec_local.evaluation.machine import OtherLoad
     from cospec_local.models import resolve_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

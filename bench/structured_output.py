@@ -15,7 +15,7 @@ import time
 
 from cospec_local import Engine
 from cospec_local.json_grammar import schema_grammar
-from cospec_local.machine import OtherLoad, busy_note, machine_identity
+from cospec_local.evaluation.machine import OtherLoad, busy_note, machine_identity
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "city": {"type": "string"},

@@ -1,5 +1,5 @@
 """Conversion entry points (`python -m converters.NAME --help`); the code they run lives in
-cospec_local (cospec_local.convert, cospec_local.arbiter_bundle), which never imports this package.
+cospec_local (cospec_local.formats, cospec_local.arbiter.file_format), which never imports this package.
 
     llama_to_gguf    a Hugging Face Llama folder + SentencePiece tokenizer -> GGUF (f32/f16/q8_0)
     gguf_to_torch    a llama-architecture GGUF -> a Hugging Face folder (dequantized, float32)

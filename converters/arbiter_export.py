@@ -1,33 +1,37 @@
 """Write an arbiter folder's head as head.onnx (ONNX Runtime: `--arbiter-head onnx`), from the
 weights in its arbiter.gguf, and check that both compute the same P(keep).
 
-    python -m converters.arbiter_export ARBITER_FOLDER --draft DRAFT.gguf
+    python -m converters.arbiter_export ARBITER_FOLDER -md DRAFT.gguf
 
 Training writes head.onnx itself; this is for a folder without one (e.g. an intermediate
-policy of a GRPO run). The format is cospec_local.arbiter_bundle; needs the `train` extra.
+policy of a GRPO run). The format is cospec_local.arbiter.file_format; needs the `train` extra.
 """
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from cospec_local.arbiter_bundle import ONNX_FILE, write_onnx
+from cospec_local.arbiter.file_format import ONNX_FILE, write_onnx
 from cospec_local.models import resolve_model
+from cospec_local.command_line import REQUIRED, option, parse_config
+
+
+@dataclass
+class ArbiterExportConfig:
+    arbiter: Path = option(REQUIRED, "arbiter folder (arbiter.gguf, and adapter.gguf for a lora arbiter)", positional=True)
+    model_draft: str = option(REQUIRED, "the draft it was made for (named model or GGUF path)", ("-md", "--model-draft"))
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("arbiter", type=Path, help="arbiter folder (arbiter.gguf, and adapter.gguf for a lora arbiter)")
-    ap.add_argument("--draft", required=True, help="the draft it was made for (named model or GGUF path)")
-    args = ap.parse_args(argv)
+    args = parse_config(ArbiterExportConfig, argv, __doc__.split("\n\n")[0])
     import onnxruntime
     import torch
 
     from cospec_local.train.arbiter_model import load_arbiter
 
-    model = load_arbiter(args.arbiter, resolve_model(args.draft))
+    model = load_arbiter(args.arbiter, resolve_model(args.model_draft))
     path = write_onnx(args.arbiter / ONNX_FILE, model.head)
     rows = torch.randn(64, model.head.in_mean.numel()) / model.head.in_scale + model.head.in_mean
     with torch.no_grad():

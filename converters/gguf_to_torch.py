@@ -3,22 +3,26 @@ dequantized to float32: the weights llama.cpp computes with, ready for torch fin
 
     python -m converters.gguf_to_torch MODEL.gguf OUT_DIR [--layers N]
 
-The reader is cospec_local.convert.gguf_to_torch; needs the `train` extra (torch, transformers).
+The reader is cospec_local.formats.gguf_llama_reader; needs the `train` extra (torch, transformers).
 """
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
-from cospec_local.convert.gguf_to_torch import load_llama_gguf
+from cospec_local.formats.gguf_llama_reader import load_llama_gguf
+from cospec_local.command_line import REQUIRED, option, parse_config
+
+
+@dataclass
+class GGUFToTorchConfig:
+    gguf: Path = option(REQUIRED, "input GGUF (llama architecture)", positional=True)
+    out: Path = option(REQUIRED, "output folder", positional=True)
+    layers: int | None = option(None, "keep only the first N blocks (default: all)")
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("gguf", type=Path, help="input GGUF (llama architecture)")
-    ap.add_argument("out", type=Path, help="output folder")
-    ap.add_argument("--layers", type=int, default=None, help="keep only the first N blocks (default: all)")
-    args = ap.parse_args(argv)
+    args = parse_config(GGUFToTorchConfig, argv, __doc__.split("\n\n")[0])
     if not args.gguf.is_file():
         raise SystemExit(f"{args.gguf}: file not found")
     model = load_llama_gguf(args.gguf, args.layers)

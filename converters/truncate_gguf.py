@@ -4,18 +4,22 @@
 """
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
-from cospec_local.gguf_edit import truncate_layers
+from cospec_local.formats.gguf_edit import truncate_layers
+from cospec_local.command_line import REQUIRED, option, parse_config
+
+
+@dataclass
+class TruncateConfig:
+    src: Path = option(REQUIRED, "input GGUF (llama, gemma3, ... architecture)", positional=True)
+    dst: Path = option(REQUIRED, "output GGUF", positional=True)
+    layers: int = option(REQUIRED, "number of leading blocks to keep")
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("src", type=Path, help="input GGUF (llama, gemma3, ... architecture)")
-    ap.add_argument("dst", type=Path, help="output GGUF")
-    ap.add_argument("--layers", type=int, required=True, help="number of leading blocks to keep")
-    args = ap.parse_args(argv)
+    args = parse_config(TruncateConfig, argv, __doc__.split("\n\n")[0])
     out = truncate_layers(args.src, args.dst, args.layers)
     print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")
 

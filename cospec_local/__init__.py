@@ -5,8 +5,9 @@
         print(engine.generate("Write a haiku about the sea.", max_tokens=48).text)
 """
 from ._cospec import version as native_version
-from .chat_template import ChatTemplate, ChatTemplateError
-from .arbiters import NAMED_ARBITERS, Arbiter, arbiter_from_function
+from .chat.template import ChatTemplate, ChatTemplateError
+from .arbiter.catalog import NAMED_ARBITERS, Arbiter
+from .arbiter.callbacks import arbiter_from_function
 from .engine import Decision, Engine, Generation, Stats, TokenEvent
 from .params import MODES, GenerationParams
 from .errors import (AdapterError, ArbiterDraftError, ArbiterError, CancelledError, ContextFullError, CospecError,

@@ -17,8 +17,8 @@ import click
 from click.core import ParameterSource
 
 from . import _cospec
-from .chat_template import ChatTemplateError
-from .display import abstained_note, colored, draft_off_note, other_vocab_note, stats_line
+from .chat.template import ChatTemplateError
+from .chat.display import abstained_note, colored, draft_off_note, other_vocab_note, stats_line
 from .engine import FLASH_ATTN, Engine
 from .errors import ArbiterSettingsWarning, ContextFullError, CospecError, VocabMismatchError
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, NAMED_MODELS, resolve_model
@@ -272,7 +272,7 @@ def drafting_line(draft: str | None, params: GenerationParams | None) -> str:
     with it, the n-gram drafter."""
     from .params import parse_spec_type
 
-    from .arbiters import resolve_auto
+    from .arbiter.catalog import resolve_auto
 
     sources = parse_spec_type(params.spec_type) if params is not None and params.mode == "speculative" else []
     arbiter = None if params is None else params.arbiter if params.arbiter != "auto" else resolve_auto(
@@ -487,7 +487,7 @@ def generate(load, params, prompt, prompt_file, as_chat, system, hide_prompt, ll
 @click.option("--color", is_flag=True, help="Colour draft tokens: green matched, magenta kept by the arbiter.")
 def chat(load, params, system, color, llama_cli_habits):
     """Talk with the model pair. /? for help."""
-    from .chat_session import ChatSession
+    from .chat.session import ChatSession
 
     if sys.stdin.isatty():
         # Ctrl-C stops a reply. A process started as a background job of a non-interactive
@@ -627,8 +627,8 @@ RUNS_HELP = ("Comma-separated runs: target-only, draft-only, sps (lossless), fly
 def parse_runs_option(text: str | None, draft: str | None, default: str = ""):
     """The runs asked for; by default `default` and, where a bundled learned arbiter fits the
     draft, cospec (the project's headline run)."""
-    from .arbiters import bundled_arbiter_for
-    from .runs import parse_runs
+    from .arbiter.catalog import bundled_arbiter_for
+    from .evaluation.runs import parse_runs
 
     try:
         draft_path = resolve_model(draft) if draft else None
@@ -663,7 +663,7 @@ def parse_runs_option(text: str | None, draft: str | None, default: str = ""):
 def bench(load, params, draft_max_list, runs_text, prompts_file,
           task_families, n_prompts, repeat, as_chat, as_json, out_dir):
     """Measure runs (target-only, sps, fly, learned arbiters) on the same prompts, in one process."""
-    from .bench import BUILTIN_PROMPTS, markdown_table, run_bench, task_prompts
+    from .evaluation.bench import BUILTIN_PROMPTS, markdown_table, run_bench, task_prompts
     from .models import prompt_style
 
     try:
@@ -701,21 +701,21 @@ def bench(load, params, draft_max_list, runs_text, prompts_file,
         os.makedirs(out_dir, exist_ok=True)
         report_file = os.path.join(out_dir, "bench.json")
         with open(report_file, "w", encoding="utf-8") as f:
-            json.dump({"command": ["cospec-local", *sys.argv[1:]], **report}, f, indent=2)
+            json.dump({"command": ["cospec-local", *sys.argv[1:]], **report.to_json()}, f, indent=2)
         with open(os.path.join(out_dir, "bench.md"), "w", encoding="utf-8") as f:
             f.write(f"`cospec-local {' '.join(sys.argv[1:])}`\n\n{markdown_table(report)}\n")
         if not as_json:
             click.echo(f"written: {report_file}, {os.path.join(out_dir, 'bench.md')}", err=True)
     if as_json:
-        _warn_if_busy(report["other_load"])
-        click.echo(json.dumps(report, indent=2))
+        _warn_if_busy(report.other_load)
+        click.echo(json.dumps(report.to_json(), indent=2))
     else:
         click.echo(markdown_table(report))
 
 
 def _warn_if_busy(other_load: float | None) -> None:
     """With --json the table's busy-machine warning goes to stderr instead."""
-    from .machine import busy_note
+    from .evaluation.machine import busy_note
 
     if (note := busy_note(other_load)) is not None:
         click.echo(f"warning: {note}", err=True)
@@ -745,12 +745,12 @@ def eval_command(load, params, task, split, limit, runs_text,
     import os
     from pathlib import Path
 
-    from .sandbox import UNSAFE_ENV, SandboxUnavailableError
+    from .tasks.sandbox import UNSAFE_ENV, SandboxUnavailableError
 
     if unsafe_code_execution:
         os.environ[UNSAFE_ENV] = "1"
 
-    from .evaluate import evaluate, markdown
+    from .evaluation.task_eval import evaluate, markdown
     from .tasks import load_task, score
 
     draft = pick_draft(load.target, load.draft, quiet=as_json, measuring=True)
@@ -810,7 +810,7 @@ def models(as_json):
             click.echo(f"{'':<20} {r['architecture']}, {r['layers']} layers, vocabulary {r['vocabulary']} "
                        f"({r['tokenizer']}), {r['quantization']}, {r['size_mb']} MB")
         click.echo(f"{'':<20} {r['path']}")
-    from .arbiters import NAMED_ARBITERS
+    from .arbiter.catalog import NAMED_ARBITERS
 
     click.echo("\narbiters (--arbiter NAME, or a folder):")
     for a in NAMED_ARBITERS.values():
@@ -824,7 +824,7 @@ def arbiter():
 
 def _recipe_option(name: str, *flags: str, **extra):
     """A `arbiter train` option whose default and help are RecipeSettings' (one source of truth)."""
-    from .train.recipe import DEFAULTS, setting_help
+    from .train.arbiter_recipe import DEFAULTS, setting_help
 
     default = getattr(DEFAULTS, name)
     if isinstance(default, bool):
@@ -866,10 +866,10 @@ def arbiter_train(name, work_dir, force, **options):
     install it as NAME: headroom check, decision states, warm-up, threshold, evaluation, install."""
     from pathlib import Path
 
-    from .arbiters import NAMED_ARBITERS, user_arbiters_dir
+    from .arbiter.catalog import NAMED_ARBITERS, user_arbiters_dir
     from .errors import CospecError
-    from .arbiter_bundle import KINDS, LORA
-    from .train.recipe import RecipeRun, RecipeSettings, RecipeStop, default_work_dir
+    from .arbiter.file_format import KINDS, LORA
+    from .train.arbiter_recipe import RecipeRun, RecipeSettings, RecipeStop, default_work_dir
 
     if not name or name != Path(name).name or name.startswith(".") or name in ("target", "fly", "auto"):
         raise click.BadParameter(f"{name!r} is not a usable name (one folder name, not target, fly or auto)",
@@ -905,7 +905,8 @@ def arbiter_train(name, work_dir, force, **options):
 
 
 def _arbiter_rows() -> list[dict]:
-    from .arbiters import NAMED_ARBITERS, describe_arbiter, installed_arbiters
+    from .arbiter.catalog import NAMED_ARBITERS, installed_arbiters
+    from .arbiter.evaluations import describe_arbiter
 
     rows = []
     for name, path, where in [(a.name, a.path, "bundled") for a in NAMED_ARBITERS.values()] + \
@@ -921,8 +922,8 @@ def _arbiter_rows() -> list[dict]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON list.")
 def arbiter_list(as_json):
     """The arbiters `--arbiter NAME` finds: bundled ones and those `arbiter train` installed."""
-    from .arbiters import user_arbiters_dir
-    from .arbiters import summary_line
+    from .arbiter.catalog import user_arbiters_dir
+    from .arbiter.evaluations import summary_line
 
     rows = _arbiter_rows()
     if as_json:
@@ -940,8 +941,8 @@ def arbiter_list(as_json):
 def arbiter_show(name, as_json):
     """Everything about one arbiter (a name or a folder): the draft it fits, the block length and
     cost model it was trained under, its threshold, files and recorded evaluation."""
-    from .arbiters import (NAMED_ARBITERS, describe_arbiter, details_text, installed_arbiters, missing_arbiter_hint,
-                           resolve_arbiter_path)
+    from .arbiter.catalog import NAMED_ARBITERS, installed_arbiters, missing_arbiter_hint, resolve_arbiter_path
+    from .arbiter.evaluations import describe_arbiter, details_text
 
     if (hint := missing_arbiter_hint(name)) is not None:
         raise click.ClickException(hint)
@@ -964,7 +965,8 @@ def arbiter_record(name, eval_dirs, replace):
     beside its files, so that `arbiter list/show` report it: one entry per eval title, replacing an
     earlier one of that title (one of more problems only with --replace). The eval must have run
     these very files, as they run by default, beside target-only; nothing is written otherwise."""
-    from .arbiters import BASELINE_RUNS, missing_arbiter_hint, record_evaluation
+    from .arbiter.catalog import missing_arbiter_hint
+    from .arbiter.evaluations import BASELINE_RUNS, record_evaluation
 
     if (hint := missing_arbiter_hint(name)) is not None:
         raise click.ClickException(hint)

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field, fields
 from typing import Callable, ClassVar, Iterator, Sequence
 
 from . import _cospec
-from .arbiters import (AUTO, NAMED_ARBITERS, Arbiter, another_draft_fix, missing_arbiter_hint, onnx_head,
-                       resolve_arbiter_path, resolve_auto)
-from .chat_template import ChatTemplate, ChatTemplateError, from_gguf_metadata, template_source
-from .template_process import IsolatedChatTemplate
+from .arbiter.catalog import AUTO, NAMED_ARBITERS, Arbiter, another_draft_fix, missing_arbiter_hint, resolve_arbiter_path, resolve_auto
+from .arbiter.callbacks import onnx_head
+from .chat.template import ChatTemplate, ChatTemplateError, from_gguf_metadata, template_source
+from .chat.template_process import IsolatedChatTemplate
 from .json_grammar import response_format_grammar
-from .openai_format import CallReader, assistant_message, chat_logprobs, finish_reason
-from .tool_calls import ToolRequest, ToolsError, call_format, call_grammar, takes_tools, template_messages, tool_request
+from .chat.openai_format import CallReader, assistant_message, chat_logprobs, finish_reason
+from .chat.tool_calls import ToolRequest, ToolsError, call_format, call_grammar, takes_tools, template_messages, tool_request
 from .errors import (ArbiterDraftError, ArbiterError, ArbiterSettingsWarning, ContextFullError, GenerationError,
                      InvalidArgumentError, from_native)
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model

@@ -32,7 +32,7 @@ def truncated_draft_path(source: Path, n_layers: int) -> Path:
 
 def truncated_draft(source: Path, n_layers: int) -> Path:
     """A draft made of the first n_layers blocks of `source`, built once and cached."""
-    from .gguf_edit import truncate_layers  # needs the gguf package, only on first build
+    from .formats.gguf_edit import truncate_layers  # needs the gguf package, only on first build
 
     out = truncated_draft_path(source, n_layers)
     if not out.is_file():
@@ -58,7 +58,7 @@ def smollm2_at_cost(size: str) -> Path:
     """SmolLM2-135M costing what a `size` ("1b", "8b") model costs per token, built once and cached."""
     import gguf
 
-    from .gguf_edit import add_ffn_blocks
+    from .formats.gguf_edit import add_ffn_blocks
 
     out = smollm2_at_cost_path(size)
     if not out.is_file():
@@ -68,11 +68,11 @@ def smollm2_at_cost(size: str) -> Path:
 
 
 # The bundled demo pair: a target and a draft trained from scratch on the task families by
-# cospec_local/train/demo_pair.py (see data/demo/README.md for the recipe and its measurements).
+# cospec_local/recipes/demo_pair.py (see data/demo/README.md for the recipe and its measurements).
 DEMO_DIR = Path(__file__).parent / "data" / "demo"
-# SmolLM2-135M-Instruct's distilled draft (cospec_local/train/distill_draft.py; data/smollm2-draft/README.md).
+# SmolLM2-135M-Instruct's distilled draft (cospec_local/recipes/distill_draft.py; data/smollm2-draft/README.md).
 SMOLLM2_DRAFT = Path(__file__).parent / "data" / "smollm2-draft" / "smollm2-135m-draft-q8_0.gguf"
-# That draft taught one-operation arithmetic (cospec_local/train/skill_draft.py; data/smollm2-arith/README.md):
+# That draft taught one-operation arithmetic (cospec_local/recipes/skill_draft.py; data/smollm2-arith/README.md):
 # shipped as its blocks alone and joined to SmolLM2's embedding on first use.
 SMOLLM2_ARITH_DIR = Path(__file__).parent / "data" / "smollm2-arith"
 SMOLLM2_ARITH_BLOCKS = SMOLLM2_ARITH_DIR / "smollm2-135m-arith-draft-blocks.gguf"
@@ -87,7 +87,7 @@ def smollm2_arith_draft() -> Path:
     """The arithmetic draft, made once from its shipped blocks and SmolLM2's own embedding."""
     out = smollm2_arith_draft_path()
     if not out.is_file():
-        from .gguf_edit import graft_embedding
+        from .formats.gguf_edit import graft_embedding
 
         graft_embedding(SMOLLM2_ARITH_BLOCKS, find_smollm2_gguf(), out)
     return out

@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from cospec_local import Engine
-from cospec_local.gguf_edit import truncate_layers
+from cospec_local.formats.gguf_edit import truncate_layers
 from cospec_local.model_paths import find_smollm2_gguf
 
 # A run started from a background shell inherits SIGINT ignored, and so would every child it

@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cospec_local.gguf_edit import open_gguf, rewrite_gguf  # noqa: E402
+from cospec_local.formats.gguf_edit import open_gguf, rewrite_gguf  # noqa: E402
 
 T = gguf.GGUFValueType
 PER_TOKEN = (gguf.Keys.Tokenizer.LIST, gguf.Keys.Tokenizer.SCORES, gguf.Keys.Tokenizer.TOKEN_TYPE)
@@ -327,7 +327,7 @@ def build(out: Path, target: Path, draft: Path) -> list[Case]:
 
 def shipped_arbiters() -> dict[str, Path]:
     """The demo pair's arbiter folders, by kind."""
-    from cospec_local.arbiters import NAMED_ARBITERS
+    from cospec_local.arbiter.catalog import NAMED_ARBITERS
 
     return {kind: NAMED_ARBITERS[f"demo-{kind}"].path for kind in ("lora", "features")}
 

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import gguf
 
-from cospec_local.gguf_edit import open_gguf, rewrite_gguf
+from cospec_local.formats.gguf_edit import open_gguf, rewrite_gguf
 
 # Per-token arrays that must be permuted together so the file stays self-consistent.
 _PER_TOKEN_KEYS = (gguf.Keys.Tokenizer.LIST, gguf.Keys.Tokenizer.SCORES, gguf.Keys.Tokenizer.TOKEN_TYPE)

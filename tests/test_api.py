@@ -249,7 +249,7 @@ def test_each_arbiter_reports_its_kind():
 
 
 def test_auto_arbiter_is_the_bundled_one_for_its_draft_else_the_target(engine):
-    from cospec_local.arbiters import NAMED_ARBITERS
+    from cospec_local.arbiter.catalog import NAMED_ARBITERS
 
     assert engine.generate("Hi", arbiter="auto", max_tokens=4).arbiter == "target"  # no arbiter for this draft
     with Engine.open_default(n_ctx=512, n_threads=1) as demo:

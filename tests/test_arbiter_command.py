@@ -79,7 +79,7 @@ def test_every_report_ends_with_the_verdict_its_own_numbers_give(tmp_path):
     better. list, show and eval's results say so, with the baseline named."""
     import json
 
-    from cospec_local.evaluate import markdown
+    from cospec_local.evaluation.task_eval import markdown
 
     env = {"COSPEC_LOCAL_ARBITERS": str(tmp_path / "none-yet")}
     listed = run_cli("arbiter", "list", env=env).stdout
@@ -106,7 +106,7 @@ def test_an_eval_of_an_arbiter_is_recorded_for_show(tmp_path):
     eval of other files, or one without target-only to compare with, is refused and writes nothing."""
     import shutil
 
-    from cospec_local.arbiters import DEMO_ARBITERS_DIR
+    from cospec_local.arbiter.catalog import DEMO_ARBITERS_DIR
 
     mine = tmp_path / "mine"
     shutil.copytree(DEMO_ARBITERS_DIR / "lora", mine)
@@ -148,7 +148,8 @@ def test_the_demo_arbiters_recorded_evaluations_are_of_their_current_files():
     config ran these very files, and its numbers are that folder's results."""
     from pathlib import Path
 
-    from cospec_local.arbiters import NAMED_ARBITERS, arbiter_identity, describe_arbiter
+    from cospec_local.arbiter.catalog import NAMED_ARBITERS, arbiter_identity
+    from cospec_local.arbiter.evaluations import describe_arbiter
 
     for name in ("demo-lora", "demo-features"):
         row = describe_arbiter(NAMED_ARBITERS[name].path, name=name)
@@ -303,7 +304,7 @@ def test_a_second_round_learns_from_the_states_its_arbiter_meets(trained):
 
 
 def test_a_collection_too_small_for_the_warm_up_is_said_before_it_starts():
-    from cospec_local.train.recipe import MIN_DECISIVE_STATES, SplitSizes, too_few_states_warning
+    from cospec_local.train.arbiter_recipe import MIN_DECISIVE_STATES, SplitSizes, too_few_states_warning
 
     def sizes(train):
         return SplitSizes(train=train, dev=100, test=200, train_exhausted=False, dev_exhausted=False)
@@ -322,7 +323,7 @@ def test_the_plan_counts_what_a_small_file_gives_and_advises_more_rows_not_flags
     """A fixed file cannot give more problems than its rows: the plan says how many the run uses,
     and the advice asks for rows, not for --train."""
     from cospec_local.tasks import load_task
-    from cospec_local.train.recipe import (RecipeSettings, SplitSizes, available_problems, more_problems_advice,
+    from cospec_local.train.arbiter_recipe import (RecipeSettings, SplitSizes, available_problems, more_problems_advice,
                                            too_few_states_warning)
 
     task = tmp_path / "mine.jsonl"

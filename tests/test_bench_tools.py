@@ -291,3 +291,73 @@ def test_structured_output_measures_each_configuration_and_checks_lossless(tmp_p
     assert all(v > 0 for v in report["tokens_per_s"].values()) and report["lossless_under_grammar"] is True
     assert report["grammar_cost"]["speculative"] == pytest.approx(
         report["tokens_per_s"]["speculative + grammar"] / report["tokens_per_s"]["speculative"])
+
+
+# ---------------------------------------------------------------- the cross-family and draft-source measurements
+
+@pytest.mark.slow
+def test_cross_vocab_measures_both_directions_and_checks_they_are_lossless(tmp_path):
+    out = tmp_path / "cross"
+    bench("cross_vocab.py", "-n", 8, "--repeats", 1, "--limit", 2, "-t", 2, "--out", out)
+    record = json.loads((out / "results.json").read_text())
+    assert set(record["summary"]) == {"gemma3-270m <- smollm2-135m", "smollm2-135m <- gemma3-270m"}
+    for runs in record["summary"].values():
+        assert set(runs) == {"target-only", "draft K=4", "draft adaptive"}
+        assert runs["target-only"]["pooled"] == pytest.approx(1.0) and runs["target-only"]["agreement"] is None
+        assert runs["draft K=4"]["proposed"] > 0 and 0 <= runs["draft K=4"]["agreement"] <= 1
+        assert all(r["identical"] == r["runs"] == 2 for r in runs.values())  # greedy speculation is lossless
+    assert record["command"][:2] == ["python", "bench/cross_vocab.py"] and "cpu" in json.dumps(record["machine"])
+
+
+@pytest.mark.slow
+def test_source_choice_runs_each_draft_source_against_the_target_alone(tmp_path):
+    out = tmp_path / "sources"
+    bench("source_choice.py", "-n", 8, "--repeats", 1, "--limit", 2, "-t", 2, "--out", out)
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    assert set(summary) == {"target-only", "ngram", "draft", "ngram,draft"}
+    assert all(s["identical"] == s["runs"] == 2 for s in summary.values())
+    assert summary["target-only"]["pooled"] == pytest.approx(1.0) and summary["target-only"]["geomean"] == pytest.approx(1.0)
+    assert "| ngram,draft |" in (out / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_headroom_reads_the_second_direction_from_the_first_ones_runs(tmp_path):
+    """One eval folder per task: the other direction is the same two runs with the roles swapped,
+    so only-the-draft there is only-the-target here."""
+    out = tmp_path / "headroom"
+    bench("headroom.py", "--tasks", "capitals", "--limit", 4, "-n", 8, "-t", 2, "--out", out)
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    one, other = summary["gemma3-270m <- smollm2-135m: capitals"], summary["smollm2-135m <- gemma3-270m: capitals"]
+    assert one["problems"] == other["problems"] == 4
+    assert (one["target"], one["draft"], one["union"]) == (other["draft"], other["target"], other["union"])
+    assert (one["only_draft"], one["only_target"]) == (other["only_target"], other["only_draft"])
+    assert one["headroom_points"] == pytest.approx(100 * one["only_draft"] / 4)
+    assert len(list(out.glob("*/capitals/records.jsonl"))) == 1
+
+
+@pytest.mark.slow
+def test_cross_vocab_arbiter_holds_the_shipped_arbiter_to_its_bars(tmp_path):
+    out = tmp_path / "arbiter"
+    bench("cross_vocab_arbiter.py", "--arbiter", "gemma3-smollm2-words", "--tasks", "capitals", "--limit", 4,
+          "--chat-prompts", 2, "-n", 8, "-t", 2, "--out", out, timeout=600)
+    record = json.loads((out / "results.json").read_text())
+    fields = record["summary"]["capitals"]
+    assert set(fields["bars"]) == {"points", "recovered_share", "losses", "speed_over_sps"}
+    assert all(isinstance(ok, bool) for ok in fields["bars"].values())
+    assert record["chat_identity"]["prompts"] == 2 and 0 <= record["chat_identity"]["identical_share"] <= 1
+    assert "Verdict:" in (out / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_rollback_cost_measures_a_recurrent_target_beside_an_attention_one_and_llama_cpp(tmp_path):
+    out = tmp_path / "rollback"
+    bench("rollback_cost.py", "--targets", "llama,mamba2", "-n", 8, "--runs", 1, "--repeat-prompt", 2, "-t", 2,
+          "--llama-bin", tmp_path / "bin", "--out", out, timeout=600)
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert set(rows) == {"llama", "mamba2"}
+    assert rows["llama"]["kind"].startswith("attention") and not rows["mamba2"]["kind"].startswith("attention")
+    for row in rows.values():
+        assert row["identical"] and row["generated"] >= 8  # the refused draft never changes the output
+        assert row["sps_over_target_only"] > 0 and row["sps_over_llama"] > 0
+    assert rows["llama"]["over_attention"] == pytest.approx(1.0)  # the only attention target is the median
+    assert rows["mamba2"]["restored"] > 0  # a recurrent memory is restored from saved states, not cut

@@ -11,7 +11,7 @@ import pytest
 import pexpect
 
 from cospec_local import Engine
-from cospec_local.chat_session import ChatSession
+from cospec_local.chat.session import ChatSession
 from cospec_local.params import CHAT_SAMPLING, GenerationParams
 
 CLI = [sys.executable, "-m", "cospec_local.cli"]
@@ -47,7 +47,7 @@ def replies(text: str) -> list[str]:
 
 
 def test_a_seed_nobody_set_is_new_for_each_reply(monkeypatch):
-    import cospec_local.chat_session as chat_session
+    import cospec_local.chat.session as chat_session
 
     drawn = []
 

@@ -6,7 +6,7 @@ import time
 import gguf
 import pytest
 
-from cospec_local.chat_template import (
+from cospec_local.chat.template import (
     CHATML_TEMPLATE,
     ChatTemplate,
     ChatTemplateError,

@@ -90,7 +90,7 @@ def test_bench_measures_the_verify_cost_on_full_blocks(engine_for):
     """The cost model's verify cost comes from blocks of exactly K tokens whatever the bench's
     own --draft-p-min or adaptive setting (blocks cut short would make verifying look cheap)."""
     from cospec_local import GenerationParams
-    from cospec_local.bench import measure_costs
+    from cospec_local.evaluation.bench import measure_costs
 
     engine = engine_for("self")
     seen = []
@@ -244,7 +244,7 @@ def test_a_target_alone_gets_a_draft_with_its_vocabulary_or_runs_target_only(tar
     a file, else decode with the target alone; each said in one line."""
     import gguf
 
-    from cospec_local.gguf_edit import open_gguf, rewrite_gguf
+    from cospec_local.formats.gguf_edit import open_gguf, rewrite_gguf
     from cospec_local.models import demo_model
 
     env = dict(os.environ, COSPEC_LOCAL_CACHE=str(tmp_path))
@@ -279,7 +279,7 @@ def chat_on_demo(lines, n_ctx=1024, **settings):
     import io
 
     from cospec_local import Engine, GenerationParams
-    from cospec_local.chat_session import ChatSession
+    from cospec_local.chat.session import ChatSession
 
     feed = iter(lines)
 
@@ -319,7 +319,7 @@ def test_chat_drops_the_oldest_turns_when_the_context_fills(target_path, draft_p
     import io
 
     from cospec_local import Engine, GenerationParams
-    from cospec_local.chat_session import ChatSession
+    from cospec_local.chat.session import ChatSession
 
     messages = iter([f"Tell me one fact about the number {n}, in a sentence." for n in range(8)])
     out = io.StringIO()
@@ -338,15 +338,19 @@ def test_chat_drops_the_oldest_turns_when_the_context_fills(target_path, draft_p
 
 
 def test_bench_table_shows_the_spread_and_flags_noise():
-    from cospec_local.bench import markdown_table
+    from dataclasses import replace
 
-    row = dict(draft_max=4, run="sps", tokens_per_second=100.0, speedup_bound=None, acceptance_rate=0.5,
-               mean_accepted_per_block=1.0, arbiter_keeps=0, arbiter_share=0.0, overhead_fraction=0.1,
-               prompts_identical_to_target=2)
-    report = dict(target="t", draft="d", c=0.2, prompts=2, max_tokens=16, repeat=3, draft_p_min=0.0,
-                  adaptive_draft=True, costs=None,
-                  results=[dict(row, speedup=1.05, speedup_per_repeat=[0.82, 1.02, 1.42], noisy=True),
-                           dict(row, run="fly", speedup=1.30, speedup_per_repeat=[1.25, 1.3, 1.36], noisy=False)])
+    from cospec_local.evaluation.bench import BenchReport, markdown_table
+
+    row = dict(draft_max=4, run="sps", tokens=96, seconds=0.96, tokens_per_second=100.0, speedup_bound=None,
+               acceptance_rate=0.5, mean_accepted_per_block=1.0, arbiter_keeps=0, arbiter_share=0.0,
+               arbiter_ms_per_call=None, overhead_fraction=0.1, prompts_identical_to_target=2)
+    report = BenchReport.from_json(dict(
+        target="t", draft="d", c=0.2, prompts=2, max_tokens=16, repeat=3, draft_p_min=0.0, adaptive_draft=True,
+        temperature=0.0, seed=0, costs=None, other_load=0.0,
+        results=[dict(row, speedup=1.05, speedup_per_repeat=[0.82, 1.02, 1.42], noisy=True),
+                 dict(row, run="fly", speedup=1.30, speedup_per_repeat=[1.25, 1.3, 1.36], noisy=False)]))
+    assert BenchReport.from_json(report.to_json()) == report  # bench.json reads back as the report
     table = markdown_table(report)
     assert "| 4 | sps | 100.0 | 1.05x (0.82-1.42) noisy |" in table
     assert "| 4 | fly | 100.0 | 1.30x (1.25-1.36) |" in table
@@ -354,7 +358,7 @@ def test_bench_table_shows_the_spread_and_flags_noise():
     assert "repeat(s), greedy, adaptive block length;" in table
     for column in ("speed-up", "bound", "acceptance", "arbiter time", "outside llama.cpp", "same as target"):
         assert f"**{column}**" in table  # every column is explained under the table
-    sampled = markdown_table(dict(report, temperature=0.7, seed=5))
+    sampled = markdown_table(replace(report, temperature=0.7, seed=5))
     assert "repeat(s), temperature 0.7, seed 5, adaptive" in sampled and "greedy" not in sampled
 
 
@@ -506,7 +510,7 @@ def test_an_arbiter_name_given_as_a_path_is_told_to_drop_the_path(tmp_path):
 def test_auto_never_picks_fly(target_path, draft_paths):
     """FLy keeps mismatches without knowing whether the draft is right: a task mode, never auto's
     choice (on open chat it can turn a reply to another subject)."""
-    from cospec_local.arbiters import NAMED_ARBITERS, resolve_auto
+    from cospec_local.arbiter.catalog import NAMED_ARBITERS, resolve_auto
     from cospec_local.models import resolve_model
 
     for draft in (resolve_model("demo-draft"), target_path, *draft_paths.values(), None):

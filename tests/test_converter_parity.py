@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 import torch
 
-from cospec_local.train.demo_models import build_model, llama_config, save_model
-from cospec_local.convert.llama_to_gguf import convert, main as convert_main, permute_qk
-from cospec_local.convert.tokenizer import BOS_ID, EOS_ID, UNK_ID, gguf_vocab, load_tokenizer, read_pieces, train_tokenizer
+from cospec_local.recipes.demo_models import build_model, llama_config, save_model
+from cospec_local.formats.llama_gguf_writer import convert, main as convert_main, permute_qk
+from cospec_local.formats.spm_tokenizer import BOS_ID, EOS_ID, UNK_ID, gguf_vocab, load_tokenizer, read_pieces, train_tokenizer
 from cospec_local import Engine, arbiter_from_function
-from cospec_local.arbiters import DEMO_ARBITERS_DIR
+from cospec_local.arbiter.catalog import DEMO_ARBITERS_DIR
 from quantization import q8_0_roundtrip
 
 torch.set_num_threads(1)
@@ -329,12 +329,12 @@ def test_arbiter_export_entry_point_writes_the_head_as_onnx(tmp_path):
 
     import onnxruntime
 
-    from cospec_local.arbiter_bundle import ONNX_FILE, read_bundle
+    from cospec_local.arbiter.file_format import ONNX_FILE, read_bundle
 
     folder = tmp_path / "features"
     shutil.copytree(DEMO_ARBITERS_DIR / "features", folder)
     (folder / ONNX_FILE).unlink()
-    printed = run_entry_point("converters.arbiter_export", str(folder), "--draft", "demo-draft")
+    printed = run_entry_point("converters.arbiter_export", str(folder), "-md", "demo-draft")
     assert "P(keep) within" in printed
     head = read_bundle(folder).head
     rows = np.random.default_rng(0).normal(size=(32, head["head.in_mean"].size)).astype(np.float32)

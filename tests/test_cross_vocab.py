@@ -145,11 +145,11 @@ def test_a_features_arbiter_runs_and_a_lora_arbiter_is_refused_with_the_reason(t
     path, the same way each time; the LoRA arbiter, which runs the draft model over the target's
     tokens, is refused, naming what runs instead."""
     pytest.importorskip("torch")
-    from cospec_local.arbiter_bundle import write_arbiter
+    from cospec_local.arbiter.file_format import write_arbiter
     from cospec_local.train.arbiter_model import FeaturesArbiter, LoraArbiter, load_draft_backbone
 
     from cospec_local import _cospec
-    from cospec_local.arbiters import describe_arbiter, details_text
+    from cospec_local.arbiter.evaluations import describe_arbiter, details_text
 
     smollm2, gemma = resolve_model("smollm2-135m"), resolve_model("gemma3-270m")
     target = {"fingerprint": _cospec.model_fingerprint(str(gemma)), "file": gemma.name}
@@ -256,7 +256,7 @@ def test_arbiter_train_for_such_a_pair_trains_the_features_arbiter(tmp_path):
     """`arbiter train` with a draft of another vocabulary trains the features arbiter alone (saying
     so where the LoRA one was asked for too), and stops with the reason where only the LoRA arbiter
     or GRPO (which starts from it) was asked for."""
-    from cospec_local.train.recipe import RecipeRun, RecipeSettings, RecipeStop
+    from cospec_local.train.arbiter_recipe import RecipeRun, RecipeSettings, RecipeStop
 
     said = []
     run = RecipeRun(RecipeSettings(name="x", target="gemma3-270m", draft="smollm2-135m"), tmp_path, tmp_path,

@@ -21,9 +21,9 @@ from cospec_local.models import DEFAULT_DRAFT, DEFAULT_TARGET, DEMO_DIR, demo_ch
 from cospec_local.tasks import load_task, score
 
 torch = pytest.importorskip("torch")
-from cospec_local.convert.llama_to_gguf import convert  # noqa: E402  (needs the train extra, as torch does)
-from cospec_local.convert.tokenizer import load_tokenizer  # noqa: E402
-from cospec_local.train.demo_pair import Arch, per_token_flops  # noqa: E402
+from cospec_local.formats.llama_gguf_writer import convert  # noqa: E402  (needs the train extra, as torch does)
+from cospec_local.formats.spm_tokenizer import load_tokenizer  # noqa: E402
+from cospec_local.recipes.demo_pair import Arch, per_token_flops  # noqa: E402
 from quantization import q8_0_roundtrip  # noqa: E402
 
 torch.set_num_threads(1)
@@ -136,7 +136,7 @@ def test_chat_cli_answers_a_task_prompt_with_the_default_pair(tmp_path):
     result = json.loads(out.stdout)
     assert "####" in result["text"]
     assert result["stats"]["draft_n"] > 0
-    from cospec_local.arbiters import NAMED_ARBITERS
+    from cospec_local.arbiter.catalog import NAMED_ARBITERS
 
     # no --arbiter: the bundled arbiter made for the demo draft decides (listed first for it)
     assert result["arbiter"] == next(a.name for a in NAMED_ARBITERS.values() if a.draft == "demo-draft")

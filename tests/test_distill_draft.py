@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
 
 from cospec_local.models import resolve_model  # noqa: E402
-from cospec_local.train.distill_draft import generate_data, load_generator  # noqa: E402
+from cospec_local.recipes.distill_draft import generate_data, load_generator  # noqa: E402
 
 PROMPTS = ["12 + 30 =", "def add(a, b):", "7 * 8 =", "91 - 45 =", "def neg(x):", "3 + 4 ="]
 
@@ -90,7 +90,7 @@ def test_saved_batches_of_other_settings_are_not_reused(tmp_path, change):
 
 
 def test_training_goes_on_from_init_and_rejects_blocks_of_another_shape(tmp_path):
-    from cospec_local.train.distill_draft import train_draft
+    from cospec_local.recipes.distill_draft import train_draft
 
     target = resolve_model("demo-target")
     prompts = PROMPTS + [f"{a} + {b} =" for a, b in ((5, 9), (40, 2), (17, 17), (8, 60), (23, 11), (6, 6))] * 2
@@ -114,7 +114,7 @@ def test_training_goes_on_from_init_and_rejects_blocks_of_another_shape(tmp_path
 
 @pytest.mark.slow
 def test_self_written_prompts_resume_and_skip_known_ones(tmp_path):
-    from cospec_local.train.distill_draft import self_prompts
+    from cospec_local.recipes.distill_draft import self_prompts
 
     target = resolve_model("demo-target")  # it writes arithmetic, not questions: the same code path
     model = load_generator(target, "float32")
@@ -139,7 +139,7 @@ def test_self_written_prompts_resume_and_skip_known_ones(tmp_path):
 
 
 def test_training_takes_several_data_sets(tmp_path):
-    from cospec_local.train.distill_draft import train_draft
+    from cospec_local.recipes.distill_draft import train_draft
 
     target = resolve_model("demo-target")
     model = load_generator(target, "float32")
@@ -163,7 +163,7 @@ def test_training_takes_several_data_sets(tmp_path):
 def test_device_choice_is_checked_and_recorded(tmp_path):
     """`--device auto` runs where torch can (here the CPU); a device torch cannot see is refused
     before any work, and what made the data (the device too) is saved with every batch."""
-    from cospec_local.train.distill_draft import main, made_by, resolve_device
+    from cospec_local.recipes.distill_draft import main, made_by, resolve_device
 
     auto = resolve_device("auto")
     assert auto.type == ("cuda" if torch.cuda.is_available() else "cpu")

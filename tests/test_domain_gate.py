@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cospec_local import Engine
-from cospec_local.domain_gate import DEV_QUANTILE, MARGIN, build_gate, coverage, pair_keys
+from cospec_local.arbiter.domain_gate import DEV_QUANTILE, MARGIN, build_gate, coverage, pair_keys
 from cospec_local.tasks import load_task
 
 CHAT_PROMPTS = Path(__file__).resolve().parent.parent / "bench" / "heldout_chat_prompts.txt"
@@ -68,8 +68,8 @@ def engine():
 
 def test_engine_coverage_equals_the_reference(engine):
     """The native gate computes domain_gate.coverage on the shipped arbiter's own bigrams."""
-    from cospec_local.arbiter_bundle import read_bundle
-    from cospec_local.arbiters import resolve_arbiter_path
+    from cospec_local.arbiter.file_format import read_bundle
+    from cospec_local.arbiter.catalog import resolve_arbiter_path
 
     gate = read_bundle(resolve_arbiter_path("demo-features")).gate
     arbiter = engine.arbiter("demo-features")
@@ -137,10 +137,10 @@ def test_out_of_domain_keep_rate_is_not_above_the_in_domain_one(engine, name):
 def test_a_corrupt_gate_is_refused_at_load(engine, tmp_path, change, message):
     import gguf
 
-    from cospec_local.arbiter_bundle import ARBITER_FILE, GATE_TENSOR
-    from cospec_local.arbiters import resolve_arbiter_path
+    from cospec_local.arbiter.file_format import ARBITER_FILE, GATE_TENSOR
+    from cospec_local.arbiter.catalog import resolve_arbiter_path
     from cospec_local.errors import ArbiterError
-    from cospec_local.gguf_edit import rewrite_gguf
+    from cospec_local.formats.gguf_edit import rewrite_gguf
 
     source = resolve_arbiter_path("demo-features") / ARBITER_FILE
     reader = gguf.GGUFReader(source, "r")

@@ -168,7 +168,7 @@ def test_token_texts_that_collide_as_llama_cpp_names_them_are_refused(tmp_path, 
     in a process that goes on; the forms that do not collide load and generate."""
     import gguf
 
-    from cospec_local.gguf_edit import open_gguf, rewrite_gguf
+    from cospec_local.formats.gguf_edit import open_gguf, rewrite_gguf
     from cospec_local.models import demo_model
     from gguf_corpus import EMPTY_NAME_EDITS
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from cospec_local import Engine, GenerationParams
-from cospec_local.evaluate import evaluate
-from cospec_local.runs import parse_runs
+from cospec_local.evaluation.task_eval import evaluate
+from cospec_local.evaluation.runs import parse_runs
 from cospec_local.tasks import load_task, score
 
 MODES = ["target-only", "draft-only", "sps", "fly"]
@@ -99,7 +99,7 @@ def test_eval_cli_writes_results_and_resumes(target_path, draft_paths, tmp_path)
 
 
 def test_wilson_interval_matches_hand_computed_values():
-    from cospec_local.evaluate import wilson_interval
+    from cospec_local.evaluation.task_eval import wilson_interval
 
     # 14 of 20: p = 0.7, z = 1.96 -> centre 0.6678, half-width 0.1868 (by hand)
     lo, hi = wilson_interval(14, 20)
@@ -153,7 +153,7 @@ def test_runs_that_keep_mismatches_are_reproducible(tmp_path):
 
 
 def test_a_run_with_the_auto_arbiter_records_the_arbiter_that_ran(target_path):
-    from cospec_local.arbiters import arbiter_identity
+    from cospec_local.arbiter.catalog import arbiter_identity
     from cospec_local.models import resolve_model
 
     (run,) = parse_runs("speculative:auto", resolve_model("demo-draft"))

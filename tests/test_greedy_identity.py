@@ -120,7 +120,7 @@ def test_zero_ffn_blocks_keep_the_function(target_path, model_dir, reference, we
     source drafting for it."""
     import gguf
 
-    from cospec_local.gguf_edit import add_ffn_blocks, architecture, block_count, open_gguf
+    from cospec_local.formats.gguf_edit import add_ffn_blocks, architecture, block_count, open_gguf
 
     path = add_ffn_blocks(target_path, model_dir / f"plus2-{weight_type}.gguf", 2, 512,
                           gguf.GGMLQuantizationType[weight_type])
@@ -148,7 +148,7 @@ def test_blocks_with_a_mismatch_emit_the_verify_passs_choices(request, pair):
     runs it (scripts/gpu_check.sh)."""
     import numpy as np
 
-    from cospec_local.arbiters import arbiter_from_function
+    from cospec_local.arbiter.callbacks import arbiter_from_function
     from cospec_local.engine import Engine
     from cospec_local.tasks import load_task
 

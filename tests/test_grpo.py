@@ -16,13 +16,14 @@ torch = pytest.importorskip("torch")
 torch.set_num_threads(1)  # before torch's first op: llama.cpp in this process stays fast
 
 from cospec_local import Engine  # noqa: E402
-from cospec_local.arbiters import NAMED_ARBITERS  # noqa: E402
+from cospec_local.arbiter.catalog import NAMED_ARBITERS  # noqa: E402
 from cospec_local.models import resolve_model  # noqa: E402
 from cospec_local.tasks import load_task  # noqa: E402
 from cospec_local.train.grpo import (GRPOConfig, UpdateItem, decision_items, grpo_update,  # noqa: E402
                                      policy_probs, score_groups, state_items)
 from cospec_local.train.rewards import RewardConfig, group_advantages, rollout_reward, span_after_keeps  # noqa: E402
-from cospec_local.train.rollout import BranchedState, DecidedBlock, RolloutWorker, WorkerConfig  # noqa: E402
+from cospec_local.train.rollout import (Branched, BranchedState, DecidedBlock, Rollout, RolloutWorker,  # noqa: E402
+                                        WorkerConfig)
 from cospec_local.train.states import DecisionState  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,9 +105,9 @@ def test_score_groups_groups_by_problem():
         k = len(keeps)
         state = DecisionState(context=[1, 2], draft=[3] * k, target=[4] * (k + 1), mismatch=[1] * k,
                               features=[[0.0] * 16] * k)
-        return {"problem_id": pid, "correct": correct, "provenance": ["match"] * 4,
-                "blocks": [DecidedBlock(state, positions=list(range(k)), keep=keeps, p_keep=[0.6] * k,
-                                        p_target=[0.5] * k)]}
+        return Rollout(pid, "arith", seed=0, correct=correct, text="", provenance=["match"] * 4,
+                       blocks=[DecidedBlock(state, positions=list(range(k)), keep=keeps, p_keep=[0.6] * k,
+                                            p_target=[0.5] * k)])
 
     rollouts = [rollout("a", True, [True]), rollout("a", False, [False]), rollout("b", True, [True]),
                 rollout("b", True, [True])]
@@ -127,8 +128,8 @@ def test_state_items_values():
                               features=[[0.0] * 16] * 2)
         return BranchedState(block, position, p_keep=0.7, kept=True, q_keep=q_keep, q_reject=q_reject)
 
-    results = [{"problem_id": "a", "correct": True, "decisions": 3, "kept": 2, "states": [state(1.0, 0.5), state(0.5, 0.5)]},
-               {"problem_id": "b", "correct": False, "decisions": 1, "kept": 0, "states": [state(0.0, 1.0)]}]
+    results = [Branched("a", "arith", 0, correct=True, decisions=3, kept=2, states=[state(1.0, 0.5), state(0.5, 0.5)]),
+               Branched("b", "arith", 0, correct=False, decisions=1, kept=0, states=[state(0.0, 1.0)])]
     items, stats = state_items(results)
     assert [(it.keep, it.p_behaviour, it.advantage) for it in items] == [
         ([1.0], [1.0], 0.25), ([0.0], [0.0], -0.25), ([1.0], [1.0], -0.5), ([0.0], [0.0], 0.5)]
@@ -165,8 +166,8 @@ def test_grpo_update_gives_a_state_pair_the_policy_gradient_at_its_state():
     the update over p_behaviour, here 1 for the choice made), move P(keep) by the policy
     gradient: d(-loss)/dP(keep) = (q_keep - q_reject) / (2 decisions) at ratio 1."""
     block = DecisionState(context=[1], draft=[3], target=[4, 5], mismatch=[1], features=[[0.0] * 16])
-    items, _ = state_items([{"problem_id": "a", "correct": True, "decisions": 1, "kept": 1, "states": [
-        BranchedState(block, 0, p_keep=0.3, kept=True, q_keep=1.0, q_reject=0.25)]}])
+    items, _ = state_items([Branched("a", "arith", 0, correct=True, decisions=1, kept=1, states=[
+        BranchedState(block, 0, p_keep=0.3, kept=True, q_keep=1.0, q_reject=0.25)])])
     stats, step = one_sgd_step(items, p_keep=0.3)
     # weights 0.3 (keep) and 0.7 (reject), advantages +-0.375, mean over 2 decisions:
     # loss = -(0.3 * 0.375 - 0.7 * 0.375) / 2; the logit's step = (1 - 0.25) / 2 x dP/dlogit (0.3 x 0.7)
@@ -202,7 +203,7 @@ def worker():
 def mismatch_problems(worker):
     """Training problems where the demo pair disagrees at least once."""
     problems = [p for f in ("arith", "pyfunc") for p in load_task(f, "train", 40)]
-    found = [p for p in problems if worker.screen(p)["mismatches"] > 0]
+    found = [p for p in problems if worker.screen(p).mismatches > 0]
     assert len(found) >= 6
     return found[:6]
 
@@ -210,7 +211,7 @@ def mismatch_problems(worker):
 def lenient_features_arbiter(tmp_path: Path) -> Path:
     """The bundled features arbiter with its last bias raised: P(keep) well inside (0, 1), so that
     sampled decisions go both ways."""
-    from cospec_local.arbiter_bundle import write_arbiter
+    from cospec_local.arbiter.file_format import write_arbiter
     from cospec_local.train.arbiter_model import load_arbiter
 
     draft = resolve_model("demo-draft")
@@ -238,8 +239,8 @@ def test_rollouts_are_seeded_and_recorded_as_decided(worker, mismatch_problems, 
         prompt = worker.engine.tokenize(problem.prompt)
         for r in rollouts:
             # the rollout's text is what the engine generates with these decisions
-            assert r["problem_id"] == problem.id and len(r["provenance"]) > 0
-            for b in r["blocks"]:
+            assert r.problem_id == problem.id and len(r.provenance) > 0
+            for b in r.blocks:
                 s = b.state
                 n_ctx = len(s.context)
                 assert s.context[:len(prompt)] == prompt
@@ -262,13 +263,13 @@ def test_branches_try_both_choices_at_decision_states(worker, mismatch_problems,
     for problem in mismatch_problems:
         first = worker.branches(problem, str(folder), 5, 2, 2)
         assert worker.branches(problem, str(folder), 5, 2, 2) == first
-        assert len(first["states"]) == min(2, first["decisions"])
-        for st in first["states"]:
+        assert len(first.states) == min(2, first.decisions)
+        for st in first.states:
             j = st.position
             assert st.state.draft[j] != st.state.target[j]  # a decision is made at a mismatch
             assert st.q_keep in (0.0, 0.5, 1.0) and st.q_reject in (0.0, 0.5, 1.0)
             assert 0.0 < st.p_keep < 1.0
-        n_states += len(first["states"])
+        n_states += len(first.states)
     assert n_states >= 3
 
 
@@ -287,17 +288,17 @@ def test_policy_states_are_the_policys_own_decisions_with_both_branches_scored(w
         got = worker.policy_states(problem, folder, "train")
         assert worker.policy_states(problem, folder, "train") == got
         native = worker.greedy(problem, folder)
-        assert got["summary"]["tokens"] == native["tokens"] and got["summary"]["correct"] == native["correct"]
-        assert len(got["states"]) == native["decisions"]
+        assert got.tokens == native.tokens and got.correct == native.correct
+        assert len(got.states) == native.decisions
         n_prompt = len(worker.engine.tokenize(problem.prompt))
-        for st in got["states"]:
+        for st in got.states:
             j = st.position
             assert st.state.draft[j] != st.state.target[j] and st.state.mismatch[j] == 1
             assert st.kept == (st.p_keep >= threshold)
             assert st.token_index == len(st.state.context) - n_prompt + j  # the branch prefix: block context + d_<j
             taken = st.keep_correct if st.kept else st.reject_correct
-            same_as_run.append(taken == got["summary"]["correct"])
-        states += got["states"]
+            same_as_run.append(taken == got.correct)
+        states += got.states
     assert len(states) >= 3
     if arbiter == "lenient-features":  # P(keep) well inside (0, 1): both choices are taken
         assert any(s.kept for s in states) and not all(s.kept for s in states)
@@ -312,7 +313,7 @@ def test_recorded_blocks_give_the_engines_probabilities(worker, recorded):
 
     folder, runs = recorded
     model = load_arbiter(folder, resolve_model("demo-draft"))
-    blocks = [b for rs in runs.values() for r in rs for b in r["blocks"]]
+    blocks = [b for rs in runs.values() for r in rs for b in r.blocks]
     assert blocks
     with torch.no_grad():
         p = policy_probs(model, blocks, with_tokens=False).numpy()
@@ -325,7 +326,7 @@ def test_recorded_blocks_give_the_engines_probabilities(worker, recorded):
 def constructed_items(runs: dict, keep: float, advantage: float) -> list[UpdateItem]:
     """Every recorded decision state, with one action and one advantage for all of them."""
     return [UpdateItem(b.state, b.positions, keep=[keep] * len(b.positions), p_behaviour=b.p_keep,
-                       advantage=advantage) for rs in runs.values() for b in rs[0]["blocks"]]
+                       advantage=advantage) for rs in runs.values() for b in rs[0].blocks]
 
 
 @pytest.mark.parametrize("kind", ["features", "lora"])

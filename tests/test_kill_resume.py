@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from cospec_local.arbiters import NAMED_ARBITERS
+from cospec_local.arbiter.catalog import NAMED_ARBITERS
 
 EVAL = [sys.executable, "-m", "cospec_local.cli", "eval", "--task", "arith", "--limit", "10",
         "--runs", "target-only,sps", "-t", "1", "--json", "--fixed-draft"]  # block lengths that never depend on timing

@@ -67,13 +67,40 @@ def test_no_import_cycles_between_modules():
     assert cycles == []
 
 
-def test_docs_layout_names_every_module_and_native_source():
-    """docs/layout.md cannot drift from the tree: every module of the package (but a package's
-    __init__.py) and every C++ source of the engine is named there."""
+def layout_rows(layout: str) -> dict[str, str]:
+    """docs/layout.md's table: the path in a row's first cell -> the row."""
+    return {line.split("`")[1]: line for line in layout.splitlines() if line.startswith("| `")}
+
+
+def test_docs_layout_names_every_module_in_its_own_package_row():
+    """docs/layout.md cannot drift from the tree: every package of cospec_local has a row, and
+    every module is named in its own package's row (a module moved to another package fails)."""
+    repo = PACKAGE.parent
+    rows = layout_rows((repo / "docs" / "layout.md").read_text(encoding="utf-8"))
+    packages = sorted({p.parent for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts})
+    misplaced = []
+    for package in packages:
+        row = rows.get(str(package.relative_to(repo)) + "/")
+        if row is None:
+            misplaced.append(f"{package.relative_to(repo)}/ has no row")
+            continue
+        misplaced += [str(p.relative_to(repo)) for p in sorted(package.glob("*.py"))
+                      if p.name != "__init__.py" and f"`{p.name}`" not in row]
+    assert misplaced == [], f"name these in their package's row of docs/layout.md: {misplaced}"
+
+
+def test_docs_layout_names_every_native_source():
     repo = PACKAGE.parent
     layout = (repo / "docs" / "layout.md").read_text(encoding="utf-8")
-    modules = [p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" and "__pycache__" not in p.parts]
-    sources = sorted((repo / "native").rglob("*.cpp"))
-    missing = [str(p.relative_to(repo)) for p in modules + sources if f"`{p.name}`" not in layout and
-               f"`{p.relative_to(repo)}`" not in layout]
+    missing = [str(p.relative_to(repo)) for p in sorted((repo / "native").rglob("*.cpp"))
+               if f"`{p.relative_to(repo)}`" not in layout and f"`{p.name}`" not in layout]
     assert missing == [], f"name these in docs/layout.md: {missing}"
+
+
+def test_no_two_modules_share_a_name_across_the_conversion_code_and_its_entry_points():
+    """converters/ (entry points) and cospec_local/formats/ (their code) use different names, so a
+    name says which one it is."""
+    repo = PACKAGE.parent
+    entry_points = {p.name for p in (repo / "converters").glob("*.py")} - {"__init__.py"}
+    code = {p.name for p in (PACKAGE / "formats").glob("*.py")}
+    assert entry_points & code == set()

@@ -20,11 +20,12 @@ import torch
 from gguf import GGUFValueType
 from gguf_corpus import with_kv
 
-from cospec_local.arbiter_bundle import write_arbiter
-from cospec_local.convert.llama_to_gguf import convert
+from cospec_local.arbiter.file_format import write_arbiter
+from cospec_local.formats.llama_gguf_writer import convert
 from cospec_local import AdapterError, ArbiterDraftError, ArbiterError, Engine, GenerationParams, InvalidArgumentError, NoDraftError, _cospec
-from cospec_local.arbiters import NAMED_ARBITERS, onnx_head
-from cospec_local.gguf_edit import open_gguf, rewrite_gguf
+from cospec_local.arbiter.catalog import NAMED_ARBITERS
+from cospec_local.arbiter.callbacks import onnx_head
+from cospec_local.formats.gguf_edit import open_gguf, rewrite_gguf
 from cospec_local.models import DEMO_DIR, demo_checkpoint, demo_model
 from cospec_local.params import DEFAULTS
 from cospec_local.tasks import FAMILY_STOPS, load_task
@@ -664,9 +665,9 @@ def test_arbiter_is_closed_with_its_engine(f32_draft, tmp_path):
 @pytest.mark.slow
 def test_shipped_arbiter_reproduces_its_reference_generations(demo_engine, f32_draft, name):
     """Each bundled arbiter ships with the generations it made on the first test problems of each
-    family (cospec_local/train/bundle.py): the same text, tokens, provenance and decisions here, and
+    family (cospec_local/train/ship_arbiter.py): the same text, tokens, provenance and decisions here, and
     the bundle refuses a draft it was not trained for."""
-    from cospec_local.train.bundle import REFERENCE_FILE, reference_runs
+    from cospec_local.train.ship_arbiter import REFERENCE_FILE, reference_runs
 
     named = NAMED_ARBITERS[name]
     folder = named.path

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from cospec_local.machine import BUSY_SHARE, OtherLoad, busy_note
+from cospec_local.evaluation.machine import BUSY_SHARE, OtherLoad, busy_note
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads Linux's /proc/stat")
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # what a share divides by

@@ -1,6 +1,6 @@
 """Every architecture llama.cpp runs, as target and as draft: tiny random models of 15 families
 (attention, sliding window, mixture of experts, recurrent, hybrid) made by llama.cpp's own
-converter (cospec_local/convert/tiny_models.py), all with SmolLM2's vocabulary. Greedy speculative
+converter (cospec_local/formats/tiny_models.py), all with SmolLM2's vocabulary. Greedy speculative
 decoding must give the target's own tokens whatever the draft proposes, and a memory that cannot
 drop a tail must roll back from its saved state, not by decoding the context again."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cospec_local import Engine
-from cospec_local.convert import tiny_models
+from cospec_local.formats import tiny_models
 
 REPO = Path(__file__).resolve().parents[1]
 ARCHS = list(tiny_models.ARCHITECTURES)

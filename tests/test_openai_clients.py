@@ -12,7 +12,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from cospec_local.convert.tiny_models import llama_cpp_source
+from cospec_local.formats.tiny_models import llama_cpp_source
 from cospec_local.server.process import ServerProcess
 
 WEATHER = {"type": "function", "function": {
@@ -90,7 +90,7 @@ class engine_chat_template:
     """An engine rendering with another chat template for a while (the server's)."""
 
     def __init__(self, engine, path: str):
-        from cospec_local.template_process import IsolatedChatTemplate
+        from cospec_local.chat.template_process import IsolatedChatTemplate
 
         self.engine, self.template = engine, IsolatedChatTemplate(open(path, encoding="utf-8").read())
 

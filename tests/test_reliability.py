@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from cospec_local import Engine, InvalidArgumentError, arbiter_from_function
-from cospec_local.gguf_edit import open_gguf, rewrite_gguf
+from cospec_local.formats.gguf_edit import open_gguf, rewrite_gguf
 from cospec_local.models import demo_model
 from cospec_local.tasks import load_task
 

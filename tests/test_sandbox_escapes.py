@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from cospec_local import sandbox
-from cospec_local.sandbox import SandboxUnavailableError, run_python
+from cospec_local.tasks import sandbox
+from cospec_local.tasks.sandbox import SandboxUnavailableError, run_python
 from cospec_local.tasks.code import run_tests
 
 pytestmark = pytest.mark.skipif(not sandbox.isolation_available(), reason="needs bubblewrap and namespaces")

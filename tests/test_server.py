@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from cospec_local import Engine
-from cospec_local.display import DRAFT_OFF_SHARE
+from cospec_local.chat.display import DRAFT_OFF_SHARE
 from cospec_local.server.process import ServerProcess
 
 CHLOE = "Chloe has 7 candles and buys 24 more. How many candles does she have?"

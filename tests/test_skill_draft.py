@@ -1,4 +1,4 @@
-"""A draft taught one skill (train/skill_draft.py) and shipped as its blocks alone
+"""A draft taught one skill (recipes/skill_draft.py) and shipped as its blocks alone
 (gguf_edit.strip_embedding / graft_embedding): the exchanges it learns are exactly what eval and
 arbiter training give the target, a few real training steps lower its loss on them, and the
 grafted model is the trained one, byte for byte in every tensor."""
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from cospec_local import Engine, _cospec
-from cospec_local.evaluate import task_prompt
-from cospec_local.gguf_edit import graft_embedding
+from cospec_local.evaluation.task_eval import task_prompt
+from cospec_local.formats.gguf_edit import graft_embedding
 from cospec_local.models import resolve_model
 from cospec_local.tasks import load_task
 
@@ -29,7 +29,7 @@ def task_file(tmp_path_factory):
 
 
 def test_an_exchange_is_the_eval_prompt_then_the_solution_and_end_of_turn(task_file):
-    from cospec_local.train.skill_draft import exchange_tokens
+    from cospec_local.recipes.skill_draft import exchange_tokens
 
     problem = load_task(task_file, "train")[0]
     with Engine("smollm2-135m", n_ctx=256, n_threads=1) as engine:
@@ -44,7 +44,7 @@ def test_an_exchange_is_the_eval_prompt_then_the_solution_and_end_of_turn(task_f
 def test_training_writes_a_draft_whose_blocks_graft_back_exactly(task_file, tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "cospec_local.train.skill_draft", "--out", str(out), "--task",
+    done = subprocess.run([sys.executable, "-m", "cospec_local.recipes.skill_draft", "--out", str(out), "--task",
                            str(task_file), "--steps", "6", "--batch", "8", "--dev-problems", "8", "--lr", "1e-3",
                            "--threads", "1", "--precision", "float32", "--device", "cpu"],
                           capture_output=True, text=True, timeout=900)
@@ -72,7 +72,7 @@ def test_training_writes_a_draft_whose_blocks_graft_back_exactly(task_file, tmp_
 def test_a_task_without_worked_solutions_is_refused(tmp_path):
     path = tmp_path / "bare.jsonl"
     path.write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in ROWS))
-    done = subprocess.run([sys.executable, "-m", "cospec_local.train.skill_draft", "--out", str(tmp_path / "run"),
+    done = subprocess.run([sys.executable, "-m", "cospec_local.recipes.skill_draft", "--out", str(tmp_path / "run"),
                            "--task", str(path), "--steps", "1", "--device", "cpu"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "no worked solution" in done.stderr
@@ -117,10 +117,12 @@ def test_policy_states_through_the_chat_template():
             prompt, stop = task_prompt(worker.engine, problem, as_chat=True)
             worker.engine.reset()
             native = worker.engine.generate(prompt, GenerationParams(max_tokens=40), arbiter="smollm2-arith", stop=stop)
-            assert got["summary"]["tokens"] == len(native.tokens) and len(got["states"]) == len(native.decisions)
-            for st in got["states"]:
+            assert got.tokens == len(native.tokens) and len(got.states) == len(native.decisions)
+            assert got.summary() == {"problem_id": problem.id, "family": problem.family, "split": "train",
+                                     "correct": got.correct, "tokens": got.tokens, "states": len(got.states)}
+            for st in got.states:
                 assert list(st.state.context[:len(prompt)]) == prompt
-            states += len(got["states"])
+            states += len(got.states)
         assert states > 0
     finally:
         worker.close()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cospec_local import Engine
-from cospec_local.arbiters import arbiter_from_function
+from cospec_local.arbiter.callbacks import arbiter_from_function
 from cospec_local.errors import InvalidArgumentError
 from cospec_local.json_grammar import SchemaError, json_object_grammar, schema_grammar
 from cospec_local.models import resolve_model
@@ -134,9 +134,9 @@ def test_a_draft_of_another_vocabulary_proposes_inside_the_grammar():
 def test_tool_calls_in_each_form_from_a_real_template(engine_for):
     """Llama 3.1's template (from llama.cpp's source) takes tools and asks for its JSON form; the
     grammar that forces a call writes that form, and the reply reads back as the call."""
-    from cospec_local.convert.tiny_models import llama_cpp_source
-    from cospec_local.template_process import IsolatedChatTemplate
-    from cospec_local.tool_calls import LLAMA3, call_format, call_grammar, parse_reply, takes_tools
+    from cospec_local.formats.tiny_models import llama_cpp_source
+    from cospec_local.chat.template_process import IsolatedChatTemplate
+    from cospec_local.chat.tool_calls import LLAMA3, call_format, call_grammar, parse_reply, takes_tools
 
     weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -151,7 +151,7 @@ def test_tool_calls_in_each_form_from_a_real_template(engine_for):
 
 
 def test_replies_are_read_for_calls_and_anything_else_stays_content():
-    from cospec_local.tool_calls import HERMES, LLAMA3, may_begin_call, parse_reply
+    from cospec_local.chat.tool_calls import HERMES, LLAMA3, may_begin_call, parse_reply
 
     text = 'Let me look.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>{"name": "g", ' \
            '"arguments": "{\\"y\\": 2}"}</tool_call>'
@@ -185,8 +185,8 @@ def test_generate_takes_llama_cli_grammar_flags(target_path):
 
 @pytest.mark.slow
 def test_the_python_api_takes_openais_tools_response_format_and_logprobs(target_path, draft_paths, engine_for):
-    from cospec_local.convert.tiny_models import llama_cpp_source
-    from cospec_local.tool_calls import ToolsError
+    from cospec_local.formats.tiny_models import llama_cpp_source
+    from cospec_local.chat.tool_calls import ToolsError
 
     weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from cospec_local import Engine, _cospec, arbiter_from_function
-from cospec_local.arbiters import resolve_arbiter_path
+from cospec_local.arbiter.catalog import resolve_arbiter_path
 from cospec_local.tasks import FAMILY_STOPS, load_task
 
 

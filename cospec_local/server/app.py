@@ -25,9 +25,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from ..arbiters import arbiters_for_draft
+from ..arbiter.catalog import arbiters_for_draft
 from ..engine import Generation, openai_usage
-from ..openai_format import CallReader, assistant_message, chat_logprobs, finish_reason, text_logprobs
+from ..chat.openai_format import CallReader, assistant_message, chat_logprobs, finish_reason, text_logprobs
 from ..params import GenerationParams
 from .metrics import ServerMetrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, generation_params, parse_request

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .. import _cospec
 from ..json_grammar import SchemaError, response_format_grammar, schema_grammar
 from ..params import MODES, GenerationParams
-from ..tool_calls import ToolRequest, ToolsError, tool_request
+from ..chat.tool_calls import ToolRequest, ToolsError, tool_request
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_CHOICES = 16  # n: each choice is a generation of its own, one after another

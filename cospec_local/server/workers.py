@@ -143,9 +143,9 @@ class Refused:
 def prepare_prompt(engine: Engine, chat: bool, payload, params: GenerationParams) -> PreparedPrompt:
     """The prompt's tokens (checked against the context), the arbiter loaded, a grammar checked;
     RequestRefused for what the request got wrong. A chat's payload: (messages, ToolRequest or None)."""
-    from ..chat_template import ChatTemplateError
+    from ..chat.template import ChatTemplateError
     from ..errors import ArbiterError, InvalidArgumentError
-    from ..tool_calls import ToolsError
+    from ..chat.tool_calls import ToolsError
 
     param = "messages" if chat else "prompt"
     draft_prompt = tool_form = grammar = None
@@ -185,7 +185,7 @@ def prepare_prompt(engine: Engine, chat: bool, payload, params: GenerationParams
 
 
 def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
-    from ..display import draft_off_note, other_vocab_note
+    from ..chat.display import draft_off_note, other_vocab_note
     from ..errors import CospecError, GenerationError
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server handles Ctrl-C and ends this process

@@ -13,7 +13,7 @@ Nothing is downloaded. Formats (one JSON object per line; `.gz` files are read t
   default otherwise) compares the text after the last "####", or else the last non-empty line,
   stripped, with the answer; "regex" searches the completion for the answer as a Python regular
   expression (multi-line). An optional `solution` is a worked reply, never scored: a draft can be
-  taught the task with it (train/skill_draft.py).
+  taught the task with it (recipes/skill_draft.py).
 - Plain code: {"prompt", "tests"[, "entry_point"][, "id"]}: `tests` is Python (a string, or a list of
   assert lines) run after the completion's program in the sandbox; the program is the
   completion's fenced code block, or else the completion itself.

@@ -27,7 +27,7 @@ import re
 import textwrap
 from dataclasses import replace
 
-from ..sandbox import SandboxResult, run_python, run_split
+from .sandbox import SandboxResult, run_python, run_split
 
 PASS_CODE = 86  # not 0, so that a stray sys.exit(0) in generated code cannot pass
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.S | re.I)

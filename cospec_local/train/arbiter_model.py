@@ -15,7 +15,7 @@
     decodes the whole text a second time (the first arbiters).
   Either way the region is one batch with causal attention off (native/src/learned_arbiter.cpp).
 
-The backbone is the draft GGUF itself, dequantized (cospec_local.convert.gguf_to_torch), so the adapter
+The backbone is the draft GGUF itself, dequantized (cospec_local.formats.gguf_llama_reader), so the adapter
 is trained on the weights llama.cpp computes with.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..arbiter_bundle import FEATURES, LORA, LORA_CONTEXTS
+from ..arbiter.file_format import FEATURES, LORA, LORA_CONTEXTS
 from .states import DecisionState
 
 N_FEATURES = 16  # cospec_block_features (COSPEC_N_FEATURES); checked against the extension at run time
@@ -159,7 +159,7 @@ def load_draft_backbone(draft: str | Path):
 
         model = LlamaForCausalLM.from_pretrained(draft, torch_dtype=torch.float32)
     else:
-        from cospec_local.convert.gguf_to_torch import load_llama_gguf
+        from cospec_local.formats.gguf_llama_reader import load_llama_gguf
 
         model = load_llama_gguf(draft)
     backbone = model.model
@@ -238,7 +238,7 @@ class LoraArbiter(nn.Module):
 def load_arbiter(folder: str | Path, draft_gguf: str | Path):
     """An exported arbiter folder back in torch (to check parity, or to go on training it):
     the head from arbiter.gguf and, for `lora`, the adapter from adapter.gguf on the draft."""
-    from ..arbiter_bundle import read_bundle
+    from ..arbiter.file_format import read_bundle
 
     bundle = read_bundle(folder, draft_gguf)
     tensors = bundle.head

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..engine import Engine
-from ..evaluate import task_draft_prompt, task_prompt
+from ..evaluation.task_eval import task_draft_prompt, task_prompt
 from ..tasks import Problem, cut_at_stops, score
 from .states import DecisionState
 

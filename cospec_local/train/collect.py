@@ -36,19 +36,25 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 
 from .. import _cospec
-from ..arbiters import ARBITER_FILE, arbiter_dir, arbiter_from_function, arbiter_identity, resolve_arbiter_path
+from ..arbiter.catalog import arbiter_dir, arbiter_identity, resolve_arbiter_path
+from ..arbiter.callbacks import arbiter_from_function
+from ..arbiter.file_format import ARBITER_FILE
 from ..engine import Engine
-from ..evaluate import model_identity
+from ..evaluation.task_eval import model_identity
 from ..jsonl import keep_complete_lines
 from ..params import GenerationParams
 from ..tasks import Problem, load_task
 from .branch_oracle import BranchOracle
 from .states import DecisionState, LabelledState
-from .config import REQUIRED, option, parse_config
+from ..command_line import REQUIRED, comma_list, option, parse_config
+
+if TYPE_CHECKING:
+    from .rollout import RolloutPool
 
 # Settings of the recorded runs and of their branches (the eval's defaults for these tasks).
 MAX_TOKENS = 256
@@ -140,75 +146,98 @@ class CollectConfig:
                              "collection runs one engine here.")
 
 
+def collection_manifest(args: CollectConfig, engine: Engine, params: GenerationParams, families: list[str]) -> dict:
+    """What the states are of: both models, the settings, the families and, for --policy, the
+    arbiter and the verify cost it drafts under. A folder's manifest never changes: resuming checks it."""
+    manifest = {"target": model_identity(engine.target_path), "draft": model_identity(engine.draft_path),
+                "draft_fingerprint": _cospec.model_fingerprint(engine.draft_path),
+                "target_fingerprint": _cospec.model_fingerprint(engine.target_path),
+                "params": {k: v for k, v in vars(params).items() if k not in ("arbiter", "stop")},
+                "families": families, "n_vocab": engine.n_vocab}
+    if args.chat:  # only where set: folders collected before it existed stay resumable
+        manifest["chat"] = True
+    if args.chat_template is not None:
+        manifest["chat_template"] = args.chat_template
+    if args.chat_template_draft is not None:
+        manifest["chat_template_draft"] = args.chat_template_draft
+    if args.policy is not None:
+        policy = resolve_arbiter_path(args.policy)
+        if not (arbiter_dir(policy) / ARBITER_FILE).is_file():
+            sys.exit(f"{args.policy}: no learned arbiter there ({ARBITER_FILE} missing)")
+        manifest["policy"] = arbiter_identity(args.policy)
+        carried = engine.arbiter(str(arbiter_dir(policy))).meta("verify_cost")
+        manifest["verify_cost"] = float(carried) if carried is not None else _cospec.DEFAULT_VERIFY_COST
+    else:
+        manifest["verify_cost"] = args.verify_cost if args.verify_cost >= 0 else _cospec.DEFAULT_VERIFY_COST
+    return manifest
+
+
+def write_manifest(out: Path, manifest: dict) -> None:
+    path = out / "manifest.json"
+    if path.is_file() and json.loads(path.read_text()) != manifest:
+        sys.exit(f"{out} holds states of other models or settings; use another --out")
+    path.write_text(json.dumps(manifest, indent=1))
+
+
+def policy_results(args: CollectConfig, engine: Engine, todo: list) -> tuple[Iterator, RolloutPool]:
+    """(summary, states) of each problem, from the policy deciding in worker processes."""
+    from .rollout import PolicyStatesTask, RolloutPool, WorkerConfig
+
+    policy = arbiter_dir(resolve_arbiter_path(args.policy))
+    worker = WorkerConfig(str(engine.target_path), str(engine.draft_path), max(1, args.threads // args.workers),
+                          args.max_tokens, chat=args.chat, chat_template=args.chat_template,
+                          draft_chat_template=args.chat_template_draft)
+    engine.close()  # the workers hold their own engines; this one only named the models
+    pool = RolloutPool(worker, args.workers)
+    results = ((r.summary(), r.states) for r in pool.map(PolicyStatesTask(p, str(policy), split) for p, split in todo))
+    return results, pool
+
+
+def write_states(out: Path, results: Iterable, total: int) -> tuple[int, int]:
+    """Append each problem's states, then its summary (the resume point); returns the states and
+    the decisive ones written."""
+    from tqdm import tqdm
+
+    with (out / "states.jsonl").open("a", encoding="utf-8") as states_log, \
+            (out / "problems.jsonl").open("a", encoding="utf-8") as problems_log:
+        bar = tqdm(results, total=total, desc="collecting", unit="problem", file=sys.stderr)
+        n_states = n_decisive = 0
+        for summary, states in bar:
+            for s in states:
+                states_log.write(json.dumps(s.to_json()) + "\n")
+                n_decisive += s.label >= 0
+            n_states += len(states)
+            states_log.flush()
+            problems_log.write(json.dumps(summary) + "\n")  # after its states: the resume point
+            problems_log.flush()
+            bar.set_postfix(states=n_states, decisive=n_decisive)
+    return n_states, n_decisive
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_config(CollectConfig, argv, __doc__.split("\n\n")[0])
     if args.workers < 1:
         sys.exit("--workers must be at least 1")
-
-    from tqdm import tqdm
-
-    families = [f.strip() for f in args.families.split(",") if f.strip()]
-    args.out.mkdir(parents=True, exist_ok=True)
     if args.policy is not None and args.verify_cost >= 0:
         sys.exit("--verify-cost: a --policy collection drafts under its policy's own verify cost")
+    families = comma_list(args.families)
+    args.out.mkdir(parents=True, exist_ok=True)
     params = GenerationParams(max_tokens=args.max_tokens, verify_cost=args.verify_cost)
     with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=args.threads, chat_template=args.chat_template,
                 draft_chat_template=args.chat_template_draft) as engine:
-        manifest = {"target": model_identity(engine.target_path), "draft": model_identity(engine.draft_path),
-                    "draft_fingerprint": _cospec.model_fingerprint(engine.draft_path),
-                    "target_fingerprint": _cospec.model_fingerprint(engine.target_path),
-                    "params": {k: v for k, v in vars(params).items() if k not in ("arbiter", "stop")},
-                    "families": families, "n_vocab": engine.n_vocab}
-        if args.chat:  # only where set: folders collected before it existed stay resumable
-            manifest["chat"] = True
-        for key in ("chat_template", "chat_template_draft"):
-            if getattr(args, key) is not None:
-                manifest[key] = getattr(args, key)
-        if args.policy is not None:
-            policy = resolve_arbiter_path(args.policy)
-            if not (arbiter_dir(policy) / ARBITER_FILE).is_file():
-                sys.exit(f"{args.policy}: no learned arbiter there ({ARBITER_FILE} missing)")
-            manifest["policy"] = arbiter_identity(args.policy)
-            carried = engine.arbiter(str(arbiter_dir(policy))).meta("verify_cost")
-            manifest["verify_cost"] = float(carried) if carried is not None else _cospec.DEFAULT_VERIFY_COST
-        else:
-            manifest["verify_cost"] = args.verify_cost if args.verify_cost >= 0 else _cospec.DEFAULT_VERIFY_COST
-        manifest_path = args.out / "manifest.json"
-        if manifest_path.is_file() and json.loads(manifest_path.read_text()) != manifest:
-            sys.exit(f"{args.out} holds states of other models or settings; use another --out")
-        manifest_path.write_text(json.dumps(manifest, indent=1))
+        write_manifest(args.out, collection_manifest(args, engine, params, families))
         done = resume_point(args.out)
         todo = [(p, split) for split, n in (("dev", args.dev), ("train", args.train)) if n > 0
                 for f in families for p in load_task(f, split, n) if p.id not in done]
+        pool = None
         if args.policy is not None:
-            from .rollout import PolicyStatesTask, RolloutPool, WorkerConfig
-
-            worker = WorkerConfig(str(engine.target_path), str(engine.draft_path), max(1, args.threads // args.workers),
-                                  args.max_tokens, chat=args.chat, chat_template=args.chat_template,
-                                  draft_chat_template=args.chat_template_draft)
-            engine.close()  # the workers hold their own engines; this one only named the models
-            pool = RolloutPool(worker, args.workers)
-            results = ((r["summary"], r["states"]) for r in
-                       pool.map(PolicyStatesTask(p, str(arbiter_dir(policy)), split) for p, split in todo))
+            results, pool = policy_results(args, engine, todo)
         else:
-            pool = None
             collector = Collector(engine, params, chat=args.chat)
             results = (collector.problem(p, split) for p, split in todo)
         t0 = time.time()
         try:
-            with (args.out / "states.jsonl").open("a", encoding="utf-8") as states_log, \
-                    (args.out / "problems.jsonl").open("a", encoding="utf-8") as problems_log:
-                bar = tqdm(results, total=len(todo), desc="collecting", unit="problem", file=sys.stderr)
-                n_states = n_decisive = 0
-                for summary, states in bar:
-                    for s in states:
-                        states_log.write(json.dumps(s.to_json()) + "\n")
-                        n_decisive += s.label >= 0
-                    n_states += len(states)
-                    states_log.flush()
-                    problems_log.write(json.dumps(summary) + "\n")  # after its states: the resume point
-                    problems_log.flush()
-                    bar.set_postfix(states=n_states, decisive=n_decisive)
+            n_states, n_decisive = write_states(args.out, results, len(todo))
         finally:  # the workers end with the collection, Ctrl-C included (problems.jsonl is the resume point)
             if pool is not None:
                 pool.close()

@@ -36,13 +36,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..arbiter_bundle import FEATURES, LORA
+from ..arbiter.file_format import FEATURES, LORA
 from ..tasks import load_task
 from ..tasks.base import stable_int
-from .config import comma_list, option, parse_config
+from ..command_line import comma_list, option, parse_config
 from .rewards import RewardConfig, group_advantages, rollout_reward
-from .rollout import (BranchedState, BranchesTask, DecidedBlock, GreedyTask, RolloutPool, RolloutsTask, ScreenTask,
-                      Task, WorkerConfig)
+from .rollout import (Branched, BranchedState, BranchesTask, DecidedBlock, GreedyTask, Rollout, RolloutPool,
+                      RolloutsTask, ScreenTask, Screening, Task, WorkerConfig)
 from .states import DecisionState
 
 
@@ -121,20 +121,20 @@ class UpdateItem:
     advantage: float
 
 
-def decision_items(rollouts: list[dict], advantages: list[float]) -> list[UpdateItem]:
+def decision_items(rollouts: list[Rollout], advantages: list[float]) -> list[UpdateItem]:
     """One item per recorded block of a rollout with a non-zero advantage: the block's decisions,
     the engine's P(keep) and the rollout's advantage."""
     items = []
     for r, a in zip(rollouts, advantages):
         if a == 0.0:
             continue
-        for b in r["blocks"]:
+        for b in r.blocks:
             items.append(UpdateItem(b.state, b.positions, keep=[float(k) for k in b.keep], p_behaviour=b.p_keep,
                                     advantage=a))
     return items
 
 
-def state_items(results: list[dict]) -> tuple[list[UpdateItem], dict]:
+def state_items(results: list[Branched]) -> tuple[list[UpdateItem], dict]:
     """credit=state: two items per decision state whose choices ended differently, one per choice,
     with advantage +-(q_keep - q_reject) / 2 (the value of each choice over their mean). The
     surrogate weighs each item by the policy's P(choice) before the update (p_behaviour is set so
@@ -142,7 +142,7 @@ def state_items(results: list[dict]) -> tuple[list[UpdateItem], dict]:
     gradient is (q_keep - q_reject) x grad P(keep): the policy gradient at that state, with the
     q's estimated by the continuations."""
     items = []
-    states: list[BranchedState] = [s for r in results for s in r["states"]]
+    states: list[BranchedState] = [s for r in results for s in r.states]
     for st in states:
         gap = st.q_keep - st.q_reject
         if gap == 0.0:
@@ -150,9 +150,9 @@ def state_items(results: list[dict]) -> tuple[list[UpdateItem], dict]:
         for keep in (1.0, 0.0):
             items.append(UpdateItem(st.state, [st.position], keep=[keep], p_behaviour=[keep],
                                     advantage=gap / 2 if keep else -gap / 2))
-    n_dec = sum(r["decisions"] for r in results)
-    stats = {"correct": sum(r["correct"] for r in results) / max(1, len(results)),
-             "keep_rate": sum(r["kept"] for r in results) / max(1, n_dec),
+    n_dec = sum(r.decisions for r in results)
+    stats = {"correct": sum(r.correct for r in results) / max(1, len(results)),
+             "keep_rate": sum(r.kept for r in results) / max(1, n_dec),
              "decisions_per_rollout": n_dec / max(1, len(results)), "states": len(states),
              "informative_states": sum(s.q_keep != s.q_reject for s in states),
              "keep_better": sum(s.q_keep > s.q_reject for s in states),
@@ -265,29 +265,29 @@ def grpo_update(model, ref, items: list[UpdateItem], cfg: GRPOConfig, optimizer,
 
 # ---------------------------------------------------------------- rewards of a step
 
-def score_groups(rollouts: list[dict], rc: RewardConfig) -> tuple[list[float], list[float], dict]:
+def score_groups(rollouts: list[Rollout], rc: RewardConfig) -> tuple[list[float], list[float], dict]:
     """Rewards and advantages of a step's rollouts (grouped by problem, in order)."""
-    rewards = [rollout_reward(r["correct"], r["provenance"],
-                              [{"keep": k, "p_target": p} for b in r["blocks"] for k, p in zip(b.keep, b.p_target)],
+    rewards = [rollout_reward(r.correct, r.provenance,
+                              [{"keep": k, "p_target": p} for b in r.blocks for k, p in zip(b.keep, b.p_target)],
                               rc) for r in rollouts]
     groups: dict[str, list[int]] = {}
     for i, r in enumerate(rollouts):
-        groups.setdefault(r["problem_id"], []).append(i)
+        groups.setdefault(r.problem_id, []).append(i)
     advantages = [0.0] * len(rollouts)
     informative = mixed = 0
     for members in groups.values():
         adv = group_advantages([rewards[i] for i in members],
-                               [sum(len(b.positions) for b in rollouts[i]["blocks"]) for i in members],
-                               [rollouts[i]["correct"] for i in members], rc)
+                               [sum(len(b.positions) for b in rollouts[i].blocks) for i in members],
+                               [rollouts[i].correct for i in members], rc)
         informative += any(a != 0 for a in adv)
-        outcomes = {rollouts[i]["correct"] for i in members}
+        outcomes = {rollouts[i].correct for i in members}
         mixed += len(outcomes) == 2
         for i, a in zip(members, adv):
             advantages[i] = a
-    n_dec = sum(len(b.positions) for r in rollouts for b in r["blocks"])
-    n_keep = sum(sum(b.keep) for r in rollouts for b in r["blocks"])
+    n_dec = sum(len(b.positions) for r in rollouts for b in r.blocks)
+    n_keep = sum(sum(b.keep) for r in rollouts for b in r.blocks)
     stats = {"reward": sum(rewards) / max(1, len(rewards)),
-             "correct": sum(r["correct"] for r in rollouts) / max(1, len(rollouts)),
+             "correct": sum(r.correct for r in rollouts) / max(1, len(rollouts)),
              "keep_rate": n_keep / max(1, n_dec), "decisions_per_rollout": n_dec / max(1, len(rollouts)),
              "groups": len(groups), "informative_groups": informative, "mixed_groups": mixed}
     return rewards, advantages, stats
@@ -326,7 +326,7 @@ class Distributed:
 
 def export_policy(model, kind: str, folder: Path, draft_gguf: Path, threshold: float, info: dict,
                   onnx: bool, target: dict | None = None) -> Path:
-    from cospec_local.arbiter_bundle import write_arbiter
+    from cospec_local.arbiter.file_format import write_arbiter
 
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -390,11 +390,15 @@ class RunState:
     log: list[dict] = field(default_factory=list)  # OUT/log.jsonl: one record per step, then the final evaluation
     best: dict | None = None                       # {"step", "dev_accuracy"} of the policy in OUT/best
     pool: list[str] | None = None                  # the training problems that reach a mismatch (ids)
-    dev_screen: list[dict] | None = None           # each dev problem's plain speculative run (RolloutWorker.screen)
+    dev_screen: list[Screening] | None = None      # each dev problem's plain speculative run (RolloutWorker.screen)
     target_dev: float | None = None                # target-only dev accuracy
     seconds: float = 0.0                           # wall time of the run so far, over resumes
     uniform: dict[str, int] = field(default_factory=dict)  # prompt id -> its groups that came out all alike
     sweep: dict | None = None                      # the best policy's dev accuracy at each threshold of cfg.sweep
+
+    def __post_init__(self):  # a checkpoint holds the screenings as dicts
+        if self.dev_screen is not None:
+            self.dev_screen = [s if isinstance(s, Screening) else Screening(**s) for s in self.dev_screen]
 
 
 class GRPOTrainer:
@@ -513,8 +517,8 @@ class GRPOTrainer:
         rollouts = [r for group in groups for r in group]
         _, advantages, stats = score_groups(rollouts, self.rewards)
         for group in groups:  # a prompt whose rollouts all ended alike teaches nothing
-            if len({r["correct"] for r in group}) == 1:
-                self.count_uniform(group[0]["problem_id"])
+            if len({r.correct for r in group}) == 1:
+                self.count_uniform(group[0].problem_id)
         return decision_items(rollouts, advantages), stats
 
     def credit_states(self, step: int, prompts: list, policy: Path) -> tuple[list[UpdateItem], dict]:
@@ -525,8 +529,8 @@ class GRPOTrainer:
                                             cfg.continuations, cfg.explore_temperature, cfg.greedy_continuations)
                                for p in prompts], "decision states")
         for r in results:  # a prompt whose states never split teaches nothing
-            if all(st.q_keep == st.q_reject for st in r["states"]):
-                self.count_uniform(r["problem_id"])
+            if all(st.q_keep == st.q_reject for st in r.states):
+                self.count_uniform(r.problem_id)
         return state_items(results)
 
     def evaluate_last_policy(self) -> None:
@@ -581,23 +585,24 @@ class GRPOTrainer:
             if reused["key"] != pool_key:
                 sys.exit(f"{cfg.pool_from} was screened for other models or settings")
             run.pool = reused["ids"]
-            if [s["problem_id"] for s in reused.get("dev_screen") or []] == [p.id for p in self.dev_problems]:
-                run.dev_screen = reused["dev_screen"]
+            reused_dev = [Screening(**s) for s in reused.get("dev_screen") or []]
+            if [s.problem_id for s in reused_dev] == [p.id for p in self.dev_problems]:
+                run.dev_screen = reused_dev
         if run.pool is None:
             screened = self.spread([ScreenTask(p) for p in self.train_problems], "screening the prompt pool")
-            run.pool = [s["problem_id"] for s in screened if s["mismatches"] > 0]
+            run.pool = [s.problem_id for s in screened if s.mismatches > 0]
         if run.dev_screen is None:
             run.dev_screen = self.spread([ScreenTask(p) for p in self.dev_problems], "screening the dev problems")
-        self.dev_screen = {s["problem_id"]: s for s in run.dev_screen}
-        run.target_dev = sum(s["target_correct"] for s in run.dev_screen) / len(self.dev_problems)
+        self.dev_screen = {s.problem_id: s for s in run.dev_screen}
+        run.target_dev = sum(s.target_correct for s in run.dev_screen) / len(self.dev_problems)
         by_id = {p.id: p for p in self.train_problems}
         self.pool_problems = [by_id[i] for i in run.pool]
         # Dev problems where the walk never reaches a mismatch give no arbiter a decision: their
         # answers are the target's. Only the others are generated again at each evaluation.
-        self.dev_live = [p for p in self.dev_problems if self.dev_screen[p.id]["mismatches"] > 0]
+        self.dev_live = [p for p in self.dev_problems if self.dev_screen[p.id].mismatches > 0]
         if self.rank == 0:
             (self.out / "pool.json").write_text(json.dumps({"key": pool_key, "ids": run.pool,
-                                                            "dev_screen": run.dev_screen}))
+                                                            "dev_screen": [asdict(s) for s in run.dev_screen]}))
             print(f"prompt pool: {len(self.pool_problems)} of {len(by_id)} training problems reach a mismatch; "
                   f"{len(self.dev_live)} of {len(self.dev_problems)} dev problems; "
                   f"target-only dev accuracy {run.target_dev:.3f}", file=sys.stderr)
@@ -641,14 +646,14 @@ class GRPOTrainer:
 
     def dev_accuracy(self, folder: Path, threshold: float | None = None) -> dict:
         """The arbiter in `folder`, deciding by its threshold (or `threshold`), on the dev problems."""
-        results = {r["problem_id"]: r for r in self.spread([GreedyTask(p, str(folder), threshold)
+        results = {r.problem_id: r for r in self.spread([GreedyTask(p, str(folder), threshold)
                                                             for p in self.dev_live], "dev")}
-        correct = {p.id: results[p.id]["correct"] if p.id in results else self.dev_screen[p.id]["target_correct"]
+        correct = {p.id: results[p.id].correct if p.id in results else self.dev_screen[p.id].target_correct
                    for p in self.dev_problems}
         by_family = {f: sum(correct[p.id] for p in self.dev_problems if p.family == f) /
                      max(1, sum(p.family == f for p in self.dev_problems)) for f in self.families}
         return {"dev_accuracy": sum(correct.values()) / len(self.dev_problems), "dev_by_family": by_family,
-                "dev_keeps_per_problem": sum(r["kept"] for r in results.values()) / len(self.dev_problems)}
+                "dev_keeps_per_problem": sum(r.kept for r in results.values()) / len(self.dev_problems)}
 
     def keep_if_best(self, step: int, dev: dict) -> None:
         """The policy becomes OUT/best when its dev accuracy is the run's highest so far."""

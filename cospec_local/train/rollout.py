@@ -27,7 +27,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from ..arbiters import arbiter_from_function
+from ..arbiter.callbacks import arbiter_from_function
 from ..child_processes import die_with_parent
 from ..engine import Engine
 from ..params import GenerationParams
@@ -75,6 +75,67 @@ class BranchedState:
     kept: bool       # the rollout's decision
     q_keep: float    # the share of the keep choice's continuations that end right
     q_reject: float  # ... of the reject choice's
+
+
+@dataclass
+class Rollout:
+    """One generation of the policy with its decisions drawn (credit=rollout)."""
+    problem_id: str
+    family: str
+    seed: int
+    correct: bool
+    text: str
+    provenance: list
+    blocks: list[DecidedBlock]  # every block where the policy decided, with what it decided
+
+
+@dataclass
+class Branched:
+    """One rollout of the policy, and both choices tried at some of its decisions (credit=state)."""
+    problem_id: str
+    family: str
+    seed: int
+    correct: bool
+    decisions: int  # the rollout's decisions
+    kept: int       # of those, the ones that kept the draft's token
+    states: list[BranchedState]
+
+
+@dataclass
+class PolicyStates:
+    """The states the policy met on one problem, labelled by both choices' outcomes (collect --policy)."""
+    problem_id: str
+    family: str
+    split: str
+    correct: bool
+    tokens: int
+    states: list  # LabelledState
+
+    def summary(self) -> dict:
+        """Its line of problems.jsonl, the resume point of a collection."""
+        return {"problem_id": self.problem_id, "family": self.family, "split": self.split, "correct": self.correct,
+                "tokens": self.tokens, "states": len(self.states)}
+
+
+@dataclass
+class GreedyOutcome:
+    """One problem decided by the arbiter's threshold (a dev evaluation)."""
+    problem_id: str
+    family: str
+    correct: bool
+    tokens: int
+    kept: int
+    decisions: int
+
+
+@dataclass
+class Screening:
+    """One problem under plain speculative decoding: the mismatches it reaches, and whether the
+    target's answer is right."""
+    problem_id: str
+    family: str
+    mismatches: int
+    target_correct: bool
 
 
 class RolloutWorker:
@@ -144,7 +205,7 @@ class RolloutWorker:
 
         return continuation
 
-    def rollouts(self, problem: Problem, arbiter_path: str, seeds: list[int], temperature: float = 1.0) -> list[dict]:
+    def rollouts(self, problem: Problem, arbiter_path: str, seeds: list[int], temperature: float = 1.0) -> list[Rollout]:
         """`temperature` > 1 draws decisions from sigmoid(logit(P(keep)) / temperature): the policy's
         near-certain decisions are tried the other way more often. The recorded P(keep) is the one the
         decision was drawn from, so the trainer's importance weight corrects for it."""
@@ -153,13 +214,12 @@ class RolloutWorker:
         out = []
         for seed in seeds:
             run, blocks, _ = self._sampled(problem.prompt, policy, seed, temperature, stop=stop)
-            out.append({"problem_id": problem.id, "family": problem.family, "seed": seed,
-                        "correct": bool(score(problem, run.text)), "text": run.text, "provenance": run.provenance,
-                        "blocks": blocks})
+            out.append(Rollout(problem.id, problem.family, seed, bool(score(problem, run.text)), run.text,
+                               run.provenance, blocks))
         return out
 
     def branches(self, problem: Problem, arbiter_path: str, seed: int, n_states: int, continuations: int,
-                 temperature: float = 1.0, greedy_continuations: bool = False) -> dict:
+                 temperature: float = 1.0, greedy_continuations: bool = False) -> Branched:
         """Credit for single decisions: one rollout of the policy, then at up to `n_states` of its
         decisions (drawn by `seed`) both choices are taken and each is continued `continuations`
         times by the policy. A state's q_keep / q_reject is the share of its continuations that end
@@ -186,11 +246,10 @@ class RolloutWorker:
                 outcomes = [oracle.is_right(oracle.complete(state, j, keep, continuation)) for continuation in runs]
                 q[keep] = sum(outcomes) / len(outcomes)
             states.append(BranchedState(state, j, p_keep, kept, q_keep=q[True], q_reject=q[False]))
-        return {"problem_id": problem.id, "family": problem.family, "seed": seed,
-                "correct": oracle.is_right(run.text), "decisions": len(decisions),
-                "kept": sum(d[4] for d in decisions), "states": states}
+        return Branched(problem.id, problem.family, seed, oracle.is_right(run.text), decisions=len(decisions),
+                        kept=sum(d[4] for d in decisions), states=states)
 
-    def policy_states(self, problem: Problem, arbiter_path: str, split: str) -> dict:
+    def policy_states(self, problem: Problem, arbiter_path: str, split: str) -> PolicyStates:
         """Branch-oracle states where the policy itself meets them (for collect.py --policy): one
         generation deciding by the policy's threshold; at every decision it applied, both choices are
         taken and each is continued by the policy (by threshold, as it is used). Labels as collect.py's.
@@ -224,18 +283,16 @@ class RolloutWorker:
             states.append(LabelledState(problem.id, problem.family, split, len(oracle.prompt), state, j,
                                         keep_correct=keep_correct, reject_correct=reject_correct,
                                         p_keep=float(p_keep[j]), kept=kept, token_index=t))
-        summary = {"problem_id": problem.id, "family": problem.family, "split": split,
-                   "correct": oracle.is_right(run.text), "tokens": len(run.tokens), "states": len(states)}
-        return {"summary": summary, "states": states}
+        return PolicyStates(problem.id, problem.family, split, oracle.is_right(run.text), len(run.tokens), states)
 
-    def greedy(self, problem: Problem, arbiter: str, threshold: float | None = None) -> dict:
+    def greedy(self, problem: Problem, arbiter: str, threshold: float | None = None) -> GreedyOutcome:
         """Decisions by threshold (the arbiter's own, or `threshold`)."""
         spec = self._policy(arbiter, threshold) if arbiter not in ("target", "fly") else arbiter
         run = self._generate(problem, arbiter=spec)
-        return {"problem_id": problem.id, "family": problem.family, "correct": bool(score(problem, run.text)),
-                "tokens": len(run.tokens), "kept": run.stats.arbiter_keeps, "decisions": len(run.decisions)}
+        return GreedyOutcome(problem.id, problem.family, bool(score(problem, run.text)), len(run.tokens),
+                             kept=run.stats.arbiter_keeps, decisions=len(run.decisions))
 
-    def screen(self, problem: Problem) -> dict:
+    def screen(self, problem: Problem) -> Screening:
         mismatches = 0
 
         def decide(block):
@@ -246,8 +303,7 @@ class RolloutWorker:
             mismatches += len(decisions)
 
         run = self._generate(problem, arbiter=arbiter_from_function(decide, "screen", taken=taken))
-        return {"problem_id": problem.id, "family": problem.family, "mismatches": mismatches,
-                "target_correct": bool(score(problem, run.text))}
+        return Screening(problem.id, problem.family, mismatches, bool(score(problem, run.text)))
 
 
 # ---------------------------------------------------------------- tasks for the worker processes
@@ -257,7 +313,7 @@ class RolloutWorker:
 class ScreenTask:
     problem: Problem
 
-    def run(self, worker: RolloutWorker) -> dict:
+    def run(self, worker: RolloutWorker) -> Screening:
         return worker.screen(self.problem)
 
 
@@ -267,7 +323,7 @@ class GreedyTask:
     arbiter: str
     threshold: float | None = None
 
-    def run(self, worker: RolloutWorker) -> dict:
+    def run(self, worker: RolloutWorker) -> GreedyOutcome:
         return worker.greedy(self.problem, self.arbiter, self.threshold)
 
 
@@ -278,7 +334,7 @@ class RolloutsTask:
     seeds: list[int]
     temperature: float = 1.0
 
-    def run(self, worker: RolloutWorker) -> list[dict]:
+    def run(self, worker: RolloutWorker) -> list[Rollout]:
         return worker.rollouts(self.problem, self.arbiter, self.seeds, self.temperature)
 
 
@@ -292,7 +348,7 @@ class BranchesTask:
     temperature: float = 1.0
     greedy_continuations: bool = False
 
-    def run(self, worker: RolloutWorker) -> dict:
+    def run(self, worker: RolloutWorker) -> Branched:
         return worker.branches(self.problem, self.arbiter, self.seed, self.n_states, self.continuations,
                                self.temperature, self.greedy_continuations)
 
@@ -303,7 +359,7 @@ class PolicyStatesTask:
     arbiter: str
     split: str
 
-    def run(self, worker: RolloutWorker) -> dict:
+    def run(self, worker: RolloutWorker) -> PolicyStates:
         return worker.policy_states(self.problem, self.arbiter, self.split)
 
 

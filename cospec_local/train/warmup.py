@@ -11,7 +11,7 @@ keep recovers an answer only the draft gets, a wrong one loses an answer the tar
 on the dev split: precision and recall of "keep" on decisive states, and the share of all states
 (ties included) each arbiter keeps.
 
-Writes OUT/features and OUT/lora (the arbiter folders the engine loads; cospec_local/arbiter_bundle.py)
+Writes OUT/features and OUT/lora (the arbiter folders the engine loads; cospec_local/arbiter/file_format.py)
 and OUT/warmup_log.json. Run data collection first, in its own process (collect.py).
 
 A second round trains on the first round's states together with those its arbiter meets as it
@@ -31,8 +31,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..arbiter_bundle import FEATURES, LORA
-from .config import comma_list, option, parse_config
+from ..arbiter.file_format import FEATURES, LORA
+from ..command_line import comma_list, option, parse_config
 from .states import LabelledState
 
 # The features arbiter trains on all its states at once: a batch size no data set reaches.
@@ -222,11 +222,11 @@ def collected_verify_cost(manifest: dict) -> float:
 
 
 def domain_gate(folders: list[Path], manifests: list[dict], families: set[str]):
-    """The arbiters' domain gate (domain_gate.py) from the prompts the states were collected on:
+    """The arbiters' domain gate (arbiter/domain_gate.py) from the prompts the states were collected on:
     bigrams of the train problems' prompts, threshold from the dev problems'. Folders that do not
     record their prompts (collected before they did, or by --policy, on the same problems) add
     none; with none recorded at all the arbiters get no gate and decide on every prompt."""
-    from cospec_local.domain_gate import build_gate
+    from cospec_local.arbiter.domain_gate import build_gate
 
     prompts = {"train": [], "dev": []}
     n_vocab = None
@@ -248,25 +248,11 @@ def domain_gate(folders: list[Path], manifests: list[dict], families: set[str]):
     return gate
 
 
-def main(argv: list[str] | None = None) -> None:
-    cfg = parse_config(WarmupConfig, argv, __doc__.split("\n\n")[0])
-    if cfg.data is None or cfg.out is None:
-        sys.exit("--data and --out are required")
-    import torch
-
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    from cospec_local.arbiter_bundle import TRAINED_UNDER, write_arbiter
+def load_collected(folders: list[Path], draft: Path) -> tuple[list[dict], list]:
+    """The manifests and states of collected folders, refused unless all were collected with this
+    draft, one target, the same settings and the same verify cost."""
     from cospec_local import _cospec
-    from cospec_local.models import resolve_model
 
-    from .device import resolve_device
-    from .arbiter_model import N_FEATURES, FeaturesArbiter, LoraArbiter, load_draft_backbone
-
-    assert N_FEATURES == _cospec.N_FEATURES
-    device = resolve_device(cfg.device)  # refused before anything is written
-    draft = resolve_model(cfg.draft)
-    folders = [Path(f) for f in comma_list(cfg.data)]
     manifests, states = [], []
     for folder in folders:
         manifest = json.loads((folder / "manifest.json").read_text())
@@ -281,7 +267,11 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"{folder} was drafted under another verify cost than {folders[0]}")
         manifests.append(manifest)
         states += load_states(folder)
-    families = set(comma_list(cfg.families))
+    return manifests, states
+
+
+def split_states(states: list, families: set[str], folders: list[Path]) -> tuple[list, list]:
+    """The train and dev states of the chosen families; refused where a split has no decisive state."""
     if families:
         unknown = families - {s.family for s in states}
         if unknown:
@@ -294,68 +284,113 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"no decisive {split} states in {', '.join(map(str, folders))} (a state is decisive where exactly "
                      f"one of keeping and rejecting the draft's token ends right): nothing to learn a keep decision "
                      f"from; collect more problems, or tasks where the draft is right where the target is not")
+    return train_states, dev_states
+
+
+def fit_arbiter(kind: str, cfg: WarmupConfig, draft: Path, train_states: list, dev_states: list, device, log: list,
+                trained: dict):
+    """One arbiter of `kind` fitted on the train states; returns it and what its file needs besides
+    the head (the LoRA arbiter's adapter settings)."""
+    import torch
+
+    from .arbiter_model import FeaturesArbiter, LoraArbiter, load_draft_backbone
+
+    torch.manual_seed(cfg.seed)
+    if kind == FEATURES:
+        model = FeaturesArbiter(cfg.head_hidden, cfg.head_layers).to(device)
+        train(model, train_states, dev_states, cfg, epochs=cfg.features_epochs, lr=cfg.features_lr,
+              batch_size=FULL_BATCH, with_tokens=False, log=log)
+        return model, {}
+    if kind == LORA:
+        model = LoraArbiter(load_draft_backbone(draft), cfg.lora_rank, cfg.lora_alpha, 0.0, cfg.head_hidden,
+                            cfg.head_layers, cfg.lora_context).to(device)
+        start = trained[FEATURES].head if cfg.lora_from_features else None
+        train(model, train_states, dev_states, cfg, epochs=cfg.lora_epochs, lr=cfg.lora_lr,
+              batch_size=cfg.batch_size, with_tokens=True, log=log, start_head=start)
+        return model, model.export_args()
+    sys.exit(f"unknown arbiter {kind!r}")
+
+
+def measure(model, kind: str, cfg: WarmupConfig, train_states: list, dev_states: list, wall: float) -> tuple[float, dict]:
+    """The keep threshold chosen on the dev states, and the arbiter's decisions measured at it."""
+    with_tokens = kind == LORA
+    dev_probs = predict(model, dev_states, with_tokens)
+    dev_decisive = [(p, s.label) for p, s in zip(dev_probs, dev_states) if s.label >= 0]
+    threshold = choose_threshold([p for p, _ in dev_decisive], [y for _, y in dev_decisive], cfg.min_threshold)
+    return threshold, {"dev": report(dev_probs, dev_states, threshold), "dev_at_0.5": report(dev_probs, dev_states, 0.5),
+                       "train": report(predict(model, train_states, with_tokens), train_states, threshold),
+                       "train_seconds": round(wall, 1)}
+
+
+def arbiter_name(kind: str, cfg: WarmupConfig, draft: Path, manifests: list[dict], families: set[str]) -> tuple[str, str]:
+    """The arbiter's name and description: its kind, the states it learned from, its families."""
+    name = f"{cfg.name or Path(draft).stem.split('-q')[0]}-{kind}"
+    description = {FEATURES: "MLP over the block's features, warm-up on branch-oracle labels",
+                   LORA: "draft + LoRA adapter, head over hidden states and features, warm-up on "
+                         "branch-oracle labels"}[kind]
+    sources = [("plain speculative decoding's states", any("policy" not in m for m in manifests)),
+               ("those an earlier arbiter met", any("policy" in m for m in manifests))]
+    if sources[1][1]:
+        description += f" ({' and '.join(label for label, present in sources if present)})"
+    if families:
+        description += f" ({', '.join(sorted(families))} only)"
+        name += "-" + "-".join(sorted(families))
+    return name, description
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_config(WarmupConfig, argv, __doc__.split("\n\n")[0])
+    if cfg.data is None or cfg.out is None:
+        sys.exit("--data and --out are required")
+    if cfg.lora_from_features and comma_list(cfg.arbiters) != [FEATURES, LORA]:
+        sys.exit("--lora-from-features needs --arbiters features,lora")
+    import torch
+
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    from cospec_local import _cospec
+    from cospec_local.arbiter.file_format import TRAINED_UNDER, write_arbiter
+    from cospec_local.models import resolve_model
+
+    from .arbiter_model import N_FEATURES
+    from .device import resolve_device
+
+    assert N_FEATURES == _cospec.N_FEATURES
+    device = resolve_device(cfg.device)  # refused before anything is written
+    draft = resolve_model(cfg.draft)
+    folders = [Path(f) for f in comma_list(cfg.data)]
+    manifests, states = load_collected(folders, draft)
+    families = set(comma_list(cfg.families))
+    train_states, dev_states = split_states(states, families, folders)
     gate = domain_gate(folders, manifests, families)
     cfg.out.mkdir(parents=True, exist_ok=True)
+    collected = manifests[0]
+    trained_under = {key: collected["params"][key] for key in TRAINED_UNDER if key in collected["params"]}
+    target = ({"fingerprint": collected["target_fingerprint"], "file": collected["target"]["file"]}
+              if "target_fingerprint" in collected else None)  # (folders collected before it was recorded)
     log: list = []
     results = {"config": {k: str(v) for k, v in asdict(cfg).items()}, "data": manifests,
                "train_states": len(train_states), "train_decisive": sum(s.label >= 0 for s in train_states),
                "train_keep_better": sum(s.label == 1 for s in train_states), "arbiters": {}}
-    if cfg.lora_from_features and comma_list(cfg.arbiters) != [FEATURES, LORA]:
-        sys.exit("--lora-from-features needs --arbiters features,lora")
     trained = {}
     for kind in comma_list(cfg.arbiters):
         t0 = time.time()
-        torch.manual_seed(cfg.seed)
-        if kind == FEATURES:
-            model = FeaturesArbiter(cfg.head_hidden, cfg.head_layers).to(device)
-            train(model, train_states, dev_states, cfg, epochs=cfg.features_epochs, lr=cfg.features_lr,
-                  batch_size=FULL_BATCH, with_tokens=False, log=log)
-            extra = {}
-        elif kind == LORA:
-            model = LoraArbiter(load_draft_backbone(draft), cfg.lora_rank, cfg.lora_alpha, 0.0, cfg.head_hidden,
-                                cfg.head_layers, cfg.lora_context).to(device)
-            start = trained[FEATURES].head if cfg.lora_from_features else None
-            train(model, train_states, dev_states, cfg, epochs=cfg.lora_epochs, lr=cfg.lora_lr,
-                  batch_size=cfg.batch_size, with_tokens=True, log=log, start_head=start)
-            extra = model.export_args()
-        else:
-            sys.exit(f"unknown arbiter {kind!r}")
-        wall = time.time() - t0
+        model, extra = fit_arbiter(kind, cfg, draft, train_states, dev_states, device, log, trained)
         trained[kind] = model
-        with_tokens = kind == LORA
-        dev_probs = predict(model, dev_states, with_tokens)
-        dev_decisive = [(p, s.label) for p, s in zip(dev_probs, dev_states) if s.label >= 0]
-        threshold = choose_threshold([p for p, _ in dev_decisive], [y for _, y in dev_decisive], cfg.min_threshold)
-        measured = {"dev": report(dev_probs, dev_states, threshold),
-                    "dev_at_0.5": report(dev_probs, dev_states, 0.5),
-                    "train": report(predict(model, train_states, with_tokens), train_states, threshold),
-                    "train_seconds": round(wall, 1)}
+        threshold, measured = measure(model, kind, cfg, train_states, dev_states, time.time() - t0)
         results["arbiters"][kind] = measured
-        info = {"warmup": measured, "data": {"draft": manifests[0]["draft"], "target": manifests[0]["target"],
+        info = {"warmup": measured, "data": {"draft": collected["draft"], "target": collected["target"],
                                              "policies": [m["policy"] for m in manifests if "policy" in m],
                                              "train_states": results["train_states"],
                                              "families": sorted(families) or "all"},
                 "config": results["config"]}
-        name = f"{cfg.name or Path(draft).stem.split('-q')[0]}-{kind}"
-        description = {FEATURES: "MLP over the block's features, warm-up on branch-oracle labels",
-                       LORA: "draft + LoRA adapter, head over hidden states and features, warm-up on "
-                               "branch-oracle labels"}[kind]
-        sources = [("plain speculative decoding's states", any("policy" not in m for m in manifests)),
-                   ("those an earlier arbiter met", any("policy" in m for m in manifests))]
-        if sources[1][1]:
-            description += f" ({' and '.join(name for name, present in sources if present)})"
-        if families:
-            description += f" ({', '.join(sorted(families))} only)"
-            name += "-" + "-".join(sorted(families))
+        name, description = arbiter_name(kind, cfg, draft, manifests, families)
         if threshold >= 1.0:
             print(f"note: {kind}: no keep threshold gains on the dev states; this arbiter never keeps a draft token "
                   f"(it learned nothing that beats the target here)", file=sys.stderr)
         model.to("cpu")  # the files and head.onnx are written from CPU tensors
-        trained_under = {key: manifests[0]["params"][key] for key in TRAINED_UNDER if key in manifests[0]["params"]}
-        target = ({"fingerprint": manifests[0]["target_fingerprint"], "file": manifests[0]["target"]["file"]}
-                  if "target_fingerprint" in manifests[0] else None)  # (folders collected before it was recorded)
         write_arbiter(cfg.out / kind, kind=kind, head=model.head, draft_gguf=draft, threshold=threshold, name=name,
-                      description=description, info=info, verify_cost=collected_verify_cost(manifests[0]),
+                      description=description, info=info, verify_cost=collected_verify_cost(collected),
                       trained_under=trained_under, gate=gate, target=target, **extra)
         print(f"{kind}: {json.dumps(measured['dev'])}", file=sys.stderr)
     results["log"] = log

@@ -1,11 +1,11 @@
 """Small Hugging Face LlamaForCausalLM models for the project's own demo pair.
 
-    from cospec_local.train.demo_models import llama_config, build_model, save_model
+    from cospec_local.recipes.demo_models import llama_config, build_model, save_model
     cfg = llama_config(vocab_size=512, dim=256, n_layers=6, n_heads=8, n_kv_heads=4, ffn_dim=768, max_len=1024)
     save_model(build_model(cfg, seed=0), "models/demo-target", tokenizer_model="models/tokenizer.model")
 
 The models are plain LlamaForCausalLM (RMSNorm, SwiGLU, RoPE, grouped-query attention),
-the architecture llama.cpp runs as `llama`; cospec_local.convert.llama_to_gguf writes them as GGUF.
+the architecture llama.cpp runs as `llama`; cospec_local.formats.llama_gguf_writer writes them as GGUF.
 Needs torch and transformers (the `train` extra).
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..convert.tokenizer import BOS_ID, EOS_ID
+from ..formats.spm_tokenizer import BOS_ID, EOS_ID
 
 
 def llama_config(vocab_size: int, dim: int, n_layers: int, n_heads: int, n_kv_heads: int, ffn_dim: int, max_len: int, *,

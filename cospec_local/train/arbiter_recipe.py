@@ -40,13 +40,13 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
-from ..arbiter_bundle import FEATURES, LORA
-from ..arbiters import BASELINE_RUNS, evaluation_entry, verdict
+from ..arbiter.file_format import FEATURES, LORA
+from ..arbiter.evaluations import BASELINE_RUNS, evaluation_entry, verdict
 from ..child_processes import die_with_parent
-from ..machine import busy_note
+from ..evaluation.machine import busy_note
 from ..models import prompt_style
 from .collect import CollectConfig
-from .config import config_args
+from ..command_line import config_args
 from .grpo import GRPOConfig
 from .warmup import WarmupConfig
 from .states import LabelledState
@@ -377,9 +377,9 @@ class RecipeRun:
     def evaluate_runs(self, engine, problems, runs_text: str, out: Path, title: str) -> dict:
         import click
 
-        from ..evaluate import evaluate
+        from ..evaluation.task_eval import evaluate
         from ..params import GenerationParams
-        from ..runs import parse_runs
+        from ..evaluation.runs import parse_runs
 
         runs = parse_runs(runs_text, engine.draft_path)
 
@@ -556,8 +556,8 @@ class RecipeRun:
         return max(self.settings.kinds, key=lambda k: (dev[k]["right_keeps"] - dev[k]["wrong_keeps"], k == LORA))
 
     def install(self, kind: str, source: Path, evaluation: dict, rounds: list[dict], room: dict) -> Path:
-        from ..arbiter_bundle import BUNDLE_FILES, set_name
-        from ..arbiters import EVALUATION_FILE
+        from ..arbiter.file_format import BUNDLE_FILES, set_name
+        from ..arbiter.evaluations import EVALUATION_FILE
 
         dest = self.install_dir / self.settings.name
         tmp = dest.with_name("." + dest.name + ".installing")  # dot folders are not listed as arbiters

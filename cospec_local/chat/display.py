@@ -2,7 +2,7 @@
 (shared by `cospec-local generate` and the chat REPL)."""
 from __future__ import annotations
 
-from .engine import Generation
+from ..engine import Generation
 
 # ANSI colours for --color: which tokens came from the draft.
 COLORS = {"match": "\x1b[32m", "kept": "\x1b[35;1m", "ngram": "\x1b[36m"}
@@ -71,7 +71,7 @@ def model_summary(path) -> str:
     """' (llama, 30 layers, 86.4 MB, Q4_1)' from the file's header; '' where it cannot be read."""
     from pathlib import Path
 
-    from .models import describe_gguf
+    from ..models import describe_gguf
 
     try:
         d = describe_gguf(Path(path))

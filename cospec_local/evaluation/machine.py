@@ -100,7 +100,7 @@ def machine_identity() -> dict:
     """The CPU's model name and llama.cpp's view of the machine (backends, CPU features)."""
     import platform
 
-    from . import _cospec
+    from .. import _cospec
 
     cpu = platform.processor() or platform.machine()
     try:

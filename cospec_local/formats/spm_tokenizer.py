@@ -1,6 +1,6 @@
 """A small SentencePiece BPE tokenizer that llama.cpp reads as a llama (SPM) vocabulary.
 
-    from cospec_local.convert.tokenizer import train_tokenizer
+    from cospec_local.formats.spm_tokenizer import train_tokenizer
     model = train_tokenizer(["Question: 12 + 30 = ?\nAnswer: 42\n#### 42"], "out/tokenizer.model", vocab_size=512)
 
 Choices, each one checked against llama.cpp's SPM tokenizer (src/llama-vocab.cpp):

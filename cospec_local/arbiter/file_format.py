@@ -6,7 +6,7 @@
                    head_layers, n_features, verify_cost, n_embd, adapter, lora_scale, lora_context, info,
                    draft_max, adaptive_draft, draft_cost (what its states were drafted under),
                    gate_threshold, gate_n_vocab} and, with a domain gate, the tensor gate.bigrams
-                   (domain_gate.py: the arbiter abstains on prompts unlike its training prompts)
+                   (domain_gate.py in this package: the arbiter abstains on prompts unlike its training prompts)
     adapter.gguf   (kind `lora`) the LoRA adapter in llama.cpp's format: general.type = adapter,
                    adapter.type = lora, adapter.lora.alpha, tensors <base tensor>.lora_a / .lora_b
                    (llama.cpp's loader refuses any other tensor, so the head is not in here)
@@ -21,7 +21,7 @@ Only numpy and the extension are imported at module level (the CLI imports this 
 files); gguf where
 a file is read or written, torch only where a head is exported to ONNX.
 
-The LoRA B matrices of attn_q / attn_k get the row permutation convert.llama_to_gguf applies to
+The LoRA B matrices of attn_q / attn_k get the row permutation formats.llama_gguf_writer applies to
 those weights (Hugging Face's rotate-half rope -> llama.cpp's NORM rope): P(W + BA) = PW + (PB)A.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import _cospec
+from .. import _cospec
 
 if TYPE_CHECKING:
     from .domain_gate import DomainGate
@@ -141,7 +141,7 @@ def read_bundle(folder: str | Path, draft_gguf: str | Path | None = None) -> Arb
     the adapter's Q/K rows are stored in llama.cpp's order and return in Hugging Face's."""
     import gguf
 
-    from .convert.gguf_to_torch import unpermute_qk
+    from ..formats.gguf_llama_reader import unpermute_qk
 
     folder = Path(folder)
     meta = read_meta(folder)
@@ -178,7 +178,7 @@ def write_adapter(path: Path, lora: dict[str, tuple[np.ndarray, np.ndarray]], al
     """adapter.gguf from {llama.cpp base tensor: (A (r, n_in), B (n_out, r))} in Hugging Face's row order."""
     import gguf
 
-    from .convert.llama_to_gguf import permute_qk
+    from ..formats.llama_gguf_writer import permute_qk
 
     n_head, n_head_kv = draft_heads(draft_gguf)
     writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
@@ -317,7 +317,7 @@ def _rewrite_arbiter_file(folder: str | Path, add_kv: dict, add_tensors: list, d
     tensors added or replaced; everything else as it was."""
     import gguf
 
-    from .gguf_edit import rewrite_gguf
+    from ..formats.gguf_edit import rewrite_gguf
 
     file = Path(folder) / ARBITER_FILE
     reader = gguf.GGUFReader(file, "r")

@@ -6,9 +6,9 @@ import sys
 from typing import Callable, TextIO
 
 from .display import abstained_note, colored, draft_off_note, model_summary, stats_line
-from .engine import LEARNED_KINDS, Engine
-from .errors import ContextFullError, CospecError
-from .params import MODES, UNTIL_CONTEXT_ENDS, GenerationParams
+from ..engine import LEARNED_KINDS, Engine
+from ..errors import ContextFullError, CospecError
+from ..params import MODES, UNTIL_CONTEXT_ENDS, GenerationParams
 
 HELP = """Commands:
   /? or /help        this help

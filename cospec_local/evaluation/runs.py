@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .arbiters import AUTO, bundled_arbiter_for, resolve_auto
+from ..arbiter.catalog import AUTO, bundled_arbiter_for, resolve_auto
 
 ALIASES = {
     "target-only": ("target-only", None),

@@ -14,17 +14,18 @@ Supported: rope_type "default" (no scaling), no attention or MLP biases.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import gguf
 import numpy as np
 
-from .tokenizer import add_vocab_to_gguf
+from .spm_tokenizer import add_vocab_to_gguf
+from ..command_line import REQUIRED, option, parse_config
 
 log = logging.getLogger(__name__)
 
@@ -212,15 +213,18 @@ def convert(model: str | os.PathLike | Any, tokenizer_model: str | os.PathLike |
     return out_path
 
 
+@dataclass
+class LlamaToGGUFConfig:
+    model_dir: Path = option(REQUIRED, "Hugging Face folder (config.json, model.safetensors)", positional=True)
+    tokenizer: Path = option(REQUIRED, "SentencePiece .model file", positional=True)
+    out: Path = option(REQUIRED, "output GGUF", positional=True)
+    out_type: str = option("f32", "type of the weight matrices (norms stay f32)", ("--type",),
+                           choices=tuple(sorted(OUT_TYPES)))
+    name: str | None = option(None, "general.name (default: the folder's name)")
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model_dir", type=Path, help="Hugging Face folder (config.json, model.safetensors)")
-    ap.add_argument("tokenizer", type=Path, help="SentencePiece .model file")
-    ap.add_argument("out", type=Path, help="output GGUF")
-    ap.add_argument("--type", dest="out_type", choices=sorted(OUT_TYPES), default="f32",
-                    help="type of the weight matrices (norms stay f32)")
-    ap.add_argument("--name", help="general.name (default: the folder's name)")
-    args = ap.parse_args(argv)
+    args = parse_config(LlamaToGGUFConfig, argv, __doc__.split("\n\n")[0])
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     out = convert(args.model_dir, args.tokenizer, args.out, args.out_type, args.name)
     print(f"wrote {out} ({out.stat().st_size / 2**20:.2f} MiB, {args.out_type})")

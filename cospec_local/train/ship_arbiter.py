@@ -1,7 +1,7 @@
 """Ship a trained arbiter: copy its folder and record what it generates on a fixed subset.
 
-    python -m cospec_local.train.bundle --arbiter runs/grpo-lora/best --out cospec_local/data/demo/arbiters/lora
-    python -m cospec_local.train.bundle --arbiter ARBITER --out cospec_local/data/smollm2-arith/arbiters/features \
+    python -m cospec_local.train.ship_arbiter --arbiter runs/grpo-lora/best --out cospec_local/data/demo/arbiters/lora
+    python -m cospec_local.train.ship_arbiter --arbiter ARBITER --out cospec_local/data/smollm2-arith/arbiters/features \
         -m smollm2-135m -md smollm2-135m-arith-draft --tasks cospec_local/data/smollm2-arith/arithmetic.jsonl --chat
 
 Writes OUT (the arbiter's files) and OUT/reference.jsonl: greedy CoSpec generations of the first
@@ -16,12 +16,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..arbiter_bundle import BUNDLE_FILES, REFERENCE_FILE
+from ..arbiter.file_format import BUNDLE_FILES, REFERENCE_FILE
 from ..engine import Engine
 from ..params import GenerationParams
-from ..evaluate import task_draft_prompt, task_prompt
+from ..evaluation.task_eval import task_draft_prompt, task_prompt
 from ..tasks import load_task
-from .config import REQUIRED, comma_list, option, parse_config
+from ..command_line import REQUIRED, comma_list, option, parse_config
 
 # Per family: the shipped arbiters keep a draft token only past the 8th test problem.
 REFERENCE_PROBLEMS = 16

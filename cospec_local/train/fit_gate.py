@@ -1,6 +1,6 @@
-"""Give an arbiter a domain gate (cospec_local/domain_gate.py) built from its tasks' prompts.
+"""Give an arbiter a domain gate (cospec_local/arbiter/domain_gate.py) built from its tasks' prompts.
 
-    python -m cospec_local.train.gate --arbiter FOLDER --tasks arith,pyfunc --train 3000 --dev 300
+    python -m cospec_local.train.fit_gate --arbiter FOLDER --tasks arith,pyfunc --train 3000 --dev 300
 
 The warm-up builds the gate itself from the prompts its states were collected on; this is for an
 arbiter made before the gate existed (the shipped demo arbiters got theirs this way). The prompts
@@ -13,11 +13,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..arbiter_bundle import add_gate
-from ..domain_gate import build_gate
+from ..arbiter.file_format import add_gate
+from ..arbiter.domain_gate import build_gate
 from ..engine import Engine
 from ..tasks import load_task
-from .config import REQUIRED, comma_list, option, parse_config
+from ..command_line import REQUIRED, comma_list, option, parse_config
 
 
 def prompt_tokens(engine: Engine, prompts: list[str], chat: bool) -> list[list[int]]:

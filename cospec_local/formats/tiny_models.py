@@ -7,20 +7,21 @@ vocabulary step), so any two of them, and SmolLM2 itself, make a draft/target pa
 random: outputs are noise, but each architecture's real graph, memory kind (attention, sliding
 window, recurrent, hybrid) and rollback path run. The zoo test and the rollback benchmark use them.
 
-    python -m cospec_local.convert.tiny_models --out DIR [NAME ...]     # default: every name
+    python -m cospec_local.formats.tiny_models --out DIR [NAME ...]     # default: every name
 
 Runs torch: keep it out of a process that decodes with llama.cpp (call `build` from elsewhere;
 it starts this module as a child process).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from ..command_line import REQUIRED, option, parse_config
 
 # Small enough to build and run in a second or two each, large enough for every layer kind:
 # hidden 64, 4 layers (two of each kind in the hybrids), 4 heads of 16, 2 KV heads.
@@ -174,7 +175,7 @@ def build(names: list[str], out: Path, vocab: Path | None = None, timeout: float
     out = Path(out)
     missing = [n for n in names if not (out / f"{n}.gguf").is_file()]
     if missing:
-        cmd = [sys.executable, "-m", "cospec_local.convert.tiny_models", "--out", str(out), *missing]
+        cmd = [sys.executable, "-m", "cospec_local.formats.tiny_models", "--out", str(out), *missing]
         if vocab is not None:
             cmd += ["--vocab", str(vocab)]
         done = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True)
@@ -230,16 +231,19 @@ def _convert(name: str, out: Path, vocab_source: Path, n_vocab: int) -> Path:
     return target
 
 
+@dataclass
+class TinyModelsConfig:
+    out: Path = option(REQUIRED, "folder of the models")
+    vocab: Path | None = option(None, "the GGUF whose tokenizer the models get (default: SmolLM2's)")
+    names: list[str] = option([], f"architectures (default: all of {', '.join(ARCHITECTURES)})", positional=True)
+
+
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--vocab", type=Path, help="the GGUF whose tokenizer the models get (default: SmolLM2's)")
-    ap.add_argument("names", nargs="*", help=f"default: all of {', '.join(ARCHITECTURES)}")
-    a = ap.parse_args(argv)
+    a = parse_config(TinyModelsConfig, argv, __doc__.split("\n\n")[0])
     names = a.names or list(ARCHITECTURES)
     unknown = [n for n in names if n not in ARCHITECTURES]
     if unknown:
-        ap.error(f"unknown: {', '.join(unknown)}; known: {', '.join(ARCHITECTURES)}")
+        raise SystemExit(f"unknown: {', '.join(unknown)}; known: {', '.join(ARCHITECTURES)}")
     src = llama_cpp_source()
     sys.path.insert(0, str(src / "gguf-py"))  # the converter's own gguf-py, before any installed one
     sys.path.insert(0, str(src))

@@ -1,13 +1,13 @@
 """Distil a small draft for a llama-architecture GGUF target (SmolLM2-135M-Instruct by default)
 and write it as a GGUF with the target's tokenizer.
 
-    python -m cospec_local.train.distill_draft --out OUT [--layers 2] [--train-prompts 2000] [--threads 2]
+    python -m cospec_local.recipes.distill_draft --out OUT [--layers 2] [--train-prompts 2000] [--threads 2]
 
 Recipe (stages, each writing into OUT; a later invocation with --stages resumes, and an
 interrupted generate stage rerun with the same arguments continues from its last saved batch,
 of prompts or of answers):
 1. generate: the target (dequantized into torch, `--precision`) answers `--train-prompts` chat prompts
-   (cospec_local.train.distill_prompts "train" split, rendered with the target's own chat template)
+   (cospec_local.recipes.distill_prompts "train" split, rendered with the target's own chat template)
    and `--self-prompts` prompts it wrote itself (see self_prompts), greedily, batched, up to
    `--max-new` tokens. A logits processor records the target's top-k
    logits at every answer position, so the data are the target's own greedy continuations
@@ -53,8 +53,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import REQUIRED, option, parse_config
-from .device import resolve_device
+from ..command_line import REQUIRED, comma_list, option, parse_config
+from ..train.device import resolve_device
 
 TOP_K = 16
 
@@ -103,7 +103,7 @@ def load_generator(target_gguf: Path, precision: str, device=None):
     reached 130 tok/s on the EPYC."""
     import torch
 
-    from cospec_local.convert.gguf_to_torch import load_llama_gguf
+    from cospec_local.formats.gguf_llama_reader import load_llama_gguf
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     return load_llama_gguf(target_gguf).to(device or "cpu", dtype).eval()
@@ -404,7 +404,7 @@ def train_draft(target_gguf: Path, layers: int, out: Path, epochs: float, lr: fl
     more_data: earlier OUT directories whose distill_data.npz is trained on too."""
     import torch
 
-    from cospec_local.convert.gguf_to_torch import load_llama_gguf
+    from cospec_local.formats.gguf_llama_reader import load_llama_gguf
 
     # Each data set keeps the dev split of its own seed (split_seed), so blocks trained on one
     # set (--init) never meet its dev sequences in training when more sets join.
@@ -474,8 +474,8 @@ def write_draft_gguf(target_gguf: Path, out: Path, layers: int, dst: Path, name:
     import gguf
     import torch
 
-    from cospec_local.gguf_edit import architecture, open_gguf, rewrite_gguf
-    from cospec_local.convert.llama_to_gguf import _LAYER_TENSORS, permute_qk
+    from cospec_local.formats.gguf_edit import architecture, open_gguf, rewrite_gguf
+    from cospec_local.formats.llama_gguf_writer import _LAYER_TENSORS, permute_qk
 
     state = torch.load(out / "draft_blocks.pt")
     reader = open_gguf(target_gguf)
@@ -583,10 +583,72 @@ class DistillConfig:
                                  "the CPU), cpu or cuda[:N]; the measure stage runs llama.cpp as the engine is built.")
 
 
+def earlier_prompts(with_data: list[Path], out: Path, target: Path) -> list[str]:
+    """The prompts of earlier data sets (--with-data), not to be asked again: each must have been
+    made by this target, and each named once."""
+    if out.resolve() in with_data or len(set(with_data)) < len(with_data):
+        raise SystemExit("--with-data: name each earlier data set once, and not --out itself")
+    known = []
+    for d in with_data:
+        if not (d / "distill_data.npz").exists() or not (d / "distill_prompts.json").exists():
+            raise SystemExit(f"--with-data {d}: no distill_data.npz and distill_prompts.json there (run its generate stage first)")
+        saved = saved_prompts(d)
+        if saved is None:
+            raise SystemExit(f"--with-data {d}: its distill_prompts.json has no recipe: the seed of its dev split "
+                             "and the target that made it are unknown")
+        maker = saved["recipe"].get("target")
+        if maker is None or Path(maker).resolve() != Path(target).resolve():
+            raise SystemExit(f"--with-data {d}: its data were made by {maker}, not by the target {target}")
+        known += saved["prompts"]
+    return known
+
+
+def generate_stage(args: DistillConfig, target: Path, known: list[str], with_data: list[Path], precision: str,
+                   device) -> None:
+    """The prompts (task prompts, then the target's own), and the target's replies to them as
+    the draft's training data. A rerun of the same recipe reuses the prompts it sampled."""
+    from .distill_prompts import build_prompts, heldout_topics
+
+    model = load_generator(target, precision, device)
+    known_keys = {p.lower() for p in known}
+    prompts = [p for p in build_prompts("train", args.train_prompts, args.seed) if p.lower() not in known_keys]
+    recipe = {"train_prompts": args.train_prompts, "self_prompts": args.self_prompts, "seed": args.seed,
+              "target": str(target)}
+    if with_data:  # which prompts were not to be asked again, by content: a regenerated set is another set
+        recipe |= {"with_data": [str(d) for d in with_data], "known": text_digest(known)}
+    saved = args.out / "distill_prompts.json"
+    written = {}
+    previous = json.loads(saved.read_text()) if saved.exists() else None
+    if isinstance(previous, dict) and previous.get("recipe") == recipe:
+        prompts = previous["prompts"]  # a rerun: the self-written prompts were sampled already
+        written = previous.get("self_prompts", {})
+        print(f"[generate] {len(prompts)} prompts from {saved}", flush=True)
+    elif args.self_prompts:
+        extra, written = self_prompts(target, model, args.self_prompts, args.seed, args.gen_batch,
+                                      heldout_topics(), known, args.out / "self_prompts_progress.json")
+        prompts += extra
+    saved.write_text(json.dumps({"recipe": recipe, "self_prompts": written, "prompts": prompts}, indent=0))
+    (args.out / "self_prompts_progress.json").unlink(missing_ok=True)  # distill_prompts.json holds them now
+    log_update(args.out, self_prompts=written,
+               generate=generate_data(target, model, prompts, args.max_new, args.gen_batch, args.out))
+
+
+def measure_stage(args: DistillConfig, target: Path, draft_path: Path) -> None:
+    """The draft's acceptance and speed on held-out prompts, in a process of its own: llama.cpp
+    decoded 2.5x slower in a process where torch had run multi-threaded work (the train stage),
+    and unevenly: the speed ratios were off."""
+    from .distill_prompts import build_prompts
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        # The held-out prompts do not follow --seed: every draft is scored on the same ones.
+        result = pool.submit(measure, target, draft_path, build_prompts("heldout", args.heldout_prompts, 0),
+                             args.max_new, args.threads).result()
+    log_update(args.out, measure=result)
+    print(json.dumps(result, indent=1))
+
+
 def main(argv: list[str] | None = None) -> None:
     from cospec_local.models import find_smollm2_gguf
-
-    from .distill_prompts import build_prompts, heldout_topics
 
     args = parse_config(DistillConfig, argv, __doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1])
     if args.precision not in PRECISIONS:
@@ -600,51 +662,15 @@ def main(argv: list[str] | None = None) -> None:
     precision = resolve_precision(args.precision, device)
     args.out.mkdir(parents=True, exist_ok=True)
     target = args.target or find_smollm2_gguf()
-    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
-    with_data = [Path(d).resolve() for d in args.with_data.split(",") if d.strip()]
-    if args.out.resolve() in with_data or len(set(with_data)) < len(with_data):
-        raise SystemExit("--with-data: name each earlier data set once, and not --out itself")
-    known = []  # the earlier sets' prompts, not to be asked again
-    for d in with_data:
-        if not (d / "distill_data.npz").exists() or not (d / "distill_prompts.json").exists():
-            raise SystemExit(f"--with-data {d}: no distill_data.npz and distill_prompts.json there (run its generate stage first)")
-        saved = saved_prompts(d)
-        if saved is None:
-            raise SystemExit(f"--with-data {d}: its distill_prompts.json has no recipe (an older format): the seed "
-                             "of its dev split and the target that made it are unknown")
-        maker = saved["recipe"].get("target")
-        if maker is None or Path(maker).resolve() != Path(target).resolve():
-            raise SystemExit(f"--with-data {d}: its data were made by {maker}, not by the target {target}")
-        known += saved["prompts"]
+    stages = comma_list(args.stages)
+    with_data = [Path(d).resolve() for d in comma_list(args.with_data)]
+    known = earlier_prompts(with_data, args.out, target)
     log_update(args.out, args=asdict(args) | {"out": str(args.out), "target": str(target), "init": str(args.init) if args.init else None,
                                           "with_data": [str(d) for d in with_data], "precision_used": precision,
                                           "device_used": str(device)})
     draft_path = args.out / "smollm2-135m-draft-q8_0.gguf"
     if "generate" in stages:
-        model = load_generator(target, precision, device)
-        known_keys = {p.lower() for p in known}
-        prompts = [p for p in build_prompts("train", args.train_prompts, args.seed) if p.lower() not in known_keys]
-        recipe = {"train_prompts": args.train_prompts, "self_prompts": args.self_prompts, "seed": args.seed,
-                  "target": str(target)}
-        if with_data:  # which prompts were not to be asked again, by content: a regenerated set is another set
-            recipe |= {"with_data": [str(d) for d in with_data],
-                       "known": text_digest(known)}
-        saved = args.out / "distill_prompts.json"
-        written = {}
-        previous = json.loads(saved.read_text()) if saved.exists() else None
-        if isinstance(previous, dict) and previous.get("recipe") == recipe:
-            prompts = previous["prompts"]  # a rerun: the self-written prompts were sampled already
-            written = previous.get("self_prompts", {})
-            print(f"[generate] {len(prompts)} prompts from {saved}", flush=True)
-        elif args.self_prompts:
-            extra, written = self_prompts(target, model, args.self_prompts, args.seed, args.gen_batch,
-                                          heldout_topics(), known, args.out / "self_prompts_progress.json")
-            prompts += extra
-        saved.write_text(json.dumps({"recipe": recipe, "self_prompts": written, "prompts": prompts}, indent=0))
-        (args.out / "self_prompts_progress.json").unlink(missing_ok=True)  # distill_prompts.json holds them now
-        log_update(args.out, self_prompts=written,
-                   generate=generate_data(target, model, prompts, args.max_new, args.gen_batch, args.out))
-        del model
+        generate_stage(args, target, known, with_data, precision, device)
     if "train" in stages:
         log_update(args.out, train=train_draft(target, args.layers, args.out, args.epochs, args.lr, args.batch, args.seed,
                                                     precision, args.init, with_data, device))
@@ -653,14 +679,7 @@ def main(argv: list[str] | None = None) -> None:
         log_update(args.out, gguf={"path": draft_path.name, "bytes": draft_path.stat().st_size})
         print(f"[gguf] {draft_path} ({draft_path.stat().st_size / 2**20:.1f} MiB)")
     if "measure" in stages:
-        # In its own process: llama.cpp decoded 2.5x slower in a process where torch had
-        # run multi-threaded work (the train stage), and unevenly: the speed ratios were off.
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            # The held-out prompts do not follow --seed: every draft is scored on the same ones.
-            result = pool.submit(measure, target, draft_path, build_prompts("heldout", args.heldout_prompts, 0),
-                                 args.max_new, args.threads).result()
-        log_update(args.out, measure=result)
-        print(json.dumps(result, indent=1))
+        measure_stage(args, target, draft_path)
 
 
 if __name__ == "__main__":

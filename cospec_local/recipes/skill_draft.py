@@ -1,7 +1,7 @@
 """Teach a draft one skill the target lacks: a task's worked solutions, as a user's small
 domain-tuned model has learned its domain.
 
-    python -m cospec_local.train.skill_draft --out OUT --task arith [--draft smollm2-135m-draft] [--steps 900]
+    python -m cospec_local.recipes.skill_draft --out OUT --task arith [--draft smollm2-135m-draft] [--steps 900]
 
 Stages (each writing into OUT; `--stages` reruns some of them on what earlier ones wrote):
 1. train: the draft (a GGUF, dequantized into torch) learns to answer the task's train-split
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import REQUIRED, option, parse_config
-from .device import resolve_device
+from ..command_line import REQUIRED, option, parse_config
+from ..train.device import resolve_device
 from .distill_draft import PRECISIONS, block_optimizer, load_blocks, log_update, lr_at, resolve_precision, save_blocks
 
 LOG = "skill_log.json"
@@ -108,7 +108,7 @@ def train(draft_gguf: Path, train_rows, dev_rows, out: Path, steps: int, lr: flo
           precision: str, device, init: Path | None = None) -> dict:
     import torch
 
-    from cospec_local.convert.gguf_to_torch import load_llama_gguf
+    from cospec_local.formats.gguf_llama_reader import load_llama_gguf
 
     model = load_llama_gguf(draft_gguf).to(device)
     if init is not None:
@@ -178,7 +178,7 @@ class SkillDraftConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from cospec_local.gguf_edit import strip_embedding
+    from cospec_local.formats.gguf_edit import strip_embedding
     from cospec_local.models import resolve_model
 
     from .distill_draft import write_draft_gguf

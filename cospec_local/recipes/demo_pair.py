@@ -1,7 +1,7 @@
 """Reproduce the bundled demo pair: a SentencePiece tokenizer, a target and a draft
 LlamaForCausalLM trained from scratch on the generated task families, and both as GGUF.
 
-    python -m cospec_local.train.demo_pair --out OUT --minutes-target 20 --minutes-draft 8 --seed 0 --threads 1
+    python -m cospec_local.recipes.demo_pair --out OUT --minutes-target 20 --minutes-draft 8 --seed 0 --threads 1
 
 (the published pair's exact invocations are in cospec_local/data/demo/README.md)
 
@@ -55,7 +55,6 @@ decoded 14x slower in the process that had just trained with torch.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -64,15 +63,15 @@ import random
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from cospec_local.train.config import HelpFormatter
+from cospec_local.command_line import REQUIRED, comma_list, config_args, option, parse_config
 from cospec_local.tasks import FAMILY_STOPS  # where each family's answer ends, as in eval
 
-from cospec_local.convert.tokenizer import BOS_ID, EOS_ID, load_tokenizer, train_tokenizer
+from cospec_local.formats.spm_tokenizer import BOS_ID, EOS_ID, load_tokenizer, train_tokenizer
 
 PAD_ID = 0  # <unk>; padded positions are masked and carry no loss
 IGNORE = -100
@@ -248,7 +247,7 @@ def per_token_flops(arch: Arch, vocab: int, context: int = 0) -> float:
 
 
 def make_model(arch: Arch, vocab: int, seed: int):
-    from cospec_local.train.demo_models import build_model, llama_config
+    from cospec_local.recipes.demo_models import build_model, llama_config
 
     cfg = llama_config(vocab, arch.dim, arch.layers, arch.heads, arch.kv_heads, arch.ffn, arch.max_len)
     cfg._attn_implementation = "eager"  # faster than sdpa on CPU for training these sizes
@@ -349,21 +348,21 @@ class RunLog:
     eval_s: float = 0.0
 
 
-def train_one(rc: RunConfig, data: Dataset, sp, dev, out_dir: Path, tok_path: Path, save_log, torch) -> RunLog:
-    """Train one model; `save_log(log)` is called after every evaluation."""
-    from cospec_local.train.demo_models import save_model
+def starting_model(rc: RunConfig, vocab: int, torch):
+    """A fresh model from the run's seed, or the checkpoint it continues (--init-*)."""
+    if not rc.init:
+        return make_model(rc.arch, vocab, rc.seed)
+    from transformers import LlamaForCausalLM
 
-    vocab = sp.vocab_size()
-    log = RunLog(config={**asdict(rc), "arch": asdict(rc.arch)})
-    if rc.init:
-        from transformers import LlamaForCausalLM
+    model = LlamaForCausalLM.from_pretrained(rc.init, dtype=torch.float32)
+    model.config._attn_implementation = "eager"
+    if model.config.vocab_size != vocab:
+        raise SystemExit(f"{rc.init}: vocabulary {model.config.vocab_size}, the tokenizer's {vocab}")
+    return model
 
-        model = LlamaForCausalLM.from_pretrained(rc.init, dtype=torch.float32)
-        model.config._attn_implementation = "eager"
-        if model.config.vocab_size != vocab:
-            raise SystemExit(f"{rc.init}: vocabulary {model.config.vocab_size}, the tokenizer's {vocab}")
-    else:
-        model = make_model(rc.arch, vocab, rc.seed)
+
+def describe_run(log: RunLog, model, rc: RunConfig, vocab: int, data: Dataset) -> None:
+    """The model's size and FLOPs a token, and the data it trains on, into the run's log."""
     log.params = sum(p.numel() for p in model.parameters())
     log.params_non_embedding = log.params - sum(p.numel() for n, p in model.named_parameters()
                                                  if "embed_tokens" in n or "lm_head" in n)
@@ -372,9 +371,10 @@ def train_one(rc: RunConfig, data: Dataset, sp, dev, out_dir: Path, tok_path: Pa
     log.data = {"examples": data.n, "skipped": data.skipped, "per_item": data.per_item,
                 "mean_tokens": float(np.mean([len(x) for x in data.ids])),
                 "mean_loss_tokens": float(np.mean([len(x) - s for x, s in zip(data.ids, data.loss_from)]))}
-    budget = rc.minutes * 60.0
-    t_start = time.time()
 
+
+def optimizer_step(data: Dataset, rc: RunConfig, torch):
+    """One optimizer step on a batch at a learning rate: returns the batch's loss."""
     def step_fn(model, opt, index, lr):
         for g in opt.param_groups:
             g["lr"] = lr
@@ -387,26 +387,47 @@ def train_one(rc: RunConfig, data: Dataset, sp, dev, out_dir: Path, tok_path: Pa
         opt.zero_grad(set_to_none=True)
         return float(loss.detach())
 
+    return step_fn
+
+
+def calibrated_steps(rc: RunConfig, data: Dataset, sp, dev, vocab: int, step_fn, spent_before: float,
+                     torch) -> tuple[int, dict]:
+    """The optimizer steps that fit the time budget, from a throw-away copy: timed steps and one
+    timed dev evaluation."""
+    t_start = time.time() - spent_before
+    probe = make_model(rc.arch, vocab, rc.seed)
+    probe.train()
+    popt = make_optimizer(probe, rc.lr, torch)
+    pit = batches(data, rc.batch, np.random.default_rng(10_000 + rc.seed))
+    for _ in range(2):
+        step_fn(probe, popt, next(pit), rc.lr * 0.1)
+    n_probe = 24
+    t0 = time.time()
+    for _ in range(n_probe):
+        step_fn(probe, popt, next(pit), rc.lr * 0.1)
+    step_s = (time.time() - t0) / n_probe
+    t0 = time.time()
+    dev_accuracy(probe, sp, dev, torch)  # untrained: runs to the token limit, an upper bound
+    eval_s = time.time() - t0
+    del probe, popt
+    spent = time.time() - t_start
+    steps = max(50, int((rc.minutes * 60.0 - spent - (rc.eval_points + 1) * eval_s) / step_s))
+    return steps, {"step_s": step_s, "eval_s": eval_s, "calibration_s": spent}
+
+
+def train_one(rc: RunConfig, data: Dataset, sp, dev, out_dir: Path, tok_path: Path, save_log, torch) -> RunLog:
+    """Train one model; `save_log(log)` is called after every evaluation."""
+    from cospec_local.recipes.demo_models import save_model
+
+    vocab = sp.vocab_size()
+    log = RunLog(config={**asdict(rc), "arch": asdict(rc.arch)})
+    model = starting_model(rc, vocab, torch)
+    describe_run(log, model, rc, vocab, data)
+    t_start = time.time()
+    budget = rc.minutes * 60.0
+    step_fn = optimizer_step(data, rc, torch)
     if rc.steps is None:
-        # Calibration on a throw-away copy: timed steps, one timed dev evaluation.
-        probe = make_model(rc.arch, vocab, rc.seed)
-        probe.train()
-        popt = make_optimizer(probe, rc.lr, torch)
-        pit = batches(data, rc.batch, np.random.default_rng(10_000 + rc.seed))
-        for _ in range(2):
-            step_fn(probe, popt, next(pit), rc.lr * 0.1)
-        n_probe = 24
-        t0 = time.time()
-        for _ in range(n_probe):
-            step_fn(probe, popt, next(pit), rc.lr * 0.1)
-        step_s = (time.time() - t0) / n_probe
-        t0 = time.time()
-        dev_accuracy(probe, sp, dev, torch)  # untrained: runs to the token limit, an upper bound
-        eval_s = time.time() - t0
-        del probe, popt
-        spent = time.time() - t_start
-        steps = max(50, int((budget - spent - (rc.eval_points + 1) * eval_s) / step_s))
-        log.calibration = {"step_s": step_s, "eval_s": eval_s, "calibration_s": spent}
+        steps, log.calibration = calibrated_steps(rc, data, sp, dev, vocab, step_fn, time.time() - t_start, torch)
     else:
         steps = rc.steps
     log.planned_steps = steps
@@ -494,7 +515,7 @@ def write_ggufs(out: Path, names: list[str], runs: dict, check_problems, sp, thr
     """Write each model as GGUF. With `gguf_type` "auto": an f32 GGUF is the reference, and q8_0
     is kept when its llama.cpp accuracy on `check_problems` is at most `tol` below the f32 one,
     else f16 under the same rule, else f32. Only the chosen file stays."""
-    from cospec_local.convert.llama_to_gguf import convert
+    from cospec_local.formats.llama_gguf_writer import convert
 
     result = {}
     for name in names:
@@ -522,181 +543,250 @@ def write_ggufs(out: Path, names: list[str], runs: dict, check_problems, sp, thr
     return result
 
 
-# ----------------------------------------------------------------------------- main
+# ----------------------------------------------------------------------------- the command
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=HelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--out", type=Path, required=True, help="output folder")
-    ap.add_argument("--seed", type=int, default=0, help="target seed; the draft uses seed + 1")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--stages", default="tokenizer,target,draft,gguf",
-                    help="comma-separated subset of tokenizer,target,draft,gguf, run in that order (later stages reuse OUT)")
-    ap.add_argument("--minutes-target", type=float, default=20.0, help="time budget of the target (incl. evaluations)")
-    ap.add_argument("--minutes-draft", type=float, default=8.0, help="time budget of the draft (incl. evaluations)")
-    ap.add_argument("--steps-target", type=int, help="fixed number of optimizer steps (replaces the time calibration)")
-    ap.add_argument("--steps-draft", type=int)
-    ap.add_argument("--target-arch", default="", help="overrides, e.g. 'dim=256,layers=4,heads=8,kv_heads=4,ffn=768'")
-    ap.add_argument("--draft-arch", default="", help="overrides, e.g. 'dim=128,layers=2,heads=4,kv_heads=2,ffn=256'")
-    ap.add_argument("--target-mix", default="arith=0.91,pyfunc=0.09", help="training mix, e.g. 'arith=0.9,pyfunc=0.1'")
-    ap.add_argument("--draft-mix", default="arith=0.7,pyfunc=0.3")
-    ap.add_argument("--init-target", type=Path, help="continue training this checkpoint folder instead of a fresh model")
-    ap.add_argument("--init-draft", type=Path, help="the same for the draft (e.g. to give it more practice at one skill)")
-    ap.add_argument("--lr-target", type=float, default=1e-3)
-    ap.add_argument("--lr-draft", type=float, default=2e-3)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--no-bf16", dest="bf16", action="store_false",
-                    help="train in float32: on CPUs without native bf16 (AVX2 only) bf16 autocast runs several "
-                         "times slower")
-    ap.add_argument("--stop-acc-target", type=float, help="stop once the dev accuracy reaches this fraction")
-    ap.add_argument("--stop-acc-draft", type=float)
-    ap.add_argument("--draft-gap", type=float,
-                    help="stop the draft once its dev accuracy reaches the target's best minus this (e.g. 0.15)")
-    ap.add_argument("--patience", type=int, default=5, help="evaluations without improvement before stopping (0: never)")
-    ap.add_argument("--eval-points", type=int, default=16, help="dev evaluations per run")
-    ap.add_argument("--train-problems", type=int, default=200_000, help="size of each model's training pool")
-    ap.add_argument("--tokenizer-problems", type=int, default=30_000)
-    ap.add_argument("--vocab-size", type=int, default=512)
-    ap.add_argument("--dev-family", default="arith")
-    ap.add_argument("--dev-problems", type=int, default=100)
-    ap.add_argument("--gguf-type", choices=["auto", "q8_0", "f16"], default="auto",
-                    help="auto: q8_0 unless its llama.cpp dev accuracy falls more than --gguf-tolerance below "
-                         "that of an f32 GGUF (then f16 under the same rule)")
-    ap.add_argument("--gguf-tolerance", type=float, default=0.02)
-    ap.add_argument("--gguf-check-problems", type=int, default=300, help="dev problems for the GGUF type check")
-    args = ap.parse_args(argv)
+@dataclass
+class DemoPairConfig:
+    """The demo pair's recipe: the settings of both models, then each model's own (the flags keep
+    the spellings of the published invocations in data/demo/README.md)."""
+    out: Path = option(REQUIRED, "output folder")
+    seed: int = option(0, "target seed; the draft uses seed + 1")
+    threads: int = option(1, "threads of torch and llama.cpp: wall times are those of that many cores")
+    stages: str = option("tokenizer,target,draft,gguf",
+                         "comma-separated subset of tokenizer,target,draft,gguf, run in that order (later stages reuse OUT)")
+    batch_size: int = option(32, "sequences a step")
+    bf16: bool = option(True, "bf16 autocast; --no-bf16 trains in float32: on CPUs without native bf16 (AVX2 "
+                              "only) bf16 autocast runs several times slower")
+    patience: int = option(5, "evaluations without improvement before stopping (0: never)")
+    eval_points: int = option(16, "dev evaluations per run")
+    train_problems: int = option(200_000, "size of each model's training pool")
+    tokenizer_problems: int = option(30_000, "problems the tokenizer is trained on")
+    vocab_size: int = option(512, "the tokenizer's vocabulary")
+    dev_family: str = option("arith", "the task family of the dev evaluations")
+    dev_problems: int = option(100, "dev problems of each evaluation during training")
+    gguf_type: str = option("auto", "auto: q8_0 unless its llama.cpp dev accuracy falls more than --gguf-tolerance "
+                                    "below that of an f32 GGUF (then f16 under the same rule)",
+                            choices=("auto", "q8_0", "f16"))
+    gguf_tolerance: float = option(0.02, "the accuracy a GGUF type may lose against f32")
+    gguf_check_problems: int = option(300, "dev problems for the GGUF type check")
+    # the target's run
+    minutes_target: float = option(20.0, "time budget of the target (incl. evaluations)")
+    steps_target: int | None = option(None, "fixed number of optimizer steps (replaces the time calibration)")
+    target_arch: str = option("", "overrides, e.g. 'dim=256,layers=4,heads=8,kv_heads=4,ffn=768'")
+    target_mix: str = option("arith=0.91,pyfunc=0.09", "training mix, e.g. 'arith=0.9,pyfunc=0.1'")
+    init_target: Path | None = option(None, "continue training this checkpoint folder instead of a fresh model")
+    lr_target: float = option(1e-3, "peak learning rate")
+    stop_acc_target: float | None = option(None, "stop once the dev accuracy reaches this fraction")
+    # the draft's run
+    minutes_draft: float = option(8.0, "time budget of the draft (incl. evaluations)")
+    steps_draft: int | None = option(None, "fixed number of optimizer steps (replaces the time calibration)")
+    draft_arch: str = option("", "overrides, e.g. 'dim=128,layers=2,heads=4,kv_heads=2,ffn=256'")
+    draft_mix: str = option("arith=0.7,pyfunc=0.3", "training mix")
+    init_draft: Path | None = option(None, "the same for the draft (e.g. to give it more practice at one skill)")
+    lr_draft: float = option(2e-3, "peak learning rate")
+    stop_acc_draft: float | None = option(None, "stop once the dev accuracy reaches this fraction")
+    draft_gap: float | None = option(None, "stop the draft once its dev accuracy reaches the target's best minus "
+                                           "this (e.g. 0.15)")
 
-    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    def stage_list(self) -> list[str]:
+        stages = comma_list(self.stages)
+        unknown = set(stages) - set(STAGES)
+        if unknown:
+            raise SystemExit(f"unknown stages: {', '.join(sorted(unknown))}")
+        return stages
+
+    def model_run(self, name: str, stop_acc: float | None) -> RunConfig:
+        """One model's run from its own settings (`name`: target or draft) and the shared ones."""
+        if name == "target":
+            own = dict(arch=self.target_arch, mix=self.target_mix, lr=self.lr_target, minutes=self.minutes_target,
+                       steps=self.steps_target, init=self.init_target, base=TARGET_ARCH, seed=self.seed)
+        else:
+            own = dict(arch=self.draft_arch, mix=self.draft_mix, lr=self.lr_draft, minutes=self.minutes_draft,
+                       steps=self.steps_draft, init=self.init_draft, base=DRAFT_ARCH, seed=self.seed + 1)
+        init = own["init"]
+        arch = (Arch.from_config(json.loads((init / "config.json").read_text())) if init is not None
+                else Arch.parse(own["arch"], own["base"]))
+        return RunConfig(name=name, arch=arch, mix=own["mix"], lr=own["lr"], batch=self.batch_size,
+                         minutes=own["minutes"], steps=own["steps"], seed=own["seed"], stop_acc=stop_acc,
+                         eval_points=self.eval_points, patience=self.patience,
+                         init=str(init) if init is not None else None, bf16=self.bf16)
+
+
+STAGES = ("tokenizer", "target", "draft", "gguf")
+
+
+class RecipeLog:
+    """train_log.json: the settings, the runs and their curves, rewritten after every evaluation
+    (so a running job can be watched), each invocation of the command recorded."""
+
+    def __init__(self, out: Path, argv: list[str], versions: dict):
+        self.path = out / "train_log.json"
+        self.state = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.state.setdefault("runs", {})
+        self.state["invocations"] = self.state.get("invocations", []) + [{
+            "argv": argv, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "python": platform.python_version(),
+            **versions, "machine": platform.machine(), "cpu": _cpu_name()}]
+        self.invocation = len(self.state["invocations"]) - 1
+        self.started = time.time()
+
+    def save(self) -> None:
+        self.state["wall_s_this_invocation"] = time.time() - self.started
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state, indent=1))
+        tmp.replace(self.path)
+
+    def reload(self) -> None:
+        """Read what a child process wrote, this invocation's entry kept."""
+        self.state = json.loads(self.path.read_text())
+
+    def finish(self) -> None:
+        self.state["invocations"][self.invocation]["wall_s"] = time.time() - self.started
+        self.save()
+
+
+def start_torch(threads: int, seed: int):
+    """torch and transformers on `threads` threads, seeded, quiet."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     import torch
     import transformers
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(threads)
     try:
-        torch.set_num_interop_threads(args.threads)
+        torch.set_num_interop_threads(threads)
     except RuntimeError:
         pass
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return torch, transformers
 
-    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
-    unknown = set(stages) - {"tokenizer", "draft", "target", "gguf"}
-    if unknown:
-        raise SystemExit(f"unknown stages: {', '.join(sorted(unknown))}")
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    log_path = out / "train_log.json"
-    state = json.loads(log_path.read_text()) if log_path.is_file() else {}
-    state.setdefault("runs", {})
-    state["invocations"] = state.get("invocations", []) + [{
-        "argv": sys.argv[1:] if argv is None else argv, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "machine": platform.machine(), "cpu": _cpu_name()}]
-    t_all = time.time()
 
-    def save_log():
-        state["wall_s_this_invocation"] = time.time() - t_all
-        tmp = log_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=1))
-        tmp.replace(log_path)
+def tokenizer_stage(config: DemoPairConfig, mixes: dict, tok_path: Path, log: RecipeLog) -> None:
+    """A SentencePiece tokenizer on whole lines of the train split of both models' mixes."""
+    t0 = time.time()
+    items = {i.label: i for m in mixes.values() for i in m}
+    docs = [p.prompt + NEWLINE + p.solution
+            for ps in problems_for(list(items.values()), "train", config.tokenizer_problems).values() for p in ps]
+    train_tokenizer(docs, tok_path, config.vocab_size, split_lines=True, num_threads=config.threads)
+    log.state["tokenizer"] = {"vocab_size": load_tokenizer(tok_path).vocab_size(), "documents": len(docs),
+                              "mixes": sorted(items), "split_lines": True, "wall_s": time.time() - t0}
+    log.save()
+
+
+def draft_stop_accuracy(config: DemoPairConfig, log: RecipeLog) -> float | None:
+    """Where the draft's training stops: --stop-acc-draft, or the target's best less --draft-gap."""
+    stop_acc = config.stop_acc_draft
+    if config.draft_gap is None:
+        return stop_acc
+    target_acc = log.state["runs"].get("target", {}).get("best", {}).get("dev_acc")
+    if target_acc is None:
+        raise SystemExit("--draft-gap needs the target trained first (stage 'target' in this or an earlier run)")
+    stop_acc = min(stop_acc if stop_acc is not None else 1.0, target_acc - config.draft_gap)
+    print(f"[draft] stops once its dev accuracy reaches {stop_acc:.0%} "
+          f"(target {target_acc:.0%} - {config.draft_gap:.0%})", flush=True)
+    return stop_acc
+
+
+def model_stage(config: DemoPairConfig, name: str, mixes: dict, datasets: dict, sp, dev, log: RecipeLog, torch) -> None:
+    """Train the target or the draft; the two share a training pool when their mixes are the same."""
+    t0 = time.time()
+    rc = config.model_run(name, config.stop_acc_target if name == "target" else draft_stop_accuracy(config, log))
+    key = (tuple(i.label for i in mixes[name]), tuple(i.weight for i in mixes[name]), rc.arch.max_len)
+    if key not in datasets:
+        datasets[key] = build_dataset(sp, problems_for(mixes[name], "train", config.train_problems), rc.arch.max_len)
+    data = datasets[key]
+    print(f"[{name}] {data.n} training examples ({data.skipped} skipped) in {time.time() - t0:.0f} s", flush=True)
+    data_s = time.time() - t0
+
+    def save_run_log(run: RunLog):
+        log.state["runs"][name] = {**asdict(run), "data_s": data_s}
+        log.save()
+
+    train_one(rc, data, sp, dev, config.out, config.out / "tokenizer.model", save_run_log, torch)
+
+
+def pair_summary(log: RecipeLog) -> None:
+    """The pair on the same dev problems: each model's accuracy, their union, what only the draft
+    solves, and the FLOPs ratio."""
+    runs = log.state["runs"]
+    if "target" not in runs or "draft" not in runs:
+        return
+    t_ok = runs["target"]["best"].get("dev_correct", "")
+    d_ok = runs["draft"]["best"].get("dev_correct", "")
+    if not t_ok or len(t_ok) != len(d_ok):
+        return
+    n = len(t_ok)
+    pair = log.state["pair"] = {
+        "dev_target": t_ok.count("1") / n, "dev_draft": d_ok.count("1") / n,
+        "dev_union": sum(a == "1" or b == "1" for a, b in zip(t_ok, d_ok)) / n,
+        "dev_draft_only": sum(a == "0" and b == "1" for a, b in zip(t_ok, d_ok)),
+        "flops_ratio": runs["target"]["flops_per_token"] / runs["draft"]["flops_per_token"],
+        "flops_ratio_ctx128": runs["target"]["flops_per_token_ctx128"] / runs["draft"]["flops_per_token_ctx128"],
+    }
+    log.save()
+    print(f"[pair] dev target {pair['dev_target']:.1%} draft {pair['dev_draft']:.1%} "
+          f"union {pair['dev_union']:.1%}; FLOPs ratio {pair['flops_ratio']:.1f}", flush=True)
+
+
+def gguf_stage(config: DemoPairConfig, sp, log: RecipeLog) -> None:
+    """Both checkpoints as GGUF of the type chosen by llama.cpp's own dev accuracy, and the
+    pair's speed ratio in llama.cpp."""
+    from cospec_local.tasks import load_task
+
+    out = config.out
+    names = [n for n in ("target", "draft") if (out / n / "model.safetensors").is_file()]
+    check = load_task(config.dev_family, "dev", max(config.dev_problems, config.gguf_check_problems))
+    g = log.state["gguf"] = write_ggufs(out, names, log.state["runs"], check, sp, config.threads, config.gguf_type,
+                                       config.gguf_tolerance)
+    if "target" in g and "draft" in g:
+        tt = g["target"][g["target"]["chosen"]]["tokens_per_s"]
+        dt = g["draft"][g["draft"]["chosen"]]["tokens_per_s"]
+        log.state.setdefault("pair", {})["llama_cpp_speed_ratio"] = dt / tt if tt else None
+    log.save()
+
+
+def gguf_stage_in_fresh_process(config: DemoPairConfig, log: RecipeLog) -> None:
+    """llama.cpp decoded 14x slower in the process that had just trained with torch (measured:
+    573 vs 8063 tok/s for the draft), so after training the GGUF checks and speeds come from a
+    fresh interpreter."""
+    log.save()
+    module = __spec__.name if __spec__ else "cospec_local.recipes.demo_pair"
+    subprocess.run([sys.executable, "-m", module, *config_args(replace(config, stages="gguf"))], check=True)
+    log.reload()
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_config(DemoPairConfig, argv, description=__doc__.split("\n\n")[0],
+                          epilog=__doc__.split("\n\n", 1)[1])
+    stages = config.stage_list()
+    torch, transformers = start_torch(config.threads, config.seed)
+    config.out.mkdir(parents=True, exist_ok=True)
+    log = RecipeLog(config.out, sys.argv[1:] if argv is None else argv,
+                    {"torch": torch.__version__, "transformers": transformers.__version__})
 
     from cospec_local.tasks import load_task
 
-    mixes = {"target": parse_mix(args.target_mix), "draft": parse_mix(args.draft_mix)}
-    tok_path = out / "tokenizer.model"
+    mixes = {"target": parse_mix(config.target_mix), "draft": parse_mix(config.draft_mix)}
+    tok_path = config.out / "tokenizer.model"
     if "tokenizer" in stages:
-        t0 = time.time()
-        items = {i.label: i for m in mixes.values() for i in m}
-        docs = [p.prompt + NEWLINE + p.solution
-                for ps in problems_for(list(items.values()), "train", args.tokenizer_problems).values() for p in ps]
-        train_tokenizer(docs, tok_path, args.vocab_size, split_lines=True, num_threads=args.threads)
-        state["tokenizer"] = {"vocab_size": load_tokenizer(tok_path).vocab_size(), "documents": len(docs),
-                              "mixes": sorted(items), "split_lines": True, "wall_s": time.time() - t0}
-        save_log()
+        tokenizer_stage(config, mixes, tok_path, log)
     sp = load_tokenizer(tok_path)
-    dev = load_task(args.dev_family, "dev", args.dev_problems)
-
+    dev = load_task(config.dev_family, "dev", config.dev_problems)
     datasets: dict = {}
-    trained_here = False
-    for name in ("target", "draft"):
-        if name not in stages:
-            continue
-        stop_acc = getattr(args, f"stop_acc_{name}")
-        if name == "draft" and args.draft_gap is not None:
-            target_acc = state["runs"].get("target", {}).get("best", {}).get("dev_acc")
-            if target_acc is None:
-                raise SystemExit("--draft-gap needs the target trained first (stage 'target' in this or an earlier run)")
-            stop_acc = min(stop_acc if stop_acc is not None else 1.0, target_acc - args.draft_gap)
-            print(f"[draft] stops once its dev accuracy reaches {stop_acc:.0%} "
-                  f"(target {target_acc:.0%} - {args.draft_gap:.0%})", flush=True)
-        t0 = time.time()
-        arch = Arch.parse(getattr(args, f"{name}_arch"), TARGET_ARCH if name == "target" else DRAFT_ARCH)
-        init = getattr(args, f"init_{name}")
-        if init is not None:
-            arch = Arch.from_config(json.loads((init / "config.json").read_text()))
-        key = (tuple(i.label for i in mixes[name]), tuple(i.weight for i in mixes[name]), arch.max_len)
-        if key not in datasets:  # the two models share the pool when their mixes are the same
-            datasets[key] = build_dataset(sp, problems_for(mixes[name], "train", args.train_problems), arch.max_len)
-        data = datasets[key]
-        print(f"[{name}] {data.n} training examples ({data.skipped} skipped) in {time.time() - t0:.0f} s", flush=True)
-        rc = RunConfig(name=name, arch=arch, mix=getattr(args, f"{name}_mix"), lr=getattr(args, f"lr_{name}"),
-                       batch=args.batch_size, minutes=getattr(args, f"minutes_{name}"),
-                       steps=getattr(args, f"steps_{name}"), seed=args.seed + (1 if name == "draft" else 0),
-                       stop_acc=stop_acc, eval_points=args.eval_points,
-                       patience=args.patience, init=str(init) if init is not None else None, bf16=args.bf16)
-        data_s = time.time() - t0
-
-        def save_run_log(log: RunLog, name=name, data_s=data_s):
-            state["runs"][name] = {**asdict(log), "data_s": data_s}
-            save_log()
-
-        train_one(rc, data, sp, dev, out, tok_path, save_run_log, torch)
-        trained_here = True
-
-    runs = state["runs"]
-    if "target" in runs and "draft" in runs:
-        t_ok = runs["target"]["best"].get("dev_correct", "")
-        d_ok = runs["draft"]["best"].get("dev_correct", "")
-        if t_ok and len(t_ok) == len(d_ok):
-            n = len(t_ok)
-            state["pair"] = {
-                "dev_target": t_ok.count("1") / n, "dev_draft": d_ok.count("1") / n,
-                "dev_union": sum(a == "1" or b == "1" for a, b in zip(t_ok, d_ok)) / n,
-                "dev_draft_only": sum(a == "0" and b == "1" for a, b in zip(t_ok, d_ok)),
-                "flops_ratio": runs["target"]["flops_per_token"] / runs["draft"]["flops_per_token"],
-                "flops_ratio_ctx128": runs["target"]["flops_per_token_ctx128"] / runs["draft"]["flops_per_token_ctx128"],
-            }
-            save_log()
-            print(f"[pair] dev target {state['pair']['dev_target']:.1%} draft {state['pair']['dev_draft']:.1%} "
-                  f"union {state['pair']['dev_union']:.1%}; FLOPs ratio {state['pair']['flops_ratio']:.1f}", flush=True)
-
-    this_invocation = len(state["invocations"]) - 1
-    if "gguf" in stages and trained_here:
-        # llama.cpp decoded 14x slower in the process that had just trained with torch (measured:
-        # 573 vs 8063 tok/s for the draft), so the GGUF checks and speeds come from a fresh one.
-        save_log()
-        subprocess.run([sys.executable, "-m", __spec__.name if __spec__ else "cospec_local.train.demo_pair",
-                        "--out", str(out), "--stages", "gguf", "--threads", str(args.threads), "--seed", str(args.seed),
-                        "--dev-family", args.dev_family, "--dev-problems", str(args.dev_problems),
-                        "--gguf-type", args.gguf_type, "--gguf-tolerance", str(args.gguf_tolerance),
-                        "--gguf-check-problems", str(args.gguf_check_problems)], check=True)
-        state = json.loads(log_path.read_text())  # the child's results, with this invocation's entry kept
-    elif "gguf" in stages:
-        names = [n for n in ("target", "draft") if (out / n / "model.safetensors").is_file()]
-        check = load_task(args.dev_family, "dev", max(args.dev_problems, args.gguf_check_problems))
-        state["gguf"] = write_ggufs(out, names, runs, check, sp, args.threads, args.gguf_type, args.gguf_tolerance)
-        g = state["gguf"]
-        if "target" in g and "draft" in g:
-            tt = g["target"][g["target"]["chosen"]]["tokens_per_s"]
-            dt = g["draft"][g["draft"]["chosen"]]["tokens_per_s"]
-            state.setdefault("pair", {})["llama_cpp_speed_ratio"] = dt / tt if tt else None
-        save_log()
-    state["invocations"][this_invocation]["wall_s"] = time.time() - t_all
-    save_log()
-    print(f"done in {(time.time() - t_all) / 60:.1f} min; log: {log_path}", flush=True)
+    trained = [name for name in ("target", "draft") if name in stages]
+    for name in trained:
+        model_stage(config, name, mixes, datasets, sp, dev, log, torch)
+    pair_summary(log)
+    if "gguf" in stages:
+        if trained:
+            gguf_stage_in_fresh_process(config, log)
+        else:
+            gguf_stage(config, sp, log)
+    log.finish()
+    print(f"done in {(time.time() - log.started) / 60:.1f} min; log: {log.path}", flush=True)
 
 
 def _cpu_name() -> str:

@@ -1,5 +1,6 @@
-"""One dataclass per training entry point: its fields' defaults are the only defaults and
-their `help` is the command-line help (as TRL's configs do)."""
+"""One way to define a command: every `python -m cospec_local...` and `python -m converters...`
+entry point is a dataclass whose fields' defaults are the only defaults and whose `help` is the
+command-line help (as TRL's configs do), read by parse_config. (`cospec-local` itself is click.)"""
 from __future__ import annotations
 
 import argparse
@@ -11,16 +12,30 @@ T = TypeVar("T")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Every --help: the defaults after each option's help, the epilog's recipe as written."""
+    """Every --help: the defaults after each option's help (where there is one), the epilog's recipe
+    as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.required:
+            return action.help or ""
+        return super()._get_help_string(action)
 
 
 REQUIRED = dataclasses.MISSING  # option(REQUIRED, ...): a field the command line must give
 
 
-def option(default, help: str, flags: tuple[str, ...] = ()):
-    """A config field: its default (REQUIRED: none), its help, and its spellings on the command line
-    (default: --field-name; the model flags are -m/--model and -md/--model-draft, as the CLI and llama.cpp)."""
-    return dataclasses.field(default=default, metadata={"help": help, "flags": flags})
+def option(default, help: str, flags: tuple[str, ...] = (), choices: tuple[str, ...] = (), positional: bool = False):
+    """A config field: its default (REQUIRED: none), its help, its spellings on the command line
+    (default: --field-name; the model flags are -m/--model and -md/--model-draft, as the CLI and
+    llama.cpp), for a text field the values it may take, and whether it is a positional argument
+    (a list[str] one takes any number of values)."""
+    if isinstance(default, list):
+        default_list = list(default)
+        return dataclasses.field(default_factory=lambda: list(default_list),
+                                 metadata={"help": help, "flags": flags, "choices": choices or None,
+                                           "positional": positional})
+    return dataclasses.field(default=default, metadata={"help": help, "flags": flags, "choices": choices or None,
+                                                        "positional": positional})
 
 
 def _flags(f: dataclasses.Field) -> tuple[str, ...]:
@@ -41,7 +56,14 @@ def parse_config(cls: type[T], argv: list[str] | None = None, description: str |
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
         flags = _flags(f)
-        required = f.default is dataclasses.MISSING
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if f.metadata.get("positional"):
+            if kind == list[str]:
+                parser.add_argument(f.name, nargs="*", help=f.metadata["help"])
+            else:
+                parser.add_argument(f.name, type={int: int, float: float, Path: Path}.get(kind, str),
+                                    help=f.metadata["help"])
+            continue
         if kind is bool:
             parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
                                 help=f.metadata["help"])
@@ -49,7 +71,7 @@ def parse_config(cls: type[T], argv: list[str] | None = None, description: str |
         convert = {int: int, float: float, Path: Path}.get(kind, str)
         if kind in (Path | None, str | None, float | None, int | None):
             convert = {Path | None: Path, str | None: str, float | None: float, int | None: int}[kind]
-        parser.add_argument(*flags, dest=f.name, type=convert, required=required,
+        parser.add_argument(*flags, dest=f.name, type=convert, required=required, choices=f.metadata.get("choices"),
                             default=None if required else f.default, help=f.metadata["help"])
     return cls(**vars(parser.parse_args(argv)))
 
@@ -58,8 +80,12 @@ def config_args(config) -> list[str]:
     """The command line that parse_config reads back as `config`: a caller that runs an entry point
     in a process of its own (a recipe) builds the config, not the argument list."""
     out: list[str] = []
+    positional: list[str] = []
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
+        if f.metadata.get("positional"):
+            positional += [str(v) for v in value] if isinstance(value, list) else [str(value)]
+            continue
         if value is None or (f.default is not dataclasses.MISSING and value == f.default):
             continue
         flag = _flags(f)[-1]  # the long spelling
@@ -67,4 +93,4 @@ def config_args(config) -> list[str]:
             out.append(flag if value else "--no-" + flag[2:])
         else:
             out += [flag, str(value)]
-    return out
+    return out + positional

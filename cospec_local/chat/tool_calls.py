@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from .json_grammar import schema_grammar
+from ..json_grammar import schema_grammar
 
 HERMES = "hermes"
 LLAMA3 = "llama3"

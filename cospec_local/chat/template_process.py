@@ -1,7 +1,7 @@
 """Chat templates render in a child process with hard limits.
 
 A template is code from an untrusted model file. The in-process sandbox
-(chat_template.py) refuses what it can see coming, but a loop that makes no
+(template.py) refuses what it can see coming, but a loop that makes no
 calls never reaches its deadline checks, and a small template can build a huge
 value before its size is checked. So the engine renders in a separate Python
 process whose address space is capped (RLIMIT_AS) and whose every render has a
@@ -24,19 +24,19 @@ import threading
 import time
 from typing import Any
 
-from .chat_template import ChatTemplate, ChatTemplateError
+from .template import ChatTemplate, ChatTemplateError
 
 MEMORY_LIMIT_BYTES = 768 << 20  # the child's whole address space: Python, jinja2 and the render
 RENDER_WALL_SECONDS = 3.0       # per request, start-up of a fresh child included
 CPU_SECONDS = 600               # the child's lifetime CPU (it is replaced when it dies)
 
 
-# The child imports chat_template.py alone (stdlib and jinja2), not this package and its
+# The child imports template.py alone (stdlib and jinja2), not this package and its
 # native extension, and lowers its own hard limits before it reads a request.
 _CHILD = ("import resource, sys; "
           "[resource.setrlimit(r, (v, v)) for r, v in ((resource.RLIMIT_AS, {mem}), (resource.RLIMIT_CPU, {cpu}), "
           "(resource.RLIMIT_CORE, 0))]; "
-          "sys.path.insert(0, {dir!r}); import chat_template; chat_template.serve_requests()")
+          "sys.path.insert(0, {dir!r}); import template; template.serve_requests()")
 
 
 class TemplateProcess:

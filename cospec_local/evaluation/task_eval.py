@@ -1,5 +1,5 @@
 """`cospec-local eval`: task accuracy and speed of each run (a decoding mode and,
-for speculative decoding, an arbiter; see runs.py) on the same problems, with the metrics of collaborative decoding: the oracle union of
+for speculative decoding, an arbiter; see evaluation/runs.py) on the same problems, with the metrics of collaborative decoding: the oracle union of
 target and draft, the non-nested successes (only the draft solves them), the
 share of those each run recovers, and what each run loses against the target.
 
@@ -17,14 +17,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from .jsonl import keep_complete_lines, write_atomic
+from ..jsonl import keep_complete_lines, write_atomic
 from .machine import OtherLoad, busy_note, machine_identity, other_share
-from .arbiter_bundle import TRAINED_UNDER
-from .arbiters import BASELINE_RUNS, arbiter_identity, verdict
-from .engine import Engine
-from .params import GenerationParams
+from ..arbiter.file_format import TRAINED_UNDER
+from ..arbiter.catalog import arbiter_identity
+from ..arbiter.evaluations import BASELINE_RUNS, verdict
+from ..engine import Engine
+from ..params import GenerationParams
 from .runs import Run
-from .tasks import FAMILY_STOPS, Problem
+from ..tasks import FAMILY_STOPS, Problem
 
 REFERENCE = "target-only"
 DRAFT = "draft-only"
@@ -47,7 +48,7 @@ def model_identity(path: str) -> dict:
 @dataclass
 class Record:
     problem_id: str
-    run: str  # the run's label (runs.py)
+    run: str  # the run's label (evaluation/runs.py)
     correct: bool
     completion: str
     tokens: int
@@ -57,7 +58,7 @@ class Record:
     kept: int
     blocks: int
     arbiter_ms: float = 0.0
-    # Other work on this process's CPUs during the generation, and those CPUs' time then (machine.py):
+    # Other work on this process's CPUs during the generation, and those CPUs' time then (evaluation/machine.py):
     # summed over records, how busy the machine was, also across a resumed run.
     other_cpu_ms: float | None = None
     cpu_ms: float | None = None
@@ -266,7 +267,7 @@ _CONFIG_WORDS = {"title": "task or split", "target": "target model", "draft": "d
 
 def _flag(setting: str) -> str:
     """The command-line flag of a generation setting (max_tokens: -n/--n-predict), as --help names it."""
-    from .params import param_flags
+    from ..params import param_flags
 
     return "/".join(param_flags(setting)) or f"--{setting.replace('_', '-')}"
 

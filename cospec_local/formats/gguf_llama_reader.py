@@ -1,10 +1,10 @@
 """Load a llama-architecture GGUF (any type the gguf package dequantizes: F32, F16, Q8_0, Q4_1,
 ...) as a float32 Hugging Face LlamaForCausalLM, optionally only its first blocks.
 
-    from cospec_local.convert.gguf_to_torch import load_llama_gguf
+    from cospec_local.formats.gguf_llama_reader import load_llama_gguf
     model = load_llama_gguf(find_smollm2_gguf(), n_layers=2)  # SmolLM2's embedding + first 2 blocks
 
-The inverse of cospec_local.convert.llama_to_gguf: Q/K rows go back from llama.cpp's NORM rope order to
+The inverse of cospec_local.formats.llama_gguf_writer: Q/K rows go back from llama.cpp's NORM rope order to
 Hugging Face's rotate-half order. Used to start a draft from its target's own weights; the
 weights are the dequantized ones, i.e. exactly what llama.cpp computes with.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .llama_to_gguf import _LAYER_TENSORS
+from .llama_gguf_writer import _LAYER_TENSORS
 
 _HF_OF_GGUF = {v: k for k, v in _LAYER_TENSORS.items()}
 

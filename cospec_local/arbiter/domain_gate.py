@@ -15,7 +15,7 @@ unigram likelihood ratio overlapped (listops scored above arithmetic: it shares 
 tasks' words and digits, not their word order). The threshold is set on dev prompts: their 1st
 percentile minus a margin, so about 99% of in-domain prompts pass.
 
-Stored in arbiter.gguf (arbiter_bundle.py): the sorted unique bigrams as an I32 tensor
+Stored in arbiter.gguf (file_format.py): the sorted unique bigrams as an I32 tensor
 `gate.bigrams` (n, 2), the vocabulary size `gate_n_vocab` and `gate_threshold`. The engine
 (native/src/learned_arbiter.cpp) computes the same coverage; `coverage` here is its reference.
 Only numpy is imported.
