@@ -5,6 +5,7 @@
 #include "sampling.h"
 #include "text_bridge.h"
 #include "text_stream.h"
+#include "token_choice.h"
 
 #include <algorithm>
 #include <cmath>
@@ -96,11 +97,9 @@ class generation {
   public:
     generation(cospec_engine & engine, const cospec_generate_params & params, cospec_result & result,
                const cospec_token * prompt, int32_t n_prompt)
-        : e(engine), p(params), r(result), st(result.stats), rng(params.seed),
-          arbiter_rng(params.seed ^ ARBITER_SEED_SALT) {
-        // Below this, softmax(logits / T) is the argmax anyway, and 1 / T overflows
-        // float (0 * inf turned the top logit into NaN and sampling into token 0).
-        greedy = !(p.temperature >= cospec::MIN_SAMPLING_TEMPERATURE);
+        : e(engine), p(params), r(result), st(result.stats), arbiter_rng(params.seed ^ ARBITER_SEED_SALT),
+          chooser(sampler_settings(params), params.seed, params.repeat_penalty, params.repeat_last_n, st.t_sample_ms) {
+        const bool greedy = chooser.greedy();
         const bool keeping_arbiter = p.mode == COSPEC_MODE_SPECULATIVE && p.arbiter != nullptr && p.arbiter->can_keep();
         // An arbiter abstains on a prompt unlike those it learned from (its domain gate): no
         // mismatch is kept and its pass never runs. Block lengths still follow the timing-free
@@ -132,10 +131,6 @@ class generation {
                 e.tuner_draft_p_min = p.draft_p_min;
             }
         }
-        scfg.temperature = p.temperature;
-        scfg.top_k = p.top_k;
-        scfg.top_p = p.top_p;
-        scfg.min_p = p.min_p;
         if (e.has_draft) {
             n_shared = std::min(e.target.n_vocab, e.draft.n_vocab);
         }
@@ -162,7 +157,7 @@ class generation {
         if (p.grammar != nullptr && p.grammar[0] != '\0') {
             // The grammar reads the tokens of the model that emits: the draft's in draft-only mode.
             const llama_vocab * vocab = p.mode == COSPEC_MODE_DRAFT_ONLY ? e.draft.vocab : e.target.vocab;
-            if (!grammar.parse(vocab, p.grammar, p.grammar_root)) {
+            if (!chooser.parse_grammar(vocab, p.grammar, p.grammar_root)) {
                 r.stop_reason = COSPEC_STOP_ERROR;
                 return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, GRAMMAR_PARSE_ERROR);
             }
@@ -245,9 +240,9 @@ class generation {
     const cospec_generate_params & p;
     cospec_result & r;
     cospec_stats & st;
-    std::mt19937_64 rng;
     std::mt19937_64 arbiter_rng; // its own stream: sampled decisions never shift token sampling
-    cospec::sampler_config scfg;
+    // Token choice (penalty, grammar, greedy or sampled, the verify verdicts) and its random stream.
+    cospec::token_chooser chooser;
     bool arbiter_can_keep = false;
     // False once the sequence holds a token beyond the draft's vocabulary (a
     // draft may lack a few of the target's padding tokens): from then on the
@@ -273,19 +268,11 @@ class generation {
     std::vector<llama_token> draft_own; // the draft's proposal in its own tokens
     bool after_text_block = false;      // the last step verified a text block (its catch-up is a block's)
     int32_t n_unread_by_draft = 0;      // tokens plain steps wrote since the draft last read the text
-    bool greedy = true;
     // Tokens in this call's last target decode (0: none yet, the prompt's
     // batch came last). llama.cpp rebuilds its graph when the size changes, so
     // only a decode of the same size as the last one times a fair cost.
     int32_t last_target_n = 0;
-    cospec::repeat_penalty penalty {p.repeat_penalty, p.repeat_last_n};
     int32_t n_shared = 0; // token ids both vocabularies share
-
-    // A grammar the output follows (params.grammar): its state after the emitted tokens, and
-    // copies advanced along a block's drafted tokens (while drafting, while judging).
-    cospec::grammar_state grammar;
-    cospec::grammar_state draft_grammar;
-    cospec::grammar_state walk_grammar;
 
     std::vector<llama_token> seq; // prompt + generated tokens
     int32_t stop = COSPEC_STOP_NONE;
@@ -303,8 +290,6 @@ class generation {
     std::vector<uint8_t> starts_with_own; // the target token begins where draft_own_at's does
     std::vector<std::vector<float>> draft_probs;
     std::vector<float> target_logits_copy;
-    std::vector<float> target_probs;
-    std::vector<float> residual;
     std::vector<llama_token> target_tokens;
     std::vector<uint8_t> mismatch;
     std::vector<float> p_keep;
@@ -457,48 +442,13 @@ class generation {
 
     // ------------------------------------------------------------ output
 
-    // The logits a token is chosen from at the position after seq and the first n_block drafted
-    // tokens: the model's own, or a copy with the repeat penalty over that history.
-    const float * with_penalty(const float * row, int32_t n, int32_t n_block) {
-        return penalty.apply(row, n, seq, drafted, n_block);
-    }
-
-    llama_token choose(const float * raw_logits, int32_t n) {
-        const auto t0 = clock_type::now();
-        const float * logits = with_penalty(raw_logits, n, 0);
-        llama_token tok;
-        if (greedy) {
-            tok = grammar.greedy(logits, n);
-        } else {
-            const float * row = grammar.mask(logits, n);
-            if (row == nullptr) {
-                st.t_sample_ms += ms_since(t0);
-                return -1;
-            }
-            cospec::sampling_probs(row, n, scfg, target_probs);
-            tok = cospec::sample_from(target_probs, rng);
-        }
-        st.t_sample_ms += ms_since(t0);
-        return tok;
-    }
-
-    // ------------------------------------------------------------ grammar
-
-    // A proposal that arrived whole (the n-gram drafter's, a text draft's) cut before its first
-    // token the grammar does not allow.
-    void trim_to_grammar() {
-        if (!grammar) {
-            return;
-        }
-        cospec::grammar_state g = grammar.copy();
-        size_t n = 0;
-        while (n < drafted.size() && g.allows(drafted[n])) {
-            g.accept(e.target.vocab, drafted[n]);
-            if (llama_vocab_is_eog(e.target.vocab, drafted[n++])) {
-                break; // the output ends there
-            }
-        }
-        drafted.resize(n);
+    static cospec::sampler_config sampler_settings(const cospec_generate_params & params) {
+        cospec::sampler_config cfg;
+        cfg.temperature = params.temperature;
+        cfg.top_k = params.top_k;
+        cfg.top_p = params.top_p;
+        cfg.min_p = params.min_p;
+        return cfg;
     }
 
     // ------------------------------------------------------------ log-probabilities
@@ -506,7 +456,7 @@ class generation {
     // Emit tok, chosen from row (the logits of the model that chose it, for its log-probability).
     void emit(llama_token tok, int32_t provenance, const float * row) {
         const llama_vocab * vocab = p.mode == COSPEC_MODE_DRAFT_ONLY ? e.draft.vocab : e.target.vocab;
-        grammar.accept(vocab, tok);
+        chooser.accept(vocab, tok);
         if (p.logprobs) {
             const int32_t n = p.mode == COSPEC_MODE_DRAFT_ONLY ? e.draft.n_vocab : e.target.n_vocab;
             cospec::token_logprobs(row, n, tok, p.n_top_logprobs, r.logprobs);
@@ -603,7 +553,7 @@ class generation {
             return status;
         }
         const float * row = llama_get_logits_ith(s.ctx, -1);
-        const llama_token tok = choose(row, s.n_vocab);
+        const llama_token tok = chooser.choose(row, s.n_vocab, seq);
         if (tok < 0) {
             return grammar_dead_end();
         }
@@ -642,47 +592,32 @@ class generation {
         if (keep_draft_logits) {
             draft_logits.resize((size_t) k * nv);
         }
-        if (!greedy && draft_probs.size() < (size_t) k) {
+        if (!chooser.greedy() && draft_probs.size() < (size_t) k) {
             draft_probs.resize(k);
         }
-        draft_grammar = grammar.copy(); // the draft proposes only what the grammar allows
+        chooser.begin_draft(); // the draft proposes only what the grammar allows
         for (int32_t i = 0; i < k; ++i) {
             const float * row = llama_get_logits_ith(e.draft.ctx, -1);
             if (keep_draft_logits) {
                 std::memcpy(draft_logits.data() + (size_t) i * nv, row, sizeof(float) * nv);
             }
-            const auto t0 = clock_type::now();
-            const float * chosen_from = with_penalty(row, n_shared, i);
-            llama_token d;
-            if (greedy) {
-                if (p.draft_p_min > 0.0f && cospec::top_probability(row, nv) < p.draft_p_min) {
-                    st.t_sample_ms += ms_since(t0);
-                    draft_declined = true;
-                    break; // the draft is unsure: verifying further guesses would waste target work
-                }
-                d = draft_grammar.greedy(chosen_from, n_shared);
-            } else {
-                const float * masked = draft_grammar.mask(chosen_from, n_shared);
-                d = -1;
-                if (masked != nullptr) {
-                    cospec::sampling_probs(masked, n_shared, scfg, draft_probs[i]);
-                    d = cospec::sample_from(draft_probs[i], rng);
-                }
-            }
-            st.t_sample_ms += ms_since(t0);
+            const llama_token d = chooser.draft(row, n_shared, nv, seq, drafted, i, p.draft_p_min,
+                                                chooser.greedy() ? nullptr : &draft_probs[i]);
             if (d < 0) {
+                // The draft is unsure (--draft-p-min: verifying further guesses would waste target
+                // work), or the grammar allows none of its tokens here: the target decides alone.
                 draft_declined = true;
-                break; // the grammar allows none of the draft's tokens here: the target decides alone
+                break;
             }
             if (!std::isfinite(row[d])) {
                 drafted.clear();
                 return nonfinite_logits();
             }
             drafted.push_back(d);
-            if (grammar && llama_vocab_is_eog(e.target.vocab, d)) {
+            if (chooser.has_grammar() && llama_vocab_is_eog(e.target.vocab, d)) {
                 break; // an end the grammar allows: nothing follows it
             }
-            draft_grammar.accept(e.target.vocab, d);
+            chooser.accept_drafted(e.target.vocab, d);
             if (i + 1 == k || e.abort_flag.load()) {
                 break;
             }
@@ -698,72 +633,6 @@ class generation {
         timing = {first_ms, n_steps > 0 ? draft_time.lap() / n_steps : 0.0, n_steps,
                   long_catch_up ? catch_up_ms : -1.0, n_caught_up};
         return COSPEC_OK;
-    }
-
-    // The target's verdict at position j of the block: its token and whether
-    // the draft token there is a mismatch. Greedy: argmax. Sampling: the
-    // acceptance test of lossless speculative sampling (accept with
-    // min(1, p/q), else a token from the residual max(0, p - q)).
-    void judge(int32_t j, const float * raw_row) {
-        const int32_t kd = (int32_t) drafted.size();
-        const int32_t nv = e.target.n_vocab;
-        const auto t0 = clock_type::now();
-        // With a grammar the target chooses among the tokens it allows after drafted[0..j).
-        const float * row = with_penalty(raw_row, nv, j);
-        if (greedy) {
-            target_tokens[j] = walk_grammar.greedy(row, nv);
-            if (j < kd) {
-                mismatch[j] = drafted[j] != target_tokens[j];
-            }
-            st.t_sample_ms += ms_since(t0);
-            return;
-        }
-        row = walk_grammar.mask(row, nv);
-        if (row == nullptr) {
-            target_tokens[j] = -1;
-            if (j < kd) {
-                mismatch[j] = 1;
-            }
-        } else if (j == kd) {
-            cospec::sampling_probs(row, nv, scfg, target_probs);
-            target_tokens[j] = cospec::sample_from(target_probs, rng);
-        } else if (block_from_ngram || bridge) {
-            // The n-gram drafter (and a draft of another vocabulary, whose probabilities are over
-            // its own tokens) proposes one token with certainty (q = 1 there): accept it with
-            // probability p, else sample from p without it, which is lossless speculative sampling.
-            cospec::sampling_probs(row, nv, scfg, target_probs);
-            const llama_token d = drafted[j];
-            if (cospec::uniform01(rng) < target_probs[d]) {
-                target_tokens[j] = d;
-                mismatch[j] = 0;
-            } else {
-                residual = target_probs;
-                residual[d] = 0.0f;
-                const bool left = std::any_of(residual.begin(), residual.end(), [](float x) { return x > 0.0f; });
-                target_tokens[j] = cospec::sample_from(left ? residual : target_probs, rng);
-                mismatch[j] = 1;
-            }
-        } else {
-            cospec::sampling_probs(row, nv, scfg, target_probs);
-            const std::vector<float> & q = draft_probs[j];
-            const llama_token d = drafted[j];
-            const double u = cospec::uniform01(rng);
-            if (u * q[d] < target_probs[d]) { // u < p/q without dividing by a tiny q
-                target_tokens[j] = d;
-                mismatch[j] = 0;
-            } else {
-                residual.assign(nv, 0.0f);
-                double mass = 0.0;
-                for (int32_t t = 0; t < nv; ++t) {
-                    const float qt = t < n_shared ? q[t] : 0.0f;
-                    residual[t] = std::max(0.0f, target_probs[t] - qt);
-                    mass += residual[t];
-                }
-                target_tokens[j] = cospec::sample_from(mass > 0.0 ? residual : target_probs, rng);
-                mismatch[j] = 1;
-            }
-        }
-        st.t_sample_ms += ms_since(t0);
     }
 
     // How many tokens the next block drafts: never past the token budget, the
@@ -795,7 +664,7 @@ class generation {
         }
         const auto t0 = clock_type::now();
         ngram->propose(k_max, drafted);
-        trim_to_grammar();
+        chooser.trim(drafted, e.target.vocab);
         const double lookup_ms = std::max(ms_since(t0), 1e-6);
         if (drafted.empty()) {
             return false;
@@ -860,11 +729,19 @@ class generation {
 
         target_tokens.assign(kd + 1, -1);
         mismatch.assign(kd, 0);
-        walk_grammar = grammar.copy();
+        chooser.begin_verify();
         // The lossless walk stops at the first mismatch, so later positions
         // need no verdict; an arbiter that can keep sees the whole block.
         for (int32_t j = 0; j <= kd; ++j) {
-            judge(j, logits + (size_t) j * nv);
+            // Tokens the n-gram drafter or a draft of another vocabulary proposed come with certainty
+            // (the latter's probabilities are over its own tokens); the draft model's with its q.
+            const bool certain = block_from_ngram || bridge;
+            const cospec::token_chooser::verdict v = chooser.judge(logits + (size_t) j * nv, nv, seq, drafted, j,
+                                                                   certain || chooser.greedy() ? nullptr : &draft_probs[j]);
+            target_tokens[j] = v.token;
+            if (j < kd) {
+                mismatch[j] = v.mismatch;
+            }
             if (target_tokens[j] < 0) {
                 return grammar_dead_end();
             }
@@ -875,7 +752,7 @@ class generation {
                 break;
             }
             if (j < kd) {
-                walk_grammar.accept(e.target.vocab, drafted[j]); // every drafted token follows the grammar
+                chooser.walk_accept(e.target.vocab, drafted[j]); // every drafted token follows the grammar
             }
         }
         return COSPEC_OK;
@@ -1102,7 +979,7 @@ class generation {
         if ((int32_t) drafted.size() > budget) {
             drafted.resize((size_t) budget);
         }
-        trim_to_grammar();
+        chooser.trim(drafted, e.target.vocab);
         if (keep_draft_logits) {
             align_draft_rows();
         }
@@ -1163,20 +1040,11 @@ class generation {
             if (keep_draft_logits) {
                 std::memcpy(draft_logits.data() + (size_t) i * nv, row, sizeof(float) * nv);
             }
-            const auto t0 = clock_type::now();
-            if (greedy && p.draft_p_min > 0.0f && cospec::top_probability(row, nv) < p.draft_p_min) {
-                st.t_sample_ms += ms_since(t0);
+            const llama_token d = chooser.draft_free(row, nv, p.draft_p_min);
+            if (d < 0) {
                 draft_declined = true;
                 break;
             }
-            llama_token d;
-            if (greedy) {
-                d = cospec::argmax(row, nv);
-            } else {
-                cospec::sampling_probs(row, nv, scfg, target_probs);
-                d = cospec::sample_from(target_probs, rng);
-            }
-            st.t_sample_ms += ms_since(t0);
             if (!std::isfinite(row[d])) {
                 return nonfinite_logits();
             }

@@ -1,8 +1,10 @@
 // Unit tests of the generation loop's parts that need no model: the text stream (stop strings
 // across token boundaries, UTF-8 hold-back) and token choice (the order of top-k, top-p, min-p and
-// temperature; the repeat penalty). tests/test_native_units.py builds and runs this program.
+// temperature; the repeat penalty; the token chooser's choices and verdicts without a grammar).
+// tests/test_native_units.py builds and runs this program.
 #include "sampling.h"
 #include "text_stream.h"
+#include "token_choice.h"
 
 #include <cmath>
 #include <cstdio>
@@ -221,6 +223,141 @@ void test_argmax_takes_the_first_of_equals() {
     CHECK(cospec::argmax(logits.data(), 4) == 1);
 }
 
+
+cospec::sampler_config at_temperature(float t) {
+    cospec::sampler_config cfg;
+    cfg.temperature = t;
+    return cfg;
+}
+
+void test_the_greedy_choice_is_the_argmax_of_the_penalised_row() {
+    // Token 0 leads the raw row, but the penalty over the last 2 tokens (0 and 3) halves it.
+    const std::vector<float> row = {4.0f, 3.0f, 1.0f, 3.5f};
+    const std::vector<int32_t> seq = {2, 0, 3};
+    double t_ms = 0.0;
+    cospec::token_chooser penalised(at_temperature(0.0f), 1, 2.0f, 2, t_ms);
+    CHECK(penalised.greedy());
+    CHECK(penalised.choose(row.data(), 4, seq) == 1);
+    cospec::token_chooser plain(at_temperature(0.0f), 1, 1.0f, 64, t_ms);
+    CHECK(plain.choose(row.data(), 4, seq) == 0);
+    // The window is 2 tokens: token 2, three back, is not penalised.
+    cospec::token_chooser short_window(at_temperature(0.0f), 1, 100.0f, 2, t_ms);
+    const std::vector<float> flat = {1.0f, 1.0f, 1.5f, 1.0f};
+    CHECK(short_window.choose(flat.data(), 4, seq) == 2);
+    CHECK(t_ms >= 0.0);
+}
+
+void test_a_greedy_verdict_is_the_argmax_of_the_row_penalised_for_the_drafted_tokens_before_it() {
+    // At position 1 the history is seq + drafted[0] = 3: token 3 leads the raw row but is penalised.
+    const std::vector<float> row = {0.0f, 2.0f, 0.5f, 3.0f};
+    const std::vector<int32_t> seq = {0}, drafted = {3, 3};
+    double t_ms = 0.0;
+    cospec::token_chooser chooser(at_temperature(0.0f), 1, 2.0f, -1, t_ms);
+    chooser.begin_verify();
+    const cospec::token_chooser::verdict at0 = chooser.judge(row.data(), 4, seq, drafted, 0, nullptr);
+    CHECK(at0.token == 3 && !at0.mismatch); // nothing drafted before position 0: the raw argmax
+    const cospec::token_chooser::verdict at1 = chooser.judge(row.data(), 4, seq, drafted, 1, nullptr);
+    CHECK(at1.token == 1 && at1.mismatch);
+    const cospec::token_chooser::verdict bonus = chooser.judge(row.data(), 4, seq, drafted, 2, nullptr);
+    CHECK(bonus.token == 1 && !bonus.mismatch); // past the block: no draft token to mismatch
+}
+
+void test_seeded_sampling_is_reproducible_and_follows_the_distribution() {
+    const std::vector<float> row = {std::log(0.6f), std::log(0.3f), std::log(0.1f)};
+    const std::vector<int32_t> seq = {};
+    double t_ms = 0.0;
+    cospec::token_chooser a(at_temperature(1.0f), 42, 1.0f, 64, t_ms), b(at_temperature(1.0f), 42, 1.0f, 64, t_ms);
+    cospec::token_chooser other_seed(at_temperature(1.0f), 43, 1.0f, 64, t_ms);
+    CHECK(!a.greedy());
+    std::vector<int32_t> from_a, from_b, from_other;
+    int32_t counts[3] = {0, 0, 0};
+    const int n = 20000;
+    for (int i = 0; i < n; ++i) {
+        from_a.push_back(a.choose(row.data(), 3, seq));
+        from_b.push_back(b.choose(row.data(), 3, seq));
+        from_other.push_back(other_seed.choose(row.data(), 3, seq));
+        counts[from_a.back()] += 1;
+    }
+    CHECK(from_a == from_b);
+    CHECK(from_a != from_other);
+    CHECK(near(counts[0] / (double) n, 0.6, 0.02) && near(counts[1] / (double) n, 0.3, 0.02) &&
+          near(counts[2] / (double) n, 0.1, 0.02));
+}
+
+void test_a_certain_proposal_is_accepted_with_the_targets_probability_and_replaced_from_the_rest() {
+    // The target gives the proposed token 1 a probability of 0.25: accepted about a quarter of the
+    // time; refused, the token comes from p without it (0 and 2 at 0.5 : 0.25).
+    const std::vector<float> row = {std::log(0.5f), std::log(0.25f), std::log(0.25f)};
+    const std::vector<int32_t> seq = {}, drafted = {1};
+    double t_ms = 0.0;
+    cospec::token_chooser chooser(at_temperature(1.0f), 7, 1.0f, 64, t_ms);
+    int32_t accepted = 0, replaced[3] = {0, 0, 0};
+    const int n = 20000;
+    for (int i = 0; i < n; ++i) {
+        chooser.begin_verify();
+        const cospec::token_chooser::verdict v = chooser.judge(row.data(), 3, seq, drafted, 0, nullptr);
+        CHECK(v.mismatch == (v.token != 1));
+        if (v.mismatch) {
+            replaced[v.token] += 1;
+        } else {
+            accepted += 1;
+        }
+    }
+    CHECK(near(accepted / (double) n, 0.25, 0.02));
+    CHECK(replaced[1] == 0 && near(replaced[0] / (double) (n - accepted), 2.0 / 3.0, 0.02));
+}
+
+void test_a_drafted_token_with_its_q_is_judged_losslessly() {
+    // p = (0.5, 0.3, 0.2), the draft's q = (0.2, 0.6, 0.2) over the same ids. The output's token
+    // must follow p whatever the draft drew: draw d from q, judge it, count the outcome.
+    const std::vector<float> row = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+    const std::vector<float> q = {0.2f, 0.6f, 0.2f};
+    const std::vector<int32_t> seq = {};
+    double t_ms = 0.0;
+    cospec::token_chooser chooser(at_temperature(1.0f), 11, 1.0f, 64, t_ms);
+    std::mt19937_64 draw(5);
+    int32_t out[3] = {0, 0, 0};
+    const int n = 40000;
+    for (int i = 0; i < n; ++i) {
+        const std::vector<int32_t> drafted = {cospec::sample_from(q, draw)};
+        chooser.begin_verify();
+        const cospec::token_chooser::verdict v = chooser.judge(row.data(), 3, seq, drafted, 0, &q);
+        CHECK(v.mismatch == (v.token != drafted[0]));
+        out[v.token] += 1;
+    }
+    CHECK(near(out[0] / (double) n, 0.5, 0.015) && near(out[1] / (double) n, 0.3, 0.015) &&
+          near(out[2] / (double) n, 0.2, 0.015));
+}
+
+void test_the_draft_declines_below_p_min_and_drafts_among_the_shared_ids() {
+    // The draft's vocabulary is 4 tokens, of which the target shares the first 3: its top token
+    // (3) is not one the target has, so the greedy draft takes the best of the first 3.
+    const std::vector<float> row = {1.0f, 2.0f, 0.0f, 5.0f};
+    const std::vector<int32_t> seq = {}, drafted = {};
+    double t_ms = 0.0;
+    cospec::token_chooser chooser(at_temperature(0.0f), 1, 1.0f, 64, t_ms);
+    chooser.begin_draft();
+    CHECK(chooser.draft(row.data(), 3, 4, seq, drafted, 0, 0.0f, nullptr) == 1);
+    CHECK(chooser.draft(row.data(), 3, 4, seq, drafted, 0, 0.99f, nullptr) == -1); // top probability ~0.93
+    CHECK(chooser.draft_free(row.data(), 4, 0.0f) == 3);
+    CHECK(chooser.draft_free(row.data(), 4, 0.99f) == -1);
+    // Sampling never declines, and leaves its distribution over the shared ids in q.
+    cospec::token_chooser sampled(at_temperature(1.0f), 1, 1.0f, 64, t_ms);
+    std::vector<float> q;
+    sampled.begin_draft();
+    const int32_t d = sampled.draft(row.data(), 3, 4, seq, drafted, 0, 0.99f, &q);
+    CHECK(d >= 0 && d < 3 && q.size() == 3 && near(q[1] / q[0], std::exp(1.0), 1e-4));
+}
+
+void test_no_grammar_trims_nothing() {
+    std::vector<int32_t> proposal = {5, 6, 7};
+    double t_ms = 0.0;
+    cospec::token_chooser chooser(at_temperature(0.0f), 1, 1.0f, 64, t_ms);
+    CHECK(!chooser.has_grammar());
+    chooser.trim(proposal, nullptr);
+    CHECK(proposal == std::vector<int32_t>({5, 6, 7}));
+}
+
 } // namespace
 
 int main() {
@@ -236,6 +373,13 @@ int main() {
     test_the_penalty_window_spans_the_sequence_and_the_blocks_drafted_tokens();
     test_logprobs_list_the_likeliest_first_and_pad_a_small_vocabulary();
     test_argmax_takes_the_first_of_equals();
+    test_the_greedy_choice_is_the_argmax_of_the_penalised_row();
+    test_a_greedy_verdict_is_the_argmax_of_the_row_penalised_for_the_drafted_tokens_before_it();
+    test_seeded_sampling_is_reproducible_and_follows_the_distribution();
+    test_a_certain_proposal_is_accepted_with_the_targets_probability_and_replaced_from_the_rest();
+    test_a_drafted_token_with_its_q_is_judged_losslessly();
+    test_the_draft_declines_below_p_min_and_drafts_among_the_shared_ids();
+    test_no_grammar_trims_nothing();
     std::printf("%d checks, %d failed\n", checks, failures);
     return failures == 0 ? 0 : 1;
 }
