@@ -1,9 +1,10 @@
 // The decoding loop: draft -> verify -> arbitrate, plus plain target-only and
 // draft-only decoding through the same machinery.
+#include "block_sources.h"
+#include "decoder.h"
 #include "engine.h"
 #include "grammar.h"
 #include "sampling.h"
-#include "text_bridge.h"
 #include "text_stream.h"
 #include "token_choice.h"
 
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -34,64 +36,16 @@ struct cospec_result {
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
+using cospec::clock_type;
 using cospec::fill_batch;
+using cospec::lap_timer;
+using cospec::ms_since;
+using cospec::nonfinite_logits;
+using cospec::tuner_samples;
 
 constexpr const char * GRAMMAR_PARSE_ERROR = "the grammar does not parse as GBNF, llama.cpp's grammar format (its "
                                              "parser writes why to standard error)";
 constexpr uint64_t ARBITER_SEED_SALT = 0xa5b17e4c0ffee5edULL;
-// Tokens a block's first draft call catches up on after a block: the last
-// drafted token and the target's bonus or fallback. A longer catch-up (after
-// plain steps) is no draft step, so the tuner is not told its time.
-constexpr size_t BLOCK_CATCH_UP = 2;
-// The fixed cost model's price of an n-gram proposal, in target steps: a table lookup.
-constexpr double NGRAM_DRAFT_COST = 0.001;
-
-double ms_since(clock_type::time_point t0) {
-    return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-}
-
-// The time a running total of decode time (a stats field) gained since the
-// last reading: the tuner's samples come off the clock the stats report.
-class lap_timer {
-  public:
-    explicit lap_timer(const double & total) : total(total), from(total) {}
-    double lap() {
-        const double ms = total - from;
-        from = total;
-        return ms;
-    }
-
-  private:
-    const double & total;
-    double from;
-};
-
-// What one speculative step tells the tuner (the arguments of its observe_*
-// calls), collected as the step runs and handed over when it ends. A part is
-// absent where the step ended (an error, an abort) before taking it.
-struct tuner_samples {
-    struct draft_calls {
-        double first_ms; // < 0: a long catch-up, not timed
-        double step_ms;  // the mean of the later steps
-        int32_t n_steps;
-        double catch_up_ms = -1.0; // a long catch-up's time (< 0: none), and the reply tokens it read
-        int32_t n_caught_up = 0;
-    };
-    struct verify_decode {
-        int32_t n_tokens;
-        double ms;
-        bool fair; // the target's decode before it had the same size
-    };
-    struct block_outcome {
-        int32_t n_drafted;
-        int32_t n_accepted;
-        bool ended_early;
-    };
-    std::optional<draft_calls> draft;
-    std::optional<verify_decode> verify;
-    std::optional<block_outcome> block;
-};
 
 class generation {
   public:
@@ -106,7 +60,7 @@ class generation {
         // tuner below, so a run with a learned arbiter never depends on timing, gated or not.
         arbiter_can_keep = keeping_arbiter && p.arbiter->admits(prompt, n_prompt);
         st.arbiter_abstained = keeping_arbiter && !arbiter_can_keep;
-        keep_draft_logits = arbiter_can_keep && p.arbiter->needs_draft_logits();
+        const bool keep_draft_logits = arbiter_can_keep && p.arbiter->needs_draft_logits();
         keep_threshold = p.arbiter != nullptr ? p.arbiter->threshold() : 0.5f;
         // When block lengths can change the output (a kept mismatch; sampling,
         // whose random stream follows the blocks) they must not depend on
@@ -131,26 +85,9 @@ class generation {
                 e.tuner_draft_p_min = p.draft_p_min;
             }
         }
-        if (e.has_draft) {
-            n_shared = std::min(e.target.n_vocab, e.draft.n_vocab);
-        }
-        choose_sources(keeping_arbiter);
-        draft_can_read = p.mode != COSPEC_MODE_SPECULATIVE || use_model; // no draft model: nothing to feed it
-        if (use_model && !e.vocab_difference.empty()) {
-            bridge.emplace(e.target.vocab, e.draft.vocab);
-        }
-        if (use_ngram) {
-            // Where the output must be a function of the call's inputs (an arbiter that keeps,
-            // sampling), proposals come from this call's text alone and lengths from counts.
-            if (keeping_arbiter || !greedy) {
-                call_ngram_tuner.use_fixed_costs(NGRAM_DRAFT_COST, fixed_verify_cost());
-                ngram = &call_ngram;
-                ngram_tuner = &call_ngram_tuner;
-            } else {
-                ngram = &e.ngram;
-                ngram_tuner = &e.ngram_tuner;
-            }
-        }
+        // Where the output must be a function of the call's inputs (an arbiter that keeps,
+        // sampling), the n-gram drafter proposes from this call's text alone.
+        choose_sources(keeping_arbiter, keeping_arbiter || !greedy, keep_draft_logits);
     }
 
     int32_t run(const cospec_token * prompt, int32_t n_prompt) {
@@ -167,17 +104,11 @@ class generation {
         }
         seq.assign(prompt, prompt + n_prompt);
         if (p.mode == COSPEC_MODE_DRAFT_ONLY && !e.vocab_difference.empty()) {
-            seq = draft_prompt(prompt, n_prompt); // a draft of another vocabulary decodes alone in its own tokens
+            seq = cospec::draft_prompt(e, p, prompt, n_prompt); // a draft of another vocabulary decodes alone in its own tokens
         }
         const size_t n_before_last = seq.size() - 1;
-        if (use_ngram) {
-            ngram->begin(prompt, (size_t) n_prompt);
-        }
-        for (int32_t i = 0; i < n_prompt && e.has_draft && !bridge; ++i) {
-            draft_can_read = draft_can_read && prompt[i] < e.draft.n_vocab;
-        }
-        if (bridge) {
-            bridge->begin(draft_prompt(prompt, n_prompt));
+        for (const auto & source : sources) {
+            source->begin(prompt, n_prompt);
         }
 
         // Prompt: every token but the last goes into the caches now; the last
@@ -189,12 +120,9 @@ class generation {
             status = sync(e.draft, n_before_last, false, st.t_draft_ms, &reused);
         } else {
             status = sync(e.target, n_before_last, false, st.t_verify_ms, &reused);
-            if (status == COSPEC_OK && stop == COSPEC_STOP_NONE && p.mode == COSPEC_MODE_SPECULATIVE && draft_can_read) {
-                if (bridge) {
-                    const std::vector<llama_token> & own = bridge->draft_tokens();
-                    status = sync_to(e.draft, own, own.size() - 1, false, st.t_draft_ms, nullptr);
-                } else {
-                    status = sync(e.draft, n_before_last, false, st.t_draft_ms, nullptr);
+            for (const auto & source : sources) {
+                if (status == COSPEC_OK && stop == COSPEC_STOP_NONE) {
+                    status = source->read_prompt(seq); // a draft model reads the prompt too
                 }
             }
         }
@@ -244,200 +172,74 @@ class generation {
     // Token choice (penalty, grammar, greedy or sampled, the verify verdicts) and its random stream.
     cospec::token_chooser chooser;
     bool arbiter_can_keep = false;
-    // False once the sequence holds a token beyond the draft's vocabulary (a
-    // draft may lack a few of the target's padding tokens): from then on the
-    // steps are plain target steps, still the target's output.
-    bool draft_can_read = true;
-    bool keep_draft_logits = false;
     float keep_threshold = 0.5f;
+    // The tuner of the draft model's blocks, which plain steps teach too (the engine's, or one of this call alone).
     cospec::draft_tuner call_tuner;
     cospec::draft_tuner * tuner = nullptr;
-    // Draft sources (cospec_draft_source): which this call uses, and which comes first.
-    bool use_model = false;
-    bool use_ngram = false;
-    bool ngram_first = true;
-    cospec::ngram_drafter call_ngram;
-    cospec::ngram_drafter * ngram = nullptr;
-    cospec::draft_tuner call_ngram_tuner;
-    cospec::draft_tuner * ngram_tuner = nullptr;
-    bool block_from_ngram = false; // the block being verified came from the n-gram drafter
-    // A draft model of another vocabulary drafts text: the bridge re-encodes the reply for it and
-    // its proposals for the target. Its blocks are verified as the n-gram drafter's are: each
-    // proposed token is one the target may take or not, with no draft probability of it.
-    std::optional<cospec::text_bridge> bridge;
-    std::vector<llama_token> draft_own; // the draft's proposal in its own tokens
-    bool after_text_block = false;      // the last step verified a text block (its catch-up is a block's)
-    int32_t n_unread_by_draft = 0;      // tokens plain steps wrote since the draft last read the text
+    // Where blocks come from, in the call's order (cospec_generate_params.draft_sources); the
+    // source of the block being verified.
+    std::vector<std::unique_ptr<cospec::block_source>> sources;
+    cospec::block_source * current = nullptr;
     // Tokens in this call's last target decode (0: none yet, the prompt's
     // batch came last). llama.cpp rebuilds its graph when the size changes, so
     // only a decode of the same size as the last one times a fair cost.
     int32_t last_target_n = 0;
-    int32_t n_shared = 0; // token ids both vocabularies share
 
     std::vector<llama_token> seq; // prompt + generated tokens
     int32_t stop = COSPEC_STOP_NONE;
+    cospec::decoder calls {e, st, stop};
     cospec::text_stream text {r.text, stop_strings(p)};
     std::vector<char> piece;
 
     // Per-block buffers, kept across steps to avoid reallocations.
-    std::vector<llama_token> drafted;
-    bool draft_declined = false; // the draft stopped the block itself (--draft-p-min)
-    std::vector<float> draft_logits;
-    // A draft of another vocabulary, for an arbiter that reads the draft: draft_logits hold its
-    // rows per own token; these, per target position of the block (cospec_block.draft_own).
-    std::vector<float> aligned_draft_logits;
-    std::vector<llama_token> draft_own_at, draft_alt_at;
-    std::vector<uint8_t> starts_with_own; // the target token begins where draft_own_at's does
-    std::vector<std::vector<float>> draft_probs;
+    cospec::proposal proposed;
     std::vector<float> target_logits_copy;
     std::vector<llama_token> target_tokens;
     std::vector<uint8_t> mismatch;
     std::vector<float> p_keep;
     cospec_block block {};
 
-    // The draft sources of this call, COSPEC_DRAFT_AUTO resolved (see enum cospec_draft_source).
-    void choose_sources(bool keeping_arbiter) {
+    // The draft sources of this call in order, COSPEC_DRAFT_AUTO resolved (see enum
+    // cospec_draft_source): an arbiter that keeps mismatches leaves the n-gram drafter out of AUTO.
+    void choose_sources(bool keeping_arbiter, bool call_only, bool keep_draft_logits) {
         if (p.mode != COSPEC_MODE_SPECULATIVE) {
             return;
         }
-        int32_t rank = 0, model_rank = -1, ngram_rank = -1;
+        const cospec::source_env env {e, p, st, chooser, calls};
+        bool has_model = false, has_ngram = false;
         for (int32_t i = 0; i < COSPEC_N_DRAFT_SOURCES && p.draft_sources[i] != COSPEC_DRAFT_NONE; ++i) {
             const int32_t src = p.draft_sources[i];
-            if ((src == COSPEC_DRAFT_NGRAM || (src == COSPEC_DRAFT_AUTO && !keeping_arbiter)) && ngram_rank < 0) {
-                ngram_rank = rank++;
+            if ((src == COSPEC_DRAFT_NGRAM || (src == COSPEC_DRAFT_AUTO && !keeping_arbiter)) && !has_ngram) {
+                has_ngram = true;
+                sources.push_back(std::make_unique<cospec::ngram_source>(env, call_only, fixed_verify_cost()));
             }
-            if ((src == COSPEC_DRAFT_MODEL || src == COSPEC_DRAFT_AUTO) && model_rank < 0) {
-                model_rank = rank++;
+            if ((src == COSPEC_DRAFT_MODEL || src == COSPEC_DRAFT_AUTO) && !has_model) {
+                has_model = true;
+                if (!e.has_draft) {
+                    continue;
+                }
+                if (e.vocab_difference.empty()) {
+                    sources.push_back(std::make_unique<cospec::draft_model_source>(env, *tuner, keep_draft_logits));
+                } else {
+                    sources.push_back(std::make_unique<cospec::text_draft_source>(env, *tuner, keep_draft_logits));
+                }
             }
         }
-        use_model = model_rank >= 0 && e.has_draft;
-        use_ngram = ngram_rank >= 0;
-        ngram_first = !use_model || ngram_rank < model_rank;
     }
 
     // ------------------------------------------------------------ llama.cpp calls
-
-    // Decode s.batch. A failed or aborted decode may have left part of the
-    // batch in the cache: drop everything from pos0 on so `cached` stays true.
-    // The time includes the device's work: on a GPU llama_decode returns once
-    // the work is queued, and the tuner's cost model needs what a step costs.
-    // (Every decode's results are read right after it, so waiting here adds
-    // no stall that reading them would not.)
-    int32_t decode(model_slot & s, double & t_acc, llama_pos pos0) {
-        const auto t0 = clock_type::now();
-        const int32_t ret = llama_decode(s.ctx, s.batch);
-        if (ret == 0) {
-            llama_synchronize(s.ctx);
-        }
-        t_acc += ms_since(t0);
-        (&s == &e.target ? st.n_target_decoded : st.n_draft_decoded) += s.batch.n_tokens;
-        if (ret == 0) {
-            return COSPEC_OK;
-        }
-        if (!llama_memory_seq_rm(llama_get_memory(s.ctx), 0, pos0, -1)) {
-            s.clear_cache(); // a memory that cannot drop the failed batch's part starts over
-        }
-        s.cached.resize(std::min(s.cached.size(), (size_t) pos0));
-        if (ret == 2 || e.abort_flag.load()) {
-            stop = COSPEC_STOP_ABORTED;
-            return COSPEC_OK;
-        }
-        if (ret == 1) {
-            return cospec::fail(COSPEC_ERR_CONTEXT_FULL, "the KV cache has no room for " + std::to_string(s.batch.n_tokens) +
-                                                             " more tokens at position " + std::to_string(pos0));
-        }
-        return cospec::fail(COSPEC_ERR_DECODE, "llama_decode failed with code " + std::to_string(ret));
-    }
 
     // Make the cache of `s` hold exactly seq[0..n), reusing the longest prefix
     // it already holds. With want_logits the last of those tokens is decoded
     // now, so its logits are ready.
     int32_t sync(model_slot & s, size_t n, bool want_logits, double & t_acc, size_t * n_reused) {
-        return sync_to(s, seq, n, want_logits, t_acc, n_reused);
+        return calls.sync_to(s, seq, n, want_logits, t_acc, n_reused);
     }
 
-    // The same for any token sequence in s's vocabulary (a draft of another vocabulary reads its own).
-    int32_t sync_to(model_slot & s, const std::vector<llama_token> & tokens, size_t n, bool want_logits, double & t_acc,
-                    size_t * n_reused) {
-        size_t keep_n = 0;
-        const size_t limit = std::min(n, s.cached.size());
-        while (keep_n < limit && s.cached[keep_n] == tokens[keep_n]) {
-            keep_n += 1;
-        }
-        if (want_logits && keep_n == n && n > 0) {
-            keep_n = n - 1;
-        }
-        if (keep_n < s.cached.size()) {
-            if (llama_memory_seq_rm(llama_get_memory(s.ctx), 0, (llama_pos) keep_n, -1)) {
-                s.cached.resize(keep_n);
-            } else if (restore(s, keep_n)) {
-                keep_n = s.cached.size();
-            } else {
-                // A memory that cannot drop a tail and has no saved state below it: start over.
-                s.clear_cache();
-                keep_n = 0;
-            }
-        }
-        if (s.saved.valid && s.saved.n_tokens > s.cached.size()) {
-            s.saved.valid = false; // it described tokens the cache no longer holds
-        }
-        if (n_reused != nullptr) {
-            *n_reused = keep_n;
-        }
-        while (keep_n < n) {
-            const int32_t chunk = (int32_t) std::min((size_t) e.n_batch, n - keep_n);
-            fill_batch(s, tokens.data() + keep_n, chunk, (llama_pos) keep_n, false);
-            s.batch.logits[chunk - 1] = want_logits && keep_n + chunk == n;
-            if (const int32_t status = decode(s, t_acc, (llama_pos) keep_n); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
-                return status;
-            }
-            s.cached.insert(s.cached.end(), tokens.begin() + keep_n, tokens.begin() + keep_n + chunk);
-            keep_n += chunk;
-        }
-        return COSPEC_OK;
-    }
-
-    // Before decoding tokens a rollback may take back (a block's drafts), save the state of a
-    // memory that cannot drop a tail. A failed save only costs the rollback a full re-decode.
-    void checkpoint(model_slot & s) {
-        if (!s.tail_fixed || (s.saved.valid && s.saved.n_tokens == s.cached.size())) {
-            return;
-        }
-        const size_t size = llama_state_seq_get_size_ext(s.ctx, 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-        s.saved.state.resize(size);
-        s.saved.valid = size > 0 && llama_state_seq_get_data_ext(s.ctx, s.saved.state.data(), size, 0,
-                                                                 LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) == size;
-        s.saved.n_tokens = s.cached.size();
-    }
-
-    // Roll s back to its saved state where that lies within the first keep_n cached tokens: the
-    // recurrent part from the checkpoint, the attention part of a hybrid by dropping its tail.
-    bool restore(model_slot & s, size_t keep_n) {
-        if (!s.saved.valid || s.saved.n_tokens > keep_n) {
-            return false;
-        }
-        llama_memory_t mem = llama_get_memory(s.ctx);
-        const size_t size = s.saved.state.size();
-        if (llama_state_seq_set_data_ext(s.ctx, s.saved.state.data(), size, 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) != size ||
-            !llama_memory_seq_rm(mem, 0, (llama_pos) s.saved.n_tokens, -1)) {
-            s.saved.valid = false;
-            return false;
-        }
-        s.cached.resize(s.saved.n_tokens);
-        st.n_restored += 1;
-        return true;
-    }
-
-    // A model whose weights or metadata are broken can compute NaN or infinite
-    // logits; argmax then picks token 0 forever. Refuse to emit garbage.
     int32_t grammar_dead_end() {
         return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "the grammar allows no token of the model's vocabulary here (text "
                                                          "so far: \"" + r.text.substr(r.text.size() > 80 ? r.text.size() - 80 : 0) +
                                                          "\")");
-    }
-
-    int32_t nonfinite_logits() {
-        return cospec::fail(COSPEC_ERR_DECODE, "the model computed non-finite logits (corrupt weights or metadata?)");
     }
 
     // ------------------------------------------------------------ output
@@ -465,12 +267,8 @@ class generation {
         r.tokens.push_back(tok);
         r.provenance.push_back(provenance);
         st.n_generated += 1;
-        draft_can_read = draft_can_read && (!e.has_draft || bridge || tok < e.draft.n_vocab);
-        if (use_ngram) {
-            ngram->append(tok);
-        }
-        if (bridge) {
-            bridge->append_target(tok);
+        for (const auto & source : sources) {
+            source->append(tok);
         }
         switch (provenance) {
             case COSPEC_PROV_MATCH:    st.n_accepted += 1; break;
@@ -564,138 +362,25 @@ class generation {
         return COSPEC_OK;
     }
 
-    // Propose up to k tokens with the draft after seq. The draft's logits are
-    // copied per token only when the arbiter reads them.
-    int32_t draft_block(int32_t k, std::optional<tuner_samples::draft_calls> & timing) {
-        drafted.clear();
-        draft_declined = false;
-        const size_t n_past = seq.size() - 1;
-        if (k <= 0) {
-            return COSPEC_OK;
-        }
-        // The first decode also catches the draft up on the tokens it has not
-        // seen: after a block that is the bonus or fallback token (and the last
-        // drafted one), after plain steps every token since. It is timed apart
-        // from the later steps.
-        lap_timer draft_time(st.t_draft_ms);
-        size_t n_reused = 0;
-        if (const int32_t status = sync(e.draft, n_past + 1, true, st.t_draft_ms, &n_reused); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
-            return status;
-        }
-        const double catch_up_ms = draft_time.lap();
-        const bool long_catch_up = n_past + 1 - n_reused > BLOCK_CATCH_UP;
-        const double first_ms = long_catch_up ? -1.0 : catch_up_ms;
-        const int32_t n_caught_up = std::exchange(n_unread_by_draft, 0);
-        checkpoint(e.draft);
-        int32_t n_steps = 0; // single-token draft steps after the first call
-        const int32_t nv = e.draft.n_vocab;
-        if (keep_draft_logits) {
-            draft_logits.resize((size_t) k * nv);
-        }
-        if (!chooser.greedy() && draft_probs.size() < (size_t) k) {
-            draft_probs.resize(k);
-        }
-        chooser.begin_draft(); // the draft proposes only what the grammar allows
-        for (int32_t i = 0; i < k; ++i) {
-            const float * row = llama_get_logits_ith(e.draft.ctx, -1);
-            if (keep_draft_logits) {
-                std::memcpy(draft_logits.data() + (size_t) i * nv, row, sizeof(float) * nv);
-            }
-            const llama_token d = chooser.draft(row, n_shared, nv, seq, drafted, i, p.draft_p_min,
-                                                chooser.greedy() ? nullptr : &draft_probs[i]);
-            if (d < 0) {
-                // The draft is unsure (--draft-p-min: verifying further guesses would waste target
-                // work), or the grammar allows none of its tokens here: the target decides alone.
-                draft_declined = true;
-                break;
-            }
-            if (!std::isfinite(row[d])) {
-                drafted.clear();
-                return nonfinite_logits();
-            }
-            drafted.push_back(d);
-            if (chooser.has_grammar() && llama_vocab_is_eog(e.target.vocab, d)) {
-                break; // an end the grammar allows: nothing follows it
-            }
-            chooser.accept_drafted(e.target.vocab, d);
-            if (i + 1 == k || e.abort_flag.load()) {
-                break;
-            }
-            const llama_pos pos = (llama_pos) (n_past + 1 + i);
-            fill_batch(e.draft, &d, 1, pos, true);
-            if (const int32_t status = decode(e.draft, st.t_draft_ms, pos); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
-                drafted.clear();
-                return status;
-            }
-            e.draft.cached.push_back(d);
-            n_steps += 1;
-        }
-        timing = {first_ms, n_steps > 0 ? draft_time.lap() / n_steps : 0.0, n_steps,
-                  long_catch_up ? catch_up_ms : -1.0, n_caught_up};
-        return COSPEC_OK;
-    }
-
-    // How many tokens the next block drafts: never past the token budget, the
-    // context or the batch; with adaptive drafting, what the tuner expects to pay.
-    int32_t block_length(size_t n_past, cospec::draft_tuner & source_tuner) {
-        int32_t k = block_budget(n_past, p.n_draft);
-        if (p.adaptive_draft && k > 0) { // (a step the budget makes plain asks nothing, starts no probe)
-            k = std::min(k, source_tuner.choose(p.n_draft, n_unread_by_draft));
-        }
-        return std::max(k, 0);
-    }
-
-    // The most draft tokens the next block may hold: k_max, within the token budget, the context and the batch.
-    int32_t block_budget(size_t n_past, int32_t k_max) const {
-        int32_t k = k_max;
-        k = std::min(k, p.n_predict - st.n_generated - 1);
+    // The most tokens the next block may hold: the token budget, the context and the batch.
+    int32_t block_room(size_t n_past) const {
+        int32_t k = p.n_predict - st.n_generated - 1;
         k = std::min(k, e.n_ctx - (int32_t) n_past - 1);
         return std::min(k, e.n_batch - 1);
-    }
-
-    // The n-gram drafter's proposal for the next block, where it has one and its tuner takes a
-    // block now (drafted holds it); false: this step is not an n-gram block. The tuner weighs
-    // each proposed token by the acceptance the drafter learned at its match length, so a copied
-    // span (long matches, accepted in runs) is verified far further than a 2-token match in chat.
-    bool propose_ngram(size_t n_past, std::optional<tuner_samples::draft_calls> & timing) {
-        const int32_t k_max = block_budget(n_past, p.n_draft_ngram);
-        if (k_max <= 0) {
-            return false;
-        }
-        const auto t0 = clock_type::now();
-        ngram->propose(k_max, drafted);
-        chooser.trim(drafted, e.target.vocab);
-        const double lookup_ms = std::max(ms_since(t0), 1e-6);
-        if (drafted.empty()) {
-            return false;
-        }
-        const int32_t n = (int32_t) drafted.size();
-        const int32_t k = p.adaptive_draft ? ngram_tuner->choose_for_proposal(ngram->acceptance().data(), n, last_target_n - 1) : n;
-        if (k <= 0) {
-            ngram->feedback(0, 0);
-            ngram_tuner->observe_held();
-            drafted.clear();
-            return false;
-        }
-        // The n-gram tuner learns acceptance from the drafter's estimates, not from how blocks end.
-        draft_declined = false;
-        drafted.resize((size_t) k);
-        timing = tuner_samples::draft_calls {lookup_ms, 0.0, 0};
-        return true;
     }
 
     // Decode [last, d_1..d_kd] with the target in one batch, logits everywhere,
     // and judge every position the walk may reach. Returns the verify rows.
     int32_t verify_block(size_t n_past, const float ** rows, std::optional<tuner_samples::verify_decode> & timing) {
-        const int32_t kd = (int32_t) drafted.size();
+        const int32_t kd = (int32_t) proposed.tokens.size();
         if (const int32_t status = sync(e.target, n_past, false, st.t_verify_ms, nullptr); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
         model_slot & t = e.target;
-        checkpoint(t);
+        calls.checkpoint(t);
         fill_batch(t, &seq.back(), 1, (llama_pos) n_past, true);
         for (int32_t i = 0; i < kd; ++i) {
-            t.batch.token[i + 1] = drafted[i];
+            t.batch.token[i + 1] = proposed.tokens[i];
             t.batch.pos[i + 1] = (llama_pos) (n_past + 1 + i);
             t.batch.n_seq_id[i + 1] = 1;
             t.batch.seq_id[i + 1][0] = 0;
@@ -703,7 +388,7 @@ class generation {
         }
         t.batch.n_tokens = kd + 1;
         lap_timer verify_time(st.t_verify_ms);
-        if (const int32_t status = decode(t, st.t_verify_ms, (llama_pos) n_past); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+        if (const int32_t status = calls.decode(t, st.t_verify_ms, (llama_pos) n_past); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
         // A block after a decode of another size (plain steps, the prompt, a
@@ -711,7 +396,7 @@ class generation {
         timing = {kd + 1, verify_time.lap(), last_target_n == kd + 1};
         last_target_n = kd + 1;
         t.cached.push_back(seq.back());
-        t.cached.insert(t.cached.end(), drafted.begin(), drafted.end());
+        t.cached.insert(t.cached.end(), proposed.tokens.begin(), proposed.tokens.end());
         st.n_blocks += 1;
         st.n_drafted += kd;
 
@@ -733,11 +418,8 @@ class generation {
         // The lossless walk stops at the first mismatch, so later positions
         // need no verdict; an arbiter that can keep sees the whole block.
         for (int32_t j = 0; j <= kd; ++j) {
-            // Tokens the n-gram drafter or a draft of another vocabulary proposed come with certainty
-            // (the latter's probabilities are over its own tokens); the draft model's with its q.
-            const bool certain = block_from_ngram || bridge;
-            const cospec::token_chooser::verdict v = chooser.judge(logits + (size_t) j * nv, nv, seq, drafted, j,
-                                                                   certain || chooser.greedy() ? nullptr : &draft_probs[j]);
+            const cospec::token_chooser::verdict v = chooser.judge(logits + (size_t) j * nv, nv, seq, proposed.tokens, j,
+                                                                   current->draft_probs(j));
             target_tokens[j] = v.token;
             if (j < kd) {
                 mismatch[j] = v.mismatch;
@@ -752,7 +434,7 @@ class generation {
                 break;
             }
             if (j < kd) {
-                chooser.walk_accept(e.target.vocab, drafted[j]); // every drafted token follows the grammar
+                chooser.walk_accept(e.target.vocab, proposed.tokens[j]); // every drafted token follows the grammar
             }
         }
         return COSPEC_OK;
@@ -760,33 +442,21 @@ class generation {
 
     // Ask the arbiter for P(keep) at every mismatch of the block.
     int32_t arbitrate(size_t n_past, const float * rows) {
-        const int32_t kd = (int32_t) drafted.size();
+        const int32_t kd = (int32_t) proposed.tokens.size();
         p_keep.assign(kd, 0.0f);
         block = cospec_block {};
         block.index = st.n_blocks - 1;
         block.n_draft = kd;
         block.n_vocab_target = e.target.n_vocab;
         block.n_vocab_draft = e.draft.n_vocab;
-        block.draft = drafted.data();
+        block.draft = proposed.tokens.data();
         block.target = target_tokens.data();
         block.mismatch = mismatch.data();
         block.target_logits = rows;
-        block.draft_logits = !keep_draft_logits ? nullptr : bridge ? aligned_draft_logits.data() : draft_logits.data();
         block.context = seq.data(); // the walk may have grown seq: its first n_context tokens are the block's context
         block.n_context = (int32_t) n_past + 1;
         block.temperature = p.temperature;
-        if (bridge && keep_draft_logits) {
-            // The draft's token for the target's text at a position where its own token begins.
-            draft_alt_at.assign(kd, -1);
-            for (int32_t i = 0; i < kd; ++i) {
-                if (starts_with_own[i]) {
-                    const std::vector<llama_token> alt = cospec::encode(e.draft.vocab, cospec::token_bytes(e.target.vocab, target_tokens[i], false), false);
-                    draft_alt_at[i] = alt.empty() ? -1 : alt[0];
-                }
-            }
-            block.draft_own = draft_own_at.data();
-            block.draft_alt = draft_alt_at.data();
-        }
+        current->describe(block); // what the arbiter reads of the draft
         const auto t0 = clock_type::now();
         int32_t rc;
         try {
@@ -810,7 +480,7 @@ class generation {
     }
 
     // An arbiter that keeps decides the draft model's mismatches; an n-gram block's are refused.
-    bool arbiter_decides() const { return arbiter_can_keep && !block_from_ngram; }
+    bool arbiter_decides() const { return arbiter_can_keep && current->arbiter_may_decide(); }
 
     // A learned arbiter carries the verify cost its training blocks were drafted
     // under (arbiter.gguf's verify_cost, checked when it loaded): the lengths
@@ -838,14 +508,14 @@ class generation {
     // on short answers that is a large share of the blocks with a mismatch.
     // Its scores depend on the block alone, so asking late changes no decision.
     int32_t walk_block(size_t n_past, const float * rows, std::optional<tuner_samples::block_outcome> & outcome) {
-        const int32_t kd = (int32_t) drafted.size();
+        const int32_t kd = (int32_t) proposed.tokens.size();
         const size_t first_decision = r.decisions.size();
         bool scored = false;
         int32_t j = 0;
         for (; j < kd && stop == COSPEC_STOP_NONE; ++j) {
             const float * row = rows + (size_t) j * e.target.n_vocab;
             if (!mismatch[j]) {
-                emit(drafted[j], block_from_ngram ? COSPEC_PROV_NGRAM : COSPEC_PROV_MATCH, row);
+                emit(proposed.tokens[j], current->match_provenance(), row);
                 continue;
             }
             if (arbiter_decides() && !scored) {
@@ -862,7 +532,7 @@ class generation {
                 r.decisions.push_back({st.n_blocks - 1, j, (int32_t) r.tokens.size(), p_keep[j], keep});
             }
             if (keep) {
-                emit(drafted[j], COSPEC_PROV_KEPT, row);
+                emit(proposed.tokens[j], COSPEC_PROV_KEPT, row);
             } else {
                 emit(target_tokens[j], COSPEC_PROV_FALLBACK, row);
                 break;
@@ -872,7 +542,7 @@ class generation {
         // A block the draft cut short ended before K as a rejection ends it:
         // counted as one, a draft that declines every token (a high p-min)
         // brings the tuner to plain steps instead of asking for blocks forever.
-        outcome = {kd, j, rejected || draft_declined};
+        outcome = {kd, j, rejected || proposed.declined};
         if (!rejected && stop == COSPEC_STOP_NONE) {
             emit(target_tokens[kd], COSPEC_PROV_BONUS, rows + (size_t) kd * e.target.n_vocab);
         }
@@ -883,62 +553,62 @@ class generation {
         return COSPEC_OK;
     }
 
+    // The first source in order that offers drafts the block; no source offering, a plain target step.
     int32_t speculative_step() {
         const size_t n_past = seq.size() - 1; // position of the block's first input
         if (n_past >= (size_t) e.n_ctx) {
             stop = COSPEC_STOP_CONTEXT_FULL;
             return COSPEC_OK;
         }
-        // The first source in order that proposes a block drafts it; else a plain target step.
         tuner_samples samples;
-        block_from_ngram = use_ngram && ngram_first && propose_ngram(n_past, samples.draft);
-        int32_t k = 0;
-        if (!block_from_ngram && use_model && draft_can_read) {
-            k = block_length(n_past, *tuner);
+        const cospec::draft_context ctx {seq, n_past, block_room(n_past), last_target_n};
+        current = nullptr;
+        for (const auto & source : sources) {
+            if (source->offer(ctx, proposed, samples.draft)) {
+                current = source.get();
+                break;
+            }
         }
-        if (k == 0 && !block_from_ngram && use_ngram && !ngram_first) {
-            block_from_ngram = propose_ngram(n_past, samples.draft);
+        const size_t n_before = r.tokens.size();
+        const int32_t status = current != nullptr ? block_step(ctx, samples) : plain_target_step(samples);
+        // The source's own tuner learns from its block (the draft model's from a plain step); the
+        // others learn the target's costs.
+        cospec::draft_tuner & own = current != nullptr ? current->tuner() : *tuner;
+        tell_tuner(own, samples);
+        for (const auto & source : sources) {
+            if (&source->tuner() != &own && samples.verify) {
+                source->tuner().observe_verify(samples.verify->n_tokens, samples.verify->ms, samples.verify->fair);
+            }
         }
-        int32_t status;
-        if (block_from_ngram) {
-            status = ngram_block_step(n_past, samples);
-        } else if (k == 0) {
-            status = plain_target_step(samples);
-        } else {
-            status = bridge ? text_block_step(n_past, k, samples) : block_step(n_past, k, samples);
+        for (const auto & source : sources) {
+            source->stepped(current, (int32_t) (r.tokens.size() - n_before));
         }
-        // The source's own tuner learns from its block; both learn the target's costs.
-        cospec::draft_tuner & source = block_from_ngram ? *ngram_tuner : *tuner;
-        tell_tuner(source, samples);
-        cospec::draft_tuner * other = block_from_ngram ? (use_model ? tuner : nullptr) : (use_ngram ? ngram_tuner : nullptr);
-        if (other != nullptr && samples.verify) {
-            other->observe_verify(samples.verify->n_tokens, samples.verify->ms, samples.verify->fair);
-        }
-        block_from_ngram = false;
         return status;
     }
 
-    int32_t ngram_block_step(size_t n_past, tuner_samples & samples) {
-        const float * rows = nullptr;
-        const int32_t kd = (int32_t) drafted.size();
-        if (const int32_t status = verify_block(n_past, &rows, samples.verify); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+    // The block current offered: drafted (where it drafts after offering), verified, walked.
+    int32_t block_step(const cospec::draft_context & ctx, tuner_samples & samples) {
+        if (const int32_t status = current->draft(ctx, proposed, samples.draft); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
-        st.n_blocks_ngram += 1;
-        st.n_drafted_ngram += kd;
-        const size_t n_before = r.tokens.size();
-        const int32_t status = walk_block(n_past, rows, samples.block);
-        n_unread_by_draft += (int32_t) (r.tokens.size() - n_before); // the draft model reads them at its next block
-        if (samples.block) {
-            ngram->feedback(kd, samples.block->n_accepted);
+        if (proposed.tokens.empty() && !current->verifies_empty()) {
+            current = nullptr;     // the step is a plain one
+            samples.draft.reset(); // its time is the draft's, but no block followed it
+            return plain_target_step(samples);
         }
+        const float * rows = nullptr;
+        const int32_t verified = verify_block(ctx.n_past, &rows, samples.verify);
+        if (verified != COSPEC_OK || stop != COSPEC_STOP_NONE) {
+            return verified;
+        }
+        current->verified((int32_t) proposed.tokens.size());
+        const int32_t status = walk_block(ctx.n_past, rows, samples.block);
+        current->walked(samples.block);
         return status;
     }
 
     // Nothing to draft: a plain target step, not a block.
     int32_t plain_target_step(tuner_samples & samples) {
-        after_text_block = false;
-        n_unread_by_draft += 1; // a block after plain steps first catches the draft up on them
         lap_timer verify_time(st.t_verify_ms);
         size_t n_decoded = 0;
         const int32_t status = plain_step(e.target, COSPEC_PROV_TARGET, st.t_verify_ms, &n_decoded);
@@ -955,146 +625,11 @@ class generation {
         return status;
     }
 
-    int32_t block_step(size_t n_past, int32_t k, tuner_samples & samples) {
-        if (const int32_t status = draft_block(k, samples.draft); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
-            return status;
-        }
-        const float * rows = nullptr;
-        const int32_t verified = verify_block(n_past, &rows, samples.verify);
-        if (verified != COSPEC_OK || stop != COSPEC_STOP_NONE) {
-            return verified;
-        }
-        return walk_block(n_past, rows, samples.block);
-    }
-
-    // A draft of another vocabulary: k of its own tokens after the reply as it reads it, their
-    // text in the target's tokens, verified as one block. A proposal that adds no text the
-    // target can take (it parts from the bytes held back) makes the step a plain one.
-    int32_t text_block_step(size_t n_past, int32_t k, tuner_samples & samples) {
-        if (const int32_t status = draft_text(k, samples.draft); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
-            return status;
-        }
-        bridge->to_target(draft_own.data(), (int32_t) draft_own.size(), drafted);
-        const int32_t budget = std::max(block_budget(n_past, COSPEC_N_DRAFT_MAX), 0);
-        if ((int32_t) drafted.size() > budget) {
-            drafted.resize((size_t) budget);
-        }
-        chooser.trim(drafted, e.target.vocab);
-        if (keep_draft_logits) {
-            align_draft_rows();
-        }
-        if (drafted.empty()) {
-            samples.draft.reset(); // its time is the draft's, but no block followed it
-            return plain_target_step(samples);
-        }
-        const float * rows = nullptr;
-        const int32_t verified = verify_block(n_past, &rows, samples.verify);
-        if (verified != COSPEC_OK || stop != COSPEC_STOP_NONE) {
-            return verified;
-        }
-        after_text_block = true;
-        return walk_block(n_past, rows, samples.block);
-    }
-
-    // What an arbiter reads of the draft at each target position of a text block: the row where
-    // the draft chose its token covering that position's first byte, and that token.
-    void align_draft_rows() {
-        const cospec::text_bridge::alignment a = bridge->align(draft_own.data(), (int32_t) draft_own.size(), drafted);
-        const size_t nv = (size_t) e.draft.n_vocab;
-        aligned_draft_logits.resize(drafted.size() * nv);
-        draft_own_at.resize(drafted.size());
-        starts_with_own.assign(a.starts_there.begin(), a.starts_there.end());
-        for (size_t i = 0; i < drafted.size(); ++i) {
-            const size_t j = (size_t) a.covering[i];
-            std::memcpy(aligned_draft_logits.data() + i * nv, draft_logits.data() + j * nv, sizeof(float) * nv);
-            draft_own_at[i] = draft_own[j];
-        }
-    }
-
-    // The draft's own next k tokens after the reply as the bridge writes it for the draft.
-    int32_t draft_text(int32_t k, std::optional<tuner_samples::draft_calls> & timing) {
-        draft_own.clear();
-        drafted.clear();
-        draft_declined = false;
-        const std::vector<llama_token> & own = bridge->draft_tokens();
-        lap_timer draft_time(st.t_draft_ms);
-        size_t n_reused = 0;
-        if (const int32_t status = sync_to(e.draft, own, own.size(), true, st.t_draft_ms, &n_reused);
-            status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
-            return status;
-        }
-        const double catch_up_ms = draft_time.lap();
-        // After a text block the catch-up is the accepted text re-encoded, often more than
-        // BLOCK_CATCH_UP tokens: it is what a block's first call costs here, so it is timed;
-        // after plain steps it reads every token since, and is timed apart.
-        const double first_ms = after_text_block ? catch_up_ms : -1.0;
-        const int32_t n_caught_up = std::exchange(n_unread_by_draft, 0);
-        checkpoint(e.draft);
-        int32_t n_steps = 0;
-        const int32_t nv = e.draft.n_vocab;
-        if (keep_draft_logits) {
-            draft_logits.resize((size_t) k * nv);
-        }
-        for (int32_t i = 0; i < k; ++i) {
-            const float * row = llama_get_logits_ith(e.draft.ctx, -1);
-            if (keep_draft_logits) {
-                std::memcpy(draft_logits.data() + (size_t) i * nv, row, sizeof(float) * nv);
-            }
-            const llama_token d = chooser.draft_free(row, nv, p.draft_p_min);
-            if (d < 0) {
-                draft_declined = true;
-                break;
-            }
-            if (!std::isfinite(row[d])) {
-                return nonfinite_logits();
-            }
-            if (llama_vocab_is_eog(e.draft.vocab, d)) {
-                break; // the draft would end here: its text so far is the proposal
-            }
-            draft_own.push_back(d);
-            if (i + 1 == k || e.abort_flag.load()) {
-                break;
-            }
-            const llama_pos pos = (llama_pos) (own.size() + i);
-            fill_batch(e.draft, &d, 1, pos, true);
-            if (const int32_t status = decode(e.draft, st.t_draft_ms, pos); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
-                return status;
-            }
-            e.draft.cached.push_back(d);
-            n_steps += 1;
-        }
-        timing = {first_ms, n_steps > 0 ? draft_time.lap() / n_steps : 0.0, n_steps,
-                  after_text_block ? -1.0 : catch_up_ms, n_caught_up};
-        return COSPEC_OK;
-    }
-
-    // The draft's prompt: the caller's (its own rendering of the conversation), else the target
-    // prompt's text in the draft's tokens (its BOS first where its tokenizer adds one).
-    std::vector<llama_token> draft_prompt(const cospec_token * prompt, int32_t n_prompt) const {
-        if (p.draft_prompt != nullptr && p.n_draft_prompt > 0) {
-            return std::vector<llama_token>(p.draft_prompt, p.draft_prompt + p.n_draft_prompt);
-        }
-        std::string text;
-        for (int32_t i = 0; i < n_prompt; ++i) {
-            if (i == 0 && llama_vocab_get_add_bos(e.target.vocab) && prompt[0] == llama_vocab_bos(e.target.vocab)) {
-                continue; // the target's BOS: the draft gets its own
-            }
-            text += cospec::token_bytes(e.target.vocab, prompt[i], true);
-        }
-        std::vector<llama_token> out;
-        if (llama_vocab_get_add_bos(e.draft.vocab)) {
-            out.push_back(llama_vocab_bos(e.draft.vocab));
-        }
-        const std::vector<llama_token> body = cospec::encode(e.draft.vocab, text, true);
-        out.insert(out.end(), body.begin(), body.end());
-        return out;
-    }
-
     // In the order the step took them: its draft calls, its verify, its outcome.
     static void tell_tuner(cospec::draft_tuner & to, const tuner_samples & samples) {
         if (samples.draft) {
             to.observe_draft(samples.draft->first_ms, samples.draft->step_ms, samples.draft->n_steps);
-            if (samples.draft->catch_up_ms >= 0.0 && samples.draft->n_caught_up > (int32_t) BLOCK_CATCH_UP) {
+            if (samples.draft->catch_up_ms >= 0.0 && samples.draft->n_caught_up > (int32_t) cospec::BLOCK_CATCH_UP) {
                 to.observe_catch_up(samples.draft->catch_up_ms, samples.draft->n_caught_up);
             }
         }
