@@ -14,6 +14,7 @@
 #include "text_bridge.h"
 #include "token_choice.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <vector>
