@@ -695,3 +695,35 @@ def test_making_a_lora_arbiter_warns_of_nothing(f32_draft):
         warnings.simplefilter("always")
         random_lora_arbiter(f32_draft)
     assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
+
+
+def test_an_arbiter_of_another_format_version_or_without_its_lora_context_is_refused(demo_engine, tmp_path):
+    """The engine and the package read one format version (the C header's); a LoRA arbiter's file
+    must say where its adapter applies. Either fault is a clear error, never a guess."""
+    import shutil
+
+    import gguf
+
+    from cospec_local.arbiter.file_format import ARBITER_FILE, FORMAT_VERSION, KEY, read_meta
+    from cospec_local.formats.gguf_edit import rewrite_gguf
+
+    assert FORMAT_VERSION == _cospec.ARBITER_FORMAT_VERSION == 2
+    for name in NAMED_ARBITERS:  # the shipped files are of this version
+        assert int(read_meta(NAMED_ARBITERS[name].path)["version"]) == FORMAT_VERSION, name
+
+    def copy_with(name: str, edit) -> Path:
+        folder = tmp_path / name
+        shutil.copytree(NAMED_ARBITERS["demo-lora"].path, folder)
+        (folder / ARBITER_FILE).unlink()
+        reader = gguf.GGUFReader(NAMED_ARBITERS["demo-lora"].path / ARBITER_FILE, "r")
+        rewrite_gguf(reader, folder / ARBITER_FILE, kv_edit=edit)
+        return folder
+
+    older = copy_with("older", lambda key, value: 1 if key == KEY + "version" else value)
+    with pytest.raises(ArbiterError, match="format version 1.*reads version 2"):
+        demo_engine.arbiter(str(older))
+    with pytest.raises(ValueError, match="format version 1, this package reads version 2"):
+        read_meta(older)
+    unsaid = copy_with("no-context", lambda key, value: None if key == KEY + "lora_context" else value)
+    with pytest.raises(ArbiterError, match="lora_context"):
+        demo_engine.arbiter(str(unsaid))

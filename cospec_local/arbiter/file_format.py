@@ -88,8 +88,7 @@ class ArbiterBundle:
 
     @property
     def lora_context(self) -> str:
-        # Arbiters written before lora_context existed read the prefix with the adapter.
-        return self.meta.get("lora_context") or "adapter"
+        return self.meta["lora_context"]  # every lora arbiter's file says (format version 2)
 
     @property
     def info(self) -> dict:

@@ -331,8 +331,9 @@ int32_t cospec_model_fingerprint(const char * path, char * buf, size_t buf_size)
 // n_rows input rows of n_cols floats (one per mismatch position) to P(keep).
 typedef int32_t (*cospec_head_fn)(void * user_data, const float * inputs, int32_t n_rows, int32_t n_cols, float * p_keep);
 
-// The arbiter.gguf format version this engine reads (cospec_local/arbiter_bundle.py writes it).
-#define COSPEC_ARBITER_FORMAT_VERSION 1
+// The arbiter.gguf format version this engine reads (cospec_local/arbiter/file_format.py writes it).
+// 2: a lora arbiter's file says where its adapter applies (lora_context).
+#define COSPEC_ARBITER_FORMAT_VERSION 2
 
 struct cospec_learned_arbiter_params {
     const char * path;        // the arbiter: its folder, or the arbiter.gguf inside it

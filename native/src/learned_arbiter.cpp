@@ -43,7 +43,7 @@ namespace {
 
 constexpr const char * KEY_PREFIX = "cospec.arbiter.";
 constexpr uint32_t FORMAT_VERSION = COSPEC_ARBITER_FORMAT_VERSION;
-// The domain gate's bigrams (cospec_local/domain_gate.py): a tensor (n, 2) of token ids.
+// The domain gate's bigrams (cospec_local/arbiter/domain_gate.py): a tensor (n, 2) of token ids.
 constexpr const char * GATE_TENSOR = "gate.bigrams";
 constexpr int64_t MAX_GATE_BIGRAMS = 1 << 24; // 128 MiB of keys: far past any training set's prompts
 // The region holds a draft and a target token per block position.
@@ -362,7 +362,10 @@ int32_t read_metadata(const gguf_context * g, const std::string & who, bundle & 
     }
     b.lora_scale = v ? (float) *v : 1.0f;
     const auto context = b.meta.find("lora_context");
-    const std::string reader = context == b.meta.end() ? "adapter" : context->second;
+    if (context == b.meta.end()) {
+        return fail(COSPEC_ERR_ARBITER, who + ": no lora_context (where the adapter applies: draft or adapter)");
+    }
+    const std::string & reader = context->second;
     if (reader != "draft" && reader != "adapter") {
         return fail(COSPEC_ERR_ARBITER, who + ": unknown lora_context '" + reader + "' (expected draft or adapter)");
     }
