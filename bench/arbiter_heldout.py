@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from cospec_local.arbiter.catalog import resolve_arbiter_path
 from cospec_local.evaluation.task_eval import model_identity
 from cospec_local.models import resolve_model
 from cospec_local.tasks import load_task
-from cospec_local.train.rollout import GreedyTask, RolloutPool, ScreenTask, WorkerConfig
+from cospec_local.train.rollout import GreedyTask, RolloutPool, ScreenTask, Screening, WorkerConfig
 
 
 def main() -> None:
@@ -46,25 +47,25 @@ def main() -> None:
     with RolloutPool(wcfg, args.workers) as pool:
         cached = json.loads(args.cache.read_text()) if args.cache and args.cache.is_file() else {}
         if cached.get("key") == key:
-            screen = cached["screen"]
+            screen = {i: Screening(**s) for i, s in cached["screen"].items()}
         else:
-            screen = {s["problem_id"]: s for s in pool.map(ScreenTask(p) for p in every)}
+            screen = {s.problem_id: s for s in pool.map(ScreenTask(p) for p in every)}
             if args.cache:
-                args.cache.write_text(json.dumps({"key": key, "screen": screen}))
+                args.cache.write_text(json.dumps({"key": key, "screen": {i: asdict(s) for i, s in screen.items()}}))
         for spec in args.arbiters:
             name, _, threshold = spec.partition("@")
             folder = str(resolve_arbiter_path(name))
             for family, ps in problems.items():
-                todo = [p for p in ps if screen[p.id]["mismatches"] > 0]
-                runs = {r["problem_id"]: r for r in
+                todo = [p for p in ps if screen[p.id].mismatches > 0]
+                runs = {r.problem_id: r for r in
                         pool.map(GreedyTask(p, folder, float(threshold) if threshold else None) for p in todo)}
-                target = sum(screen[p.id]["target_correct"] for p in ps)
-                right = sum(runs[p.id]["correct"] if p.id in runs else screen[p.id]["target_correct"] for p in ps)
-                recovered = sum(r["correct"] and not screen[i]["target_correct"] for i, r in runs.items())
-                lost = sum(screen[i]["target_correct"] and not r["correct"] for i, r in runs.items())
+                target = sum(screen[p.id].target_correct for p in ps)
+                right = sum(runs[p.id].correct if p.id in runs else screen[p.id].target_correct for p in ps)
+                recovered = sum(r.correct and not screen[i].target_correct for i, r in runs.items())
+                lost = sum(screen[i].target_correct and not r.correct for i, r in runs.items())
                 print(f"{spec:40s} {family:7s} problems {len(ps)}  target-only {100 * target / len(ps):.2f}%  "
                       f"arbiter {100 * right / len(ps):.2f}%  recovered {recovered}  lost {lost}  "
-                      f"kept {sum(r['kept'] for r in runs.values())}", flush=True)
+                      f"kept {sum(r.kept for r in runs.values())}", flush=True)
 
 
 if __name__ == "__main__":

@@ -84,13 +84,13 @@ def test_every_report_ends_with_the_verdict_its_own_numbers_give(tmp_path):
     env = {"COSPEC_LOCAL_ARBITERS": str(tmp_path / "none-yet")}
     listed = run_cli("arbiter", "list", env=env).stdout
     lora = next(line for line in listed.splitlines() if line.startswith("demo-lora"))
-    assert "arith (test): target 78.2% -> 86.4% at 1.40x target-only (use the arbiter)" in lora
-    assert "pyfunc (test): target 84.0% -> 97.0% at 1.42x target-only (the draft alone is as good or better and " \
+    assert "arith (test): target 78.2% -> 86.4% at 1.47x target-only (use the arbiter)" in lora
+    assert "pyfunc (test): target 84.0% -> 97.0% at 1.39x target-only (the draft alone is as good or better and " \
            "faster)" in lora
     assert "(the draft alone is better and faster)" in next(l for l in listed.splitlines() if l.startswith("smollm2"))
     shown = run_cli("arbiter", "show", "demo-lora", env=env).stdout
     assert "verdict: use the arbiter: 86.4% against sps's 78.2%, beyond the 95% intervals" in shown
-    assert "verdict: the draft alone is as good or better (97.8% against 97.0%) and faster (3.40x against 1.42x " \
+    assert "verdict: the draft alone is as good or better (97.8% against 97.0%) and faster (3.63x against 1.39x " \
            "target-only): --mode draft-only" in shown
     summary = json.loads((Path(__file__).resolve().parents[1] / "bench" / "demo_arbiters_eval" / "arith"
                           / "results.json").read_text())
