@@ -33,8 +33,10 @@ def template(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def server(target_path, draft_paths):
+    # Fixed blocks: adaptive lengths learn from the machine's timings and may choose plain steps
+    # only, and the log-probabilities test needs tokens a draft proposed.
     srv = ServerProcess("-m", target_path, "-md", draft_paths["disagreeing"], "-a", "smollm2", "-c", "2048",
-                        "--chat-template-file", template("Qwen-Qwen2.5-7B-Instruct.jinja"))
+                        "--fixed-draft", "--chat-template-file", template("Qwen-Qwen2.5-7B-Instruct.jinja"))
     yield srv
     srv.stop()
 
