@@ -47,6 +47,10 @@ def comma_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
+# The types a field may have (a positional field may also be a list[str], of any length).
+_READABLE = (bool, int, float, str, Path, int | None, float | None, str | None, Path | None)
+
+
 def parse_config(cls: type[T], argv: list[str] | None = None, description: str | None = None,
                  epilog: str | None = None) -> T:
     """Command-line flags for every field of the dataclass `cls` (option's flags, else --field-name)."""
@@ -55,9 +59,14 @@ def parse_config(cls: type[T], argv: list[str] | None = None, description: str |
     hints = get_type_hints(cls)
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
+        positional = f.metadata.get("positional")
+        if kind not in _READABLE and not (positional and kind == list[str]):
+            raise TypeError(f"{cls.__name__}.{f.name}: a field of type {kind} is not read from a command line")
+        if positional and kind == list[str] and f.default_factory is not dataclasses.MISSING and f.default_factory():
+            raise TypeError(f"{cls.__name__}.{f.name}: a positional list's default is empty")
         flags = _flags(f)
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if f.metadata.get("positional"):
+        if positional:
             if kind == list[str]:
                 parser.add_argument(f.name, nargs="*", help=f.metadata["help"])
             else:

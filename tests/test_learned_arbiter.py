@@ -720,7 +720,7 @@ def test_an_arbiter_of_another_format_version_or_without_its_lora_context_is_ref
         return folder
 
     older = copy_with("older", lambda key, value: 1 if key == KEY + "version" else value)
-    with pytest.raises(ArbiterError, match="format version 1.*reads version 2"):
+    with pytest.raises(ArbiterError, match="format version 1.*reads version 2; train the arbiter again"):
         demo_engine.arbiter(str(older))
     with pytest.raises(ValueError, match="format version 1, this package reads version 2"):
         read_meta(older)

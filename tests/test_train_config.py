@@ -43,8 +43,8 @@ def test_the_recipes_warmup_and_grpo_configs_round_trip():
     assert parse_config(WarmupConfig, config_args(warmup)) == warmup
 
 
-def test_gate_and_bundle_run_from_their_configs(tmp_path):
-    """gate.py and bundle.py from their command lines (config dataclasses) on a copy of a shipped
+def test_fit_gate_and_ship_arbiter_run_from_their_configs(tmp_path):
+    """fit_gate.py and ship_arbiter.py from their command lines (config dataclasses) on a copy of a shipped
     demo arbiter: a gate is added, and reference generations are recorded that the arbiter replays."""
     import json
     import shutil

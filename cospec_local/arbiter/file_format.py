@@ -117,7 +117,8 @@ def read_meta(folder: str | Path) -> dict:
     if meta.get("version") is None:
         raise ValueError(f"{file}: not an arbiter file (no {KEY}version)")
     if int(meta["version"]) != FORMAT_VERSION:
-        raise ValueError(f"{file}: format version {meta['version']}, this package reads version {FORMAT_VERSION}")
+        raise ValueError(f"{file}: format version {meta['version']}, this package reads version {FORMAT_VERSION}; "
+                         f"train the arbiter again with this version (cospec-local arbiter train)")
     return meta
 
 

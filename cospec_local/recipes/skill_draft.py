@@ -1,7 +1,7 @@
 """Teach a draft one skill the target lacks: a task's worked solutions, as a user's small
 domain-tuned model has learned its domain.
 
-    python -m cospec_local.recipes.skill_draft --out OUT --task arith [--draft smollm2-135m-draft] [--steps 900]
+    python -m cospec_local.recipes.skill_draft --out OUT --task arith [-md smollm2-135m-draft] [--steps 900]
 
 Stages (each writing into OUT; `--stages` reruns some of them on what earlier ones wrote):
 1. train: the draft (a GGUF, dequantized into torch) learns to answer the task's train-split

@@ -28,7 +28,7 @@ def prompt_tokens(engine: Engine, prompts: list[str], chat: bool) -> list[list[i
 
 @dataclass
 class GateConfig:
-    """A domain gate for an arbiter from its tasks' prompts (gate.py's command line)."""
+    """A domain gate for an arbiter from its tasks' prompts (fit_gate.py's command line)."""
 
     arbiter: Path = option(REQUIRED, "The arbiter's folder (arbiter.gguf is rewritten).")
     tasks: str = option(REQUIRED, "Its training tasks, comma-separated (families or files).")

@@ -44,7 +44,7 @@ def reference_runs(engine: Engine, arbiter: str, tasks=("arith", "pyfunc"), n: i
 
 @dataclass
 class BundleConfig:
-    """Ship a trained arbiter with its reference generations (bundle.py's command line)."""
+    """Ship a trained arbiter with its reference generations (ship_arbiter.py's command line)."""
 
     arbiter: Path = option(REQUIRED, "The trained arbiter's folder (e.g. a run's best/).")
     out: Path = option(REQUIRED, "Where the arbiter ships.")

@@ -306,7 +306,8 @@ int32_t read_metadata(const gguf_context * g, const std::string & who, bundle & 
     }
     if (b.meta["version"] != std::to_string(FORMAT_VERSION)) {
         return fail(COSPEC_ERR_ARBITER, who + ": format version " + b.meta["version"] + ", this engine reads version " +
-                                            std::to_string(FORMAT_VERSION));
+                                            std::to_string(FORMAT_VERSION) +
+                                            "; train the arbiter again with this version (cospec-local arbiter train)");
     }
     if (const std::optional<int32_t> learned = learned_kind(b.meta["kind"])) {
         b.kind = *learned;
