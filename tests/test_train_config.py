@@ -148,11 +148,18 @@ def test_every_entry_point_of_the_package_defines_its_command_one_way():
                if p.name != "command_line.py" and any(isinstance(n, ast.Attribute) and n.attr == "ArgumentParser"
                                                       for n in ast.walk(ast.parse(p.read_text())))]
     assert parsers == []
+    n_configs = 0
     for path in entry_points:
         module = importlib.import_module(".".join(path.relative_to(repo).with_suffix("").parts))
-        for config in (v for v in vars(module).values() if dataclasses.is_dataclass(v) and isinstance(v, type)
-                       and v.__module__ == module.__name__):
+        configs = [v for v in vars(module).values() if dataclasses.is_dataclass(v) and isinstance(v, type)
+                   and v.__module__ == module.__name__ and all("help" in f.metadata for f in dataclasses.fields(v))]
+        n_configs += len(configs)
+        for config in configs:
+            with pytest.raises(SystemExit) as done:  # every field is one parse_config can read
+                parse_config(config, ["--help"])
+            assert done.value.code == 0, (path, config)
             for f in dataclasses.fields(config):
-                if f.name in ("model", "model_draft") and "help" in f.metadata:
+                if f.name in ("model", "model_draft"):
                     assert f.metadata["flags"] == {"model": ("-m", "--model"),
                                                    "model_draft": ("-md", "--model-draft")}[f.name], (path, f.name)
+    assert n_configs >= 12  # every entry point's own config (llama_to_gguf's is its converter's)
