@@ -251,8 +251,8 @@ def test_ngram_against_llama_cpp_builds_and_runs_llama_cpps_own_program(tmp_path
     """bench/ngram_vs_llama_cpp.py builds llama-speculative-simple from the vendored source against
     the installed libraries (seconds) and runs it for real beside the engine's n-gram drafter."""
     out = tmp_path / "out"
-    done = bench("ngram_vs_llama_cpp.py", "-m", "smollm2-135m", "--limit", 2, "-n", 24, "-t", 1,
-                 "--kinds", "ngram-simple,ngram-mod", "--llama-bin", tmp_path / "bin", "--out", out)
+    bench("ngram_vs_llama_cpp.py", "-m", "smollm2-135m", "--limit", 2, "-n", 24, "-t", 1,
+          "--kinds", "ngram-simple,ngram-mod", "--llama-bin", tmp_path / "bin", "--out", out)
     record = json.loads((out / "results.json").read_text())
     assert (tmp_path / "bin" / "llama-speculative-simple").is_file()
     assert record["summary"]["prompts"] == len(record["rows"]) == 2

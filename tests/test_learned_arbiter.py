@@ -151,8 +151,6 @@ def test_collector_reject_branch_is_the_recorded_run(demo_engine, labelled):
     speculative decoding is lossless, so continuing after the target's token gives that run."""
     problems = {p.id: p for p in load_task("arith", "dev", 16) + load_task("pyfunc", "dev", 8)}
     for s in labelled[:6]:
-        from cospec_local.tasks import FAMILY_STOPS
-
         problem = problems[s.problem_id]
         stops = tuple(FAMILY_STOPS[problem.family])
         full = demo_engine.generate(problem.prompt, max_tokens=200, stop=stops).text

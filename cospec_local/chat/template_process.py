@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from .template import ChatTemplate, ChatTemplateError
+from .template import ChatTemplateError
 
 MEMORY_LIMIT_BYTES = 768 << 20  # the child's whole address space: Python, jinja2 and the render
 RENDER_WALL_SECONDS = 3.0       # per request, start-up of a fresh child included
