@@ -28,14 +28,13 @@ def option(default, help: str, flags: tuple[str, ...] = (), choices: tuple[str, 
     """A config field: its default (REQUIRED: none), its help, its spellings on the command line
     (default: --field-name; the model flags are -m/--model and -md/--model-draft, as the CLI and
     llama.cpp), for a text field the values it may take, and whether it is a positional argument
-    (a list[str] one takes any number of values)."""
+    (a list[str] one takes any number of values, and defaults to none)."""
+    metadata = {"help": help, "flags": flags, "choices": choices or None, "positional": positional}
     if isinstance(default, list):
-        default_list = list(default)
-        return dataclasses.field(default_factory=lambda: list(default_list),
-                                 metadata={"help": help, "flags": flags, "choices": choices or None,
-                                           "positional": positional})
-    return dataclasses.field(default=default, metadata={"help": help, "flags": flags, "choices": choices or None,
-                                                        "positional": positional})
+        if default:
+            raise TypeError("a list option's default is empty (the values the command line gives)")
+        return dataclasses.field(default_factory=list, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def _flags(f: dataclasses.Field) -> tuple[str, ...]:
@@ -47,8 +46,16 @@ def comma_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
-# The types a field may have (a positional field may also be a list[str], of any length).
-_READABLE = (bool, int, float, str, Path, int | None, float | None, str | None, Path | None)
+# The types a field may have, each with what reads its text (a positional field may also be a
+# list[str], of any length; a bool is a --flag/--no-flag pair).
+_READERS = {int: int, float: float, str: str, Path: Path, int | None: int, float | None: float, str | None: str,
+            Path | None: Path}
+
+
+def _reader(cls: type, f: dataclasses.Field, kind) -> type:
+    if kind not in _READERS:
+        raise TypeError(f"{cls.__name__}.{f.name}: a field of type {kind} is not read from a command line")
+    return _READERS[kind]
 
 
 def parse_config(cls: type[T], argv: list[str] | None = None, description: str | None = None,
@@ -58,30 +65,19 @@ def parse_config(cls: type[T], argv: list[str] | None = None, description: str |
                                      formatter_class=HelpFormatter)
     hints = get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        kind = hints[f.name]
-        positional = f.metadata.get("positional")
-        if kind not in _READABLE and not (positional and kind == list[str]):
-            raise TypeError(f"{cls.__name__}.{f.name}: a field of type {kind} is not read from a command line")
-        if positional and kind == list[str] and f.default_factory is not dataclasses.MISSING and f.default_factory():
-            raise TypeError(f"{cls.__name__}.{f.name}: a positional list's default is empty")
-        flags = _flags(f)
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if positional:
+        kind, help = hints[f.name], f.metadata["help"]
+        if f.metadata.get("positional"):
             if kind == list[str]:
-                parser.add_argument(f.name, nargs="*", help=f.metadata["help"])
+                parser.add_argument(f.name, nargs="*", help=help)
             else:
-                parser.add_argument(f.name, type={int: int, float: float, Path: Path}.get(kind, str),
-                                    help=f.metadata["help"])
-            continue
-        if kind is bool:
-            parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
-                                help=f.metadata["help"])
-            continue
-        convert = {int: int, float: float, Path: Path}.get(kind, str)
-        if kind in (Path | None, str | None, float | None, int | None):
-            convert = {Path | None: Path, str | None: str, float | None: float, int | None: int}[kind]
-        parser.add_argument(*flags, dest=f.name, type=convert, required=required, choices=f.metadata.get("choices"),
-                            default=None if required else f.default, help=f.metadata["help"])
+                parser.add_argument(f.name, type=_reader(cls, f, kind), help=help)
+        elif kind is bool:
+            parser.add_argument(*_flags(f), dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
+                                help=help)
+        else:
+            required = f.default is dataclasses.MISSING
+            parser.add_argument(*_flags(f), dest=f.name, type=_reader(cls, f, kind), required=required,
+                                choices=f.metadata.get("choices"), default=None if required else f.default, help=help)
     return cls(**vars(parser.parse_args(argv)))
 
 
