@@ -146,9 +146,11 @@ class CollectConfig:
                              "collection runs one engine here.")
 
 
-def collection_manifest(args: CollectConfig, engine: Engine, params: GenerationParams, families: list[str]) -> dict:
-    """What the states are of: both models, the settings, the families and, for --policy, the
-    arbiter and the verify cost it drafts under. A folder's manifest never changes: resuming checks it."""
+def collection_manifest(args: CollectConfig, engine: Engine, params: GenerationParams, families: list[str],
+                        policy: Path | None) -> dict:
+    """What the states are of: both models, the settings, the families and, for --policy (its
+    folder: policy), the arbiter and the verify cost it drafts under. A folder's manifest never
+    changes: resuming checks it."""
     manifest = {"target": model_identity(engine.target_path), "draft": model_identity(engine.draft_path),
                 "draft_fingerprint": _cospec.model_fingerprint(engine.draft_path),
                 "target_fingerprint": _cospec.model_fingerprint(engine.target_path),
@@ -160,12 +162,11 @@ def collection_manifest(args: CollectConfig, engine: Engine, params: GenerationP
         manifest["chat_template"] = args.chat_template
     if args.chat_template_draft is not None:
         manifest["chat_template_draft"] = args.chat_template_draft
-    if args.policy is not None:
-        policy = resolve_arbiter_path(args.policy)
-        if not (arbiter_dir(policy) / ARBITER_FILE).is_file():
+    if policy is not None:
+        if not (policy / ARBITER_FILE).is_file():
             sys.exit(f"{args.policy}: no learned arbiter there ({ARBITER_FILE} missing)")
         manifest["policy"] = arbiter_identity(args.policy)
-        carried = engine.arbiter(str(arbiter_dir(policy))).meta("verify_cost")
+        carried = engine.arbiter(str(policy)).meta("verify_cost")
         manifest["verify_cost"] = float(carried) if carried is not None else _cospec.DEFAULT_VERIFY_COST
     else:
         manifest["verify_cost"] = args.verify_cost if args.verify_cost >= 0 else _cospec.DEFAULT_VERIFY_COST
@@ -179,11 +180,10 @@ def write_manifest(out: Path, manifest: dict) -> None:
     path.write_text(json.dumps(manifest, indent=1))
 
 
-def policy_results(args: CollectConfig, engine: Engine, todo: list) -> tuple[Iterator, RolloutPool]:
-    """(summary, states) of each problem, from the policy deciding in worker processes."""
+def policy_results(args: CollectConfig, engine: Engine, policy: Path, todo: list) -> tuple[Iterator, RolloutPool]:
+    """(summary, states) of each problem, from the policy (its folder) deciding in worker processes."""
     from .rollout import PolicyStatesTask, RolloutPool, WorkerConfig
 
-    policy = arbiter_dir(resolve_arbiter_path(args.policy))
     worker = WorkerConfig(str(engine.target_path), str(engine.draft_path), max(1, args.threads // args.workers),
                           args.max_tokens, chat=args.chat, chat_template=args.chat_template,
                           draft_chat_template=args.chat_template_draft)
@@ -225,13 +225,14 @@ def main(argv: list[str] | None = None) -> None:
     params = GenerationParams(max_tokens=args.max_tokens, verify_cost=args.verify_cost)
     with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=args.threads, chat_template=args.chat_template,
                 draft_chat_template=args.chat_template_draft) as engine:
-        write_manifest(args.out, collection_manifest(args, engine, params, families))
+        policy = arbiter_dir(resolve_arbiter_path(args.policy)) if args.policy is not None else None
+        write_manifest(args.out, collection_manifest(args, engine, params, families, policy))
         done = resume_point(args.out)
         todo = [(p, split) for split, n in (("dev", args.dev), ("train", args.train)) if n > 0
                 for f in families for p in load_task(f, split, n) if p.id not in done]
         pool = None
-        if args.policy is not None:
-            results, pool = policy_results(args, engine, todo)
+        if policy is not None:
+            results, pool = policy_results(args, engine, policy, todo)
         else:
             collector = Collector(engine, params, chat=args.chat)
             results = (collector.problem(p, split) for p, split in todo)
