@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 import warnings
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 
 import click
 from click.core import ParameterSource
@@ -20,7 +20,7 @@ from . import _cospec
 from .chat.template import ChatTemplateError
 from .chat.display import abstained_note, colored, draft_off_note, other_vocab_note, stats_line
 from .engine import FLASH_ATTN, Engine
-from .errors import ArbiterSettingsWarning, ContextFullError, CospecError, VocabMismatchError
+from .errors import ArbiterSettingsWarning, CalibrationNotice, ContextFullError, CospecError, VocabMismatchError
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, NAMED_MODELS, resolve_model
 from .params import CHAT_SAMPLING, GenerationParams, param_flags
 
@@ -45,6 +45,7 @@ class LoadSettings:
     chat_template: str | None  # None: the target's own
     draft_chat_template: str | None  # None: the draft's own (a draft of another vocabulary reads its own format)
     verbose: bool
+    calibration: str = "auto"  # auto, none or a file (cospec_local.calibration)
 
     def engine_options(self, draft: str | None) -> dict:
         """Engine's keyword arguments for these settings and `draft` (the one chosen for the mode)."""
@@ -53,7 +54,8 @@ class LoadSettings:
                     n_gpu_layers=all_layers if self.n_gpu_layers is None else self.n_gpu_layers,
                     n_gpu_layers_draft=all_layers if self.n_gpu_layers_draft is None else self.n_gpu_layers_draft,
                     rpc=self.rpc, flash_attn=self.flash_attn, chat_template=self.chat_template,
-                    draft_chat_template=self.draft_chat_template, verbose=self.verbose)
+                    draft_chat_template=self.draft_chat_template, verbose=self.verbose,
+                    calibration=None if self.calibration == "none" else self.calibration)
 
 
 def _check_ctx(ctx, param, value: int) -> int:
@@ -100,9 +102,13 @@ def model_options(fn):
         click.option("--chat-template-draft-file", "draft_chat_template_file", default=None,
                      type=click.Path(exists=True, dir_okay=False), help="The same, read from a file."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's own log."),
+        click.option("--calibration", "calibration", default="auto", show_default=True, metavar="auto|none|FILE",
+                     help="The pair's costs and acceptance on this machine, which block lengths start from: auto, "
+                          "the stored one (measured now where there is none; `cospec-local calibrate` measures "
+                          "acceptance too); a file kept from an earlier one (its tokens again); none: priors."),
     ]
     names = ("target", "draft", "n_ctx", "n_threads", "n_gpu_layers", "n_gpu_layers_draft", "rpc", "flash_attn",
-             "chat_template", "draft_chat_template", "verbose")
+             "chat_template", "draft_chat_template", "verbose", "calibration")
 
     def wrapper(**kwargs):
         for name, flag in (("chat_template", "--chat-template"), ("draft_chat_template", "--chat-template-draft")):
@@ -579,6 +585,60 @@ def serve(load, params, host, port, parallel, max_waiting, api_key, alias, stric
             worker.close()
 
 
+@main.command()
+@model_options
+@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Text file, one prompt per line, to measure acceptance on: your own workload (default: a "
+                   "built-in set of questions and copy-editing requests, or task prompts for the demo pair).")
+@click.option("--task", "task_families", default=None,
+              help="Comma-separated task families whose test prompts to measure acceptance on instead.")
+@click.option("--n-prompts", default=8, show_default=True, type=click.IntRange(1, 1000),
+              help="Number of task prompts with --task.")
+@click.option("--chat/--no-chat", "as_chat", default=None,
+              help="Send each prompt through the chat template (default: where the target has one, for the "
+                   "built-in prompts).")
+@click.option("-n", "--n-predict", "max_tokens", default=64, show_default=True, type=click.IntRange(8, 4096),
+              help="Tokens generated per prompt to measure acceptance.")
+@click.option("--json", "as_json", is_flag=True, help="Print the calibration as JSON, with where it is stored.")
+def calibrate(load, prompts_file, task_families, n_prompts, as_chat, max_tokens, as_json):
+    """Measure the pair's costs and acceptance on this machine and store them: every later engine of the
+    pair here starts its block lengths from them (greedy calls drafting from the first block; sampled
+    and arbiter calls reproducible under the calibration's id)."""
+    from . import calibration as calibration_store
+    from .evaluation.bench import task_prompts
+    from .models import prompt_style
+
+    if prompts_file and task_families:
+        raise click.BadParameter("give either --prompts or --task")
+    if not prompts_file and not task_families and prompt_style(load.target) == "task":
+        task_families = "arith,pyfunc"
+    prompts = None
+    if prompts_file:
+        with open(prompts_file, encoding="utf-8") as f:
+            prompts = [line.rstrip("\n") for line in f if line.strip()]
+        if not prompts:
+            raise click.BadParameter("the file has no prompt", param_hint="--prompts")
+    elif task_families:
+        try:
+            prompts = task_prompts([f.strip() for f in task_families.split(",") if f.strip()], n_prompts)
+        except (KeyError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from None
+    draft = pick_draft(load.target, load.draft, quiet=as_json, measuring=True)
+    load = replace(load, calibration="none")  # measured here, not taken from the store
+    engine = open_engine(load, draft, quiet=as_json)
+    with engine:
+        try:
+            measured = engine.calibrate(prompts, chat=as_chat, max_tokens=max_tokens)
+        except (CospecError, OSError) as exc:
+            raise click.ClickException(str(exc)) from None
+        path = calibration_store.store_path(engine.calibration_pair, engine.calibration_machine)
+    if as_json:
+        click.echo(json.dumps({**measured.to_json(), "path": str(path)}))
+        return
+    click.echo(measured.summary())
+    click.echo(f"stored in {path}")
+
+
 @main.command("rpc-server")
 @click.option("-H", "--host", default="127.0.0.1", show_default=True,
               help="Address to listen on. The protocol has no authentication: use a trusted network only.")
@@ -984,7 +1044,7 @@ def arbiter_record(name, eval_dirs, replace):
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     """The engine's own warnings as one plain note; any other in Python's format."""
-    if issubclass(category, ArbiterSettingsWarning):
+    if issubclass(category, (ArbiterSettingsWarning, CalibrationNotice)):
         click.echo(f"note: {message}", err=True)
     else:
         _python_showwarning(message, category, filename, lineno, file, line)

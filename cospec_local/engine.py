@@ -17,6 +17,7 @@ import time
 import uuid
 import warnings
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Callable, ClassVar, Iterator, Sequence
 
 from . import _cospec
@@ -27,8 +28,11 @@ from .chat.template_process import IsolatedChatTemplate
 from .json_grammar import response_format_grammar
 from .chat.openai_format import CallReader, assistant_message, chat_logprobs, finish_reason
 from .chat.tool_calls import ToolRequest, ToolsError, call_format, call_grammar, takes_tools, template_messages, tool_request
-from .errors import (ArbiterDraftError, ArbiterError, ArbiterSettingsWarning, ContextFullError, GenerationError,
-                     InvalidArgumentError, from_native)
+from . import calibration as calibration_store
+from .calibration import Calibration, file_identity
+from .errors import (ArbiterDraftError, ArbiterError, ArbiterSettingsWarning, ContextFullError, CospecError,
+                     GenerationError, InvalidArgumentError, from_native)
+from .evaluation.machine import machine_identity
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 from .params import DEFAULTS, UNTIL_CONTEXT_ENDS, GenerationParams, spec_type_uses_model
 
@@ -242,6 +246,7 @@ class Generation:
     used_draft_model: bool = False  # the draft model was one of its draft sources
     # With params.logprobs: per token its own log-probability and the likeliest at its position.
     logprobs: list[TokenLogprobs] | None = None
+    calibration: str | None = None  # the id of the engine's calibration (cospec_local.calibration), if any
 
     @property
     def label(self) -> str:
@@ -257,7 +262,7 @@ class Generation:
                 "stop_reason": self.stop_reason, "mode": self.mode, "arbiter": self.arbiter,
                 "decisions": [{"block": d.block, "position": d.position, "token_index": d.token_index,
                                "p_keep": round(d.p_keep, 6), "keep": d.keep} for d in self.decisions],
-                "stats": self.stats.to_json()}
+                "calibration": self.calibration, "stats": self.stats.to_json()}
 
 
 @dataclass
@@ -294,11 +299,16 @@ class Engine:
                  n_batch: int = 512, n_threads: int = 0, n_threads_batch: int = 0, n_gpu_layers: int = -1,
                  n_gpu_layers_draft: int = -1, progress: Callable[[str, float], object] | None = None,
                  verbose: bool = False, rpc: str | Sequence[str] | None = None, flash_attn: str | None = None,
-                 chat_template: str | None = None, draft_chat_template: str | None = None):
+                 chat_template: str | None = None, draft_chat_template: str | None = None,
+                 calibration: str | os.PathLike | Calibration | None = "auto"):
         """chat_template: a Jinja chat template (or a name: "chatml", "gemma") used instead of the target's own; it
         is compiled here, so a broken one fails now (ChatTemplateError). draft_chat_template: the
         same for a draft of another vocabulary, which reads a conversation in its own format
-        (render_draft_chat)."""
+        (render_draft_chat).
+        calibration (cospec_local.calibration): "auto" takes this pair's stored calibration on this
+        machine, and measures its costs now where there is none or it cannot be used (said once,
+        then stored); a path takes that file (checked the same way); a Calibration object is used
+        as it is; None: none (block lengths start from priors and explore)."""
         _cospec.set_llama_log(verbose)
         cancel = threading.Event()  # set by Ctrl-C while loading: the loader stops at its next step
 
@@ -347,6 +357,69 @@ class Engine:
         self._learned: dict[tuple, Arbiter] = {}
         self._warned: set[tuple] = set()  # (arbiter, draft_max) pairs already warned about
         self.model_name = os.path.splitext(os.path.basename(self.target_path))[0]
+        # What a calibration is stored under: these files, and this machine as the engine uses it.
+        self.calibration_pair = {"target": file_identity(self.target_path),
+                                 "draft": file_identity(self.draft_path) if self.draft_path else None}
+        self.calibration_machine = {**machine_identity(), "n_threads": n_threads, "n_threads_batch": n_threads_batch,
+                                    "n_gpu_layers": n_gpu_layers, "n_gpu_layers_draft": n_gpu_layers_draft,
+                                    "flash_attn": flash_attn, "rpc": rpc if isinstance(rpc, str) else ",".join(rpc or ())}
+        self.calibration: Calibration | None = None
+        try:
+            self._take_calibration(calibration)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------ calibration
+
+    @property
+    def calibration_id(self) -> str | None:
+        """The id of the calibration in use (None: none): records and --json name it."""
+        return self.calibration.id if self.calibration is not None else None
+
+    def set_calibration(self, calibration: Calibration | None) -> None:
+        """Use this calibration from the next generation on (None: none); the tuners start afresh."""
+        with _native_errors():
+            self._native.set_calibration(None if calibration is None else calibration.numbers)
+        self.calibration = calibration
+
+    def calibrate(self, prompts: Sequence[str | Sequence[int]] | None = None, *, chat: bool | None = None,
+                  max_tokens: int = calibration_store.ACCEPTANCE_TOKENS, store: bool = True) -> Calibration:
+        """Measure this pair's calibration here (costs, then acceptance on `prompts`, default a
+        built-in set; see calibration.measure), use it, and store it for every later engine of the
+        pair on this machine. Resets the engine."""
+        with _native_errors():
+            measured = calibration_store.measure(self, prompts, chat=chat, max_tokens=max_tokens)
+        if store:
+            calibration_store.write(measured, calibration_store.store_path(self.calibration_pair,
+                                                                           self.calibration_machine))
+        self.set_calibration(measured)
+        return measured
+
+    def _take_calibration(self, setting) -> None:
+        if setting is None or setting == "none":
+            return
+        if isinstance(setting, Calibration):
+            self.set_calibration(setting)
+            return
+        stored = calibration_store.store_path(self.calibration_pair, self.calibration_machine)
+        path = stored if setting == "auto" else Path(setting)
+        try:
+            self.set_calibration(calibration_store.read(path, self.calibration_pair, self.calibration_machine))
+            return
+        except FileNotFoundError:
+            why = "none is stored" if setting == "auto" else f"{path} does not exist"
+        except (calibration_store.CalibrationProblem, OSError, CospecError) as exc:
+            why = f"{path} cannot be used: {exc}"
+        calibration_store.notice(f"calibration of this pair on this machine: {why}; measuring its costs now "
+                                 f"(once; `cospec-local calibrate` also measures acceptance)")
+        try:
+            with _native_errors():
+                measured = calibration_store.measure_costs(self)
+            self.set_calibration(measured)
+            calibration_store.write(measured, stored)
+        except (CospecError, OSError) as exc:
+            calibration_store.notice(f"no calibration: {exc}")
 
     @classmethod
     def open_default(cls, **kwargs) -> "Engine":
@@ -596,6 +669,7 @@ class Engine:
                               and spec_type_uses_model(request.params.spec_type)),
             logprobs=(None if raw.get("logprobs") is None
                       else [self._token_logprobs(pairs) for pairs in raw["logprobs"]]),
+            calibration=self.calibration_id,
         )
         self.last_result = result
         if raw.get("callback_error") is not None:

@@ -83,3 +83,8 @@ def from_native(exc: BaseException) -> CospecError:
 class ArbiterSettingsWarning(UserWarning):
     """A learned arbiter runs under drafting settings other than those it was trained under
     (another block length): its decisions meet blocks it never saw. Given once per arbiter and setting."""
+
+
+class CalibrationNotice(UserWarning):
+    """About this pair's calibration on this machine (cospec_local.calibration): none was stored,
+    or the stored one could not be used, so its costs are measured now. Given once per pair."""

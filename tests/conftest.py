@@ -2,7 +2,11 @@
 package) and drafts derived from it, loaded once per test session."""
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import signal
+import tempfile
 
 import pytest
 
@@ -14,6 +18,13 @@ from cospec_local.model_paths import find_smollm2_gguf
 # starts: the interrupt tests need Ctrl-C to mean what it means at a terminal.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# Calibrations (cospec_local.calibration) go to a store of this run alone, which every engine and
+# command of the run (child processes too) shares: each pair is measured once per run, and
+# nothing is read from or left in the user's own store.
+_CALIBRATIONS = tempfile.mkdtemp(prefix="cospec-calibration-")
+os.environ["COSPEC_CALIBRATION_DIR"] = _CALIBRATIONS
+atexit.register(shutil.rmtree, _CALIBRATIONS, ignore_errors=True)
 
 # Drafts for the same target, from "almost never agrees" to "always agrees".
 DRAFT_LAYERS = {"disagreeing": 2, "mixed": 29}

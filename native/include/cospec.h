@@ -445,16 +445,19 @@ typedef bool (*cospec_token_fn)(const cospec_token_event * event, void * user_da
 
 // Where a block's draft tokens come from: cospec_generate_params.draft_sources lists them in order
 // of precedence, and each block takes the first that proposes something (the draft model always
-// does; the n-gram drafter where the text's end occurred before). With adaptive_draft and no
-// arbiter that keeps mismatches, each source's block length comes from its own measured
-// acceptance and the target's measured costs, so a source that does not pay drafts nothing.
+// does; the n-gram drafter where the text's end occurred before). With adaptive_draft each
+// source's block length comes from its own acceptance and the target's costs, so a source that
+// does not pay drafts nothing: measured as the engine runs (from its calibration) in greedy calls
+// with the target arbiter, and in a call whose output may not depend on timing (an arbiter that
+// keeps, sampling) from the calibration's fixed costs and the call's own acceptance counts.
 enum cospec_draft_source {
     COSPEC_DRAFT_NONE  = 0, // ends the list; a list that starts with it drafts nothing
     COSPEC_DRAFT_MODEL = 1, // the draft model (skipped where the engine has none)
     COSPEC_DRAFT_NGRAM = 2, // the n-gram drafter: what followed the longest earlier match of the text's end
-    // The default: the n-gram drafter, then the draft model; the draft model alone with an arbiter
-    // that keeps mismatches (a learned arbiter decides the draft model's mismatches only, and n-gram
-    // blocks would change which of them it meets).
+    // The default: the n-gram drafter, then the draft model. An arbiter that keeps mismatches
+    // decides the draft model's alone: at an n-gram block's mismatch nothing is emitted and the
+    // draft model drafts that position next, so the arbiter meets the mismatches it would meet
+    // without the n-gram drafter, and the n-gram drafter's matched spans cost it nothing.
     COSPEC_DRAFT_AUTO  = 3,
 };
 #define COSPEC_N_DRAFT_SOURCES 2
@@ -469,18 +472,19 @@ struct cospec_generate_params {
     // drafted at no model cost and often accepted whole, so its blocks may run longer than K.
     int32_t n_draft_ngram;
     float   draft_p_min;       // stop a block early when the draft's top probability falls below this (greedy; 0 = off)
-    // Choose each block's length in [0, n_draft] (default on). With the lossless
+    // Choose each block's length in [0, n_draft] (default on). Greedy with the lossless
     // target arbiter it maximises measured tokens per second (wall-clock costs
-    // kept across calls). With an arbiter that can keep a mismatch, the output
-    // must not depend on timing: the length then comes from this call's
-    // acceptance counts and a cost model of the pair's sizes, never from clocks.
+    // kept across calls, starting from the engine's calibration). With an arbiter
+    // that keeps a mismatch, or sampling, the output must not depend on timing:
+    // the length then comes from this call's acceptance counts and a fixed cost
+    // model (the engine's calibration, cospec_engine_set_calibration), never from clocks.
     bool    adaptive_draft;
-    // The cost model of those timing-free lengths, in target steps: one draft
-    // step (<= 0: the pair's parameter ratio, the default) and each verified
-    // token beyond the first (< 0, the default: the one the learned arbiter
-    // was trained under, its states came from those block lengths; else
-    // COSPEC_DEFAULT_VERIFY_COST). `cospec-local bench` measures both for a
-    // pair; being settings, they keep the output a function of the settings.
+    // Settings that override that fixed cost model, in target steps: one draft
+    // step (<= 0, the default: the calibration's, else the learned arbiter's
+    // recorded draft_cost, else the pair's parameter ratio) and each verified
+    // token beyond the first (< 0, the default: the calibration's measured
+    // verify costs, else the one the learned arbiter was trained under, else
+    // COSPEC_DEFAULT_VERIFY_COST).
     float   draft_cost;
     float   verify_cost;
     // Sampling, in llama.cpp's order: top-k, top-p and min-p choose the candidate
@@ -587,6 +591,46 @@ int32_t cospec_generate(cospec_engine * engine, const cospec_token * prompt, int
 // clear a pending abort. Call it between
 // generations (the Python layer aborts a running one and queues the reset behind it).
 void cospec_engine_reset(cospec_engine * engine);
+
+// ---------------------------------------------------------------- calibration
+
+// What a pair costs and how often its drafts are accepted on this machine, measured once and
+// stored (the Python side keeps it per pair and machine): every fresh engine starts its tuners
+// from it instead of priors and exploration, and the modes whose block lengths may not depend
+// on timing (an arbiter that keeps mismatches, sampling) take their lengths from its fixed
+// numbers and the call's own acceptance counts, so the same calibration, inputs, settings and
+// seed give the same tokens in any process.
+#define COSPEC_CALIBRATION_VERSION 1
+// Match lengths of the n-gram drafter share an acceptance in these buckets: 2, 3, 4, 5-6, 7-9,
+// 10-13, 14-19, 20-31, 32 and longer.
+#define COSPEC_N_NGRAM_BUCKETS 9
+// Costs are in target steps (one plain target step = 1); an acceptance is a chance in [0, 1],
+// negative where it was not measured (the engine's prior stands).
+typedef struct cospec_calibration {
+    int32_t version;               // COSPEC_CALIBRATION_VERSION
+    double  target_step_ms;        // a plain target step, in milliseconds (> 0)
+    double  verify[COSPEC_N_DRAFT_MAX + 2]; // verify[n]: the target decoding n tokens at once, n in [1, 64]; verify[1] = 1
+    double  draft_first;           // a block's first draft call (it also reads the last block's two tokens); 0: no draft model
+    double  draft_step;            // each later draft step
+    double  catch_up;              // the draft reading one token of a longer catch-up (after plain steps)
+    double  draft_acceptance;      // the chance that the draft model's next token is accepted (greedy)
+    double  ngram_acceptance[COSPEC_N_NGRAM_BUCKETS]; // the n-gram drafter's, per match-length bucket
+} cospec_calibration;
+
+// Time the pair's decodes after `context` (any tokens of the target's vocabulary, at least
+// one; its length sets where the costs are measured): plain target steps, verify batches of
+// every size, draft steps and catch-ups. Fills out's costs and sets its acceptances to -1. The
+// caches are emptied after (the n-gram drafter's pool stays).
+int32_t cospec_engine_measure_costs(cospec_engine * engine, const cospec_token * context, int32_t n_context,
+                                    cospec_calibration * out);
+// Start the engine's tuners and n-gram acceptance from `calibration` (checked: version, finite
+// values in range; else INVALID_ARGUMENT and nothing changes) and use it for the timing-free
+// lengths of later calls. NULL forgets it: priors and exploration, as a fresh engine has.
+int32_t cospec_engine_set_calibration(cospec_engine * engine, const cospec_calibration * calibration);
+// The calibration in use (false: none), the n-gram acceptance of each match length the engine's
+// drafter has verified since it opened replaced by what it learned (a calibration run reads
+// them back this way).
+bool    cospec_engine_get_calibration(const cospec_engine * engine, cospec_calibration * out);
 
 const char *               cospec_result_text(const cospec_result * result, int32_t * len);
 const cospec_token *       cospec_result_tokens(const cospec_result * result, int32_t * n);

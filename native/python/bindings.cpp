@@ -505,6 +505,50 @@ bool python_token(const cospec_token_event * ev, void * user_data) {
     }
 }
 
+// A calibration (cospec_calibration) as a dict of plain numbers and lists, and back; the engine
+// checks the values, this checks the shape.
+py::dict calibration_dict(const cospec_calibration & c) {
+    py::dict d;
+    d["version"] = c.version;
+    d["target_step_ms"] = c.target_step_ms;
+    d["verify"] = std::vector<double>(c.verify + 1, c.verify + COSPEC_N_DRAFT_MAX + 2);
+    d["draft_first"] = c.draft_first;
+    d["draft_step"] = c.draft_step;
+    d["catch_up"] = c.catch_up;
+    d["draft_acceptance"] = c.draft_acceptance;
+    d["ngram_acceptance"] = std::vector<double>(c.ngram_acceptance, c.ngram_acceptance + COSPEC_N_NGRAM_BUCKETS);
+    return d;
+}
+
+cospec_calibration calibration_from(const py::dict & d) {
+    const auto number = [&](const char * key) {
+        if (!d.contains(key)) {
+            throw py::value_error(std::string("calibration: no '") + key + "'");
+        }
+        return py::cast<double>(d[key]);
+    };
+    const auto numbers = [&](const char * key, size_t n, double * out) {
+        if (!d.contains(key)) {
+            throw py::value_error(std::string("calibration: no '") + key + "'");
+        }
+        const auto v = py::cast<std::vector<double>>(d[key]);
+        if (v.size() != n) {
+            throw py::value_error(std::string("calibration: '") + key + "' must hold " + std::to_string(n) + " numbers");
+        }
+        std::copy(v.begin(), v.end(), out);
+    };
+    cospec_calibration c {};
+    c.version = (int32_t) number("version");
+    c.target_step_ms = number("target_step_ms");
+    numbers("verify", COSPEC_N_DRAFT_MAX + 1, c.verify + 1);
+    c.draft_first = number("draft_first");
+    c.draft_step = number("draft_step");
+    c.catch_up = number("catch_up");
+    c.draft_acceptance = number("draft_acceptance");
+    numbers("ngram_acceptance", COSPEC_N_NGRAM_BUCKETS, c.ngram_acceptance);
+    return c;
+}
+
 class Engine {
   public:
     Engine(const std::string & target_path, std::optional<std::string> draft_path, int32_t n_ctx, int32_t n_batch,
@@ -947,6 +991,8 @@ PYBIND11_MODULE(_cospec, m) {
     m.attr("FLY_DEFAULTS") = fly_defaults;
     m.attr("DEFAULT_VERIFY_COST") = COSPEC_DEFAULT_VERIFY_COST;
     m.attr("DEFAULT_N_CTX") = COSPEC_DEFAULT_N_CTX;
+    m.attr("CALIBRATION_VERSION") = COSPEC_CALIBRATION_VERSION;
+    m.attr("N_NGRAM_BUCKETS") = COSPEC_N_NGRAM_BUCKETS;
     m.attr("N_TOP_LOGPROBS_MAX") = COSPEC_N_TOP_LOGPROBS_MAX;
     m.def("json_schema_to_grammar", [](const std::string & schema, const std::string & rule_name, const std::string & root_rule) {
         const char * grammar = cospec_json_schema_to_grammar(schema.c_str(), rule_name.c_str(), root_rule.c_str());
@@ -1115,6 +1161,37 @@ PYBIND11_MODULE(_cospec, m) {
                 raise_status(COSPEC_ERR_INVALID_ARGUMENT);
             }
         }, py::arg("which"), py::arg("grammar"), py::arg("root") = std::string())
+        .def("measure_costs", [](Engine & e, const std::vector<int32_t> & context) {
+            cospec_engine * h = e.get();
+            cospec_calibration c {};
+            std::string message;
+            const int32_t status = compute([&] {
+                return cospec_engine_measure_costs(h, context.data(), (int32_t) context.size(), &c);
+            }, message);
+            if (status != COSPEC_OK) {
+                throw native_error {status, message};
+            }
+            return calibration_dict(c);
+        }, py::arg("context"))
+        .def("set_calibration", [](Engine & e, const py::object & calibration) {
+            cospec_engine * h = e.get();
+            std::optional<cospec_calibration> c;
+            if (!calibration.is_none()) {
+                c = calibration_from(calibration.cast<py::dict>());
+            }
+            std::string message;
+            const int32_t status = compute([&] { return cospec_engine_set_calibration(h, c ? &*c : nullptr); }, message);
+            if (status != COSPEC_OK) {
+                throw native_error {status, message};
+            }
+        }, py::arg("calibration"))
+        .def("get_calibration", [](const Engine & e) -> py::object {
+            cospec_calibration c {};
+            if (!cospec_engine_get_calibration(e.get(), &c)) {
+                return py::none();
+            }
+            return calibration_dict(c);
+        })
         .def("vocab_difference", [](const Engine & e) -> py::object {
             const char * d = cospec_engine_vocab_difference(e.get());
             return d == nullptr ? py::none() : py::object(py::str(d));

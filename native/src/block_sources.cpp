@@ -298,9 +298,13 @@ void text_draft_source::stepped(const block_source * by, int32_t n_emitted) {
 
 // ------------------------------------------------------------ the n-gram drafter
 
-ngram_source::ngram_source(const source_env & env, bool call_only, double verify_cost) : env(env) {
-    if (call_only) {
-        call_tuner.use_fixed_costs(NGRAM_DRAFT_COST, verify_cost);
+ngram_source::ngram_source(const source_env & env, const cost_model * fixed_costs) : env(env) {
+    if (fixed_costs != nullptr) {
+        cost_model costs = *fixed_costs;
+        costs.first_draft = costs.draft_step = NGRAM_DRAFT_COST;
+        costs.catch_up = 0.0;
+        call_tuner.use_fixed_costs(costs);
+        call_drafter.set_prior(env.e.calibrated ? env.e.calibration.ngram_acceptance : nullptr);
         drafter = &call_drafter;
         length_tuner = &call_tuner;
     } else {

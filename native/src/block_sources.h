@@ -105,7 +105,9 @@ class block_source {
     virtual const std::vector<float> * draft_probs(int32_t /*j*/) const { return nullptr; }
     // The provenance of a drafted token the target agrees with.
     virtual int32_t match_provenance() const { return COSPEC_PROV_MATCH; }
-    // Whether an arbiter that keeps mismatches may keep this source's.
+    // Whether an arbiter that keeps mismatches decides this source's. Where it may not (a lookup,
+    // which shows no draft model's view), a mismatch in such a call emits nothing and the next
+    // step is the draft model's (generate.cpp's walk).
     virtual bool arbiter_may_decide() const { return true; }
     // What an arbiter reads of the draft in a block of this source (block.target is filled).
     virtual void describe(cospec_block & /*block*/) {}
@@ -209,14 +211,16 @@ class text_draft_source : public draft_model_base {
 };
 
 // The n-gram drafter (ngram_drafter.h): a proposal looked up in the texts seen, verified as far
-// as its tuner finds it pays at the acceptance the drafter learned per match length. Its
-// mismatches are refused: an arbiter learned the draft model's, not a lookup's.
+// as its tuner finds it pays at the acceptance the drafter learned per match length. An arbiter
+// does not decide its mismatches (it learned the draft model's, not a lookup's): with one that
+// keeps, the draft model drafts the mismatched position next and the arbiter decides it there.
 class ngram_source : public block_source {
   public:
-    // call_only: where the output must be a function of the call's inputs (an arbiter that keeps,
-    // sampling), proposals come from this call's text alone and lengths from counts (at
-    // verify_cost), not from the engine's pool and clock.
-    ngram_source(const source_env & env, bool call_only, double verify_cost);
+    // fixed_costs (target steps): where the output must be a function of the call's inputs (an
+    // arbiter that keeps, sampling), proposals come from this call's text alone and lengths from
+    // these costs and this call's counts (from the calibrated acceptance), not from the engine's
+    // pool and clock. nullptr: the engine's pool and tuner.
+    ngram_source(const source_env & env, const cost_model * fixed_costs);
 
     void begin(const cospec_token * prompt, int32_t n_prompt) override { drafter->begin(prompt, (size_t) n_prompt); }
     bool offer(const draft_context & ctx, proposal & out, std::optional<tuner_samples::draft_calls> & timing) override;

@@ -90,13 +90,43 @@ void cost_estimates::observe_catch_up(double ms, int32_t n_tokens) {
     }
 }
 
-void cost_estimates::use_fixed(double draft_cost, double verify_marginal) {
-    fixed_costs = true;
-    t_draft = std::max(draft_cost, MIN_FIXED_DRAFT_COST);
-    t_draft_first = t_draft;
+cost_model cost_model::linear(double draft_cost, double verify_marginal) {
+    cost_model m;
+    m.first_draft = m.draft_step = draft_cost;
     for (int32_t n = 1; n <= MAX_BLOCK_BATCH; ++n) {
-        t_verify[n] = 1.0 + (n - 1) * verify_marginal;
+        m.verify[n] = 1.0 + (n - 1) * verify_marginal;
+    }
+    return m;
+}
+
+void cost_estimates::use_fixed(const cost_model & steps) {
+    fixed_costs = true;
+    t_draft = std::max(steps.draft_step, MIN_FIXED_DRAFT_COST);
+    t_draft_first = steps.first_draft > 0.0 ? std::max(steps.first_draft, MIN_FIXED_DRAFT_COST) : t_draft;
+    t_catch_up = steps.catch_up > 0.0 ? steps.catch_up : -1.0;
+    for (int32_t n = 1; n <= MAX_BLOCK_BATCH; ++n) {
+        t_verify[n] = steps.verify[n];
         verify_fair[n] = true; // the model's costs are the caller's, nothing to time
+    }
+}
+
+void cost_estimates::seed(const cost_model & ms) {
+    if (fixed_costs) {
+        return;
+    }
+    if (ms.draft_step > 0.0) {
+        t_draft = ms.draft_step;
+        t_draft_first = ms.first_draft > 0.0 ? ms.first_draft : ms.draft_step;
+    }
+    if (ms.catch_up > 0.0) {
+        t_catch_up = ms.catch_up;
+    }
+    for (int32_t n = 1; n <= MAX_BLOCK_BATCH; ++n) {
+        if (ms.verify[n] > 0.0) {
+            t_verify[n] = ms.verify[n];
+            verify_fair[n] = true;
+            sampled_at[n] = clock;
+        }
     }
 }
 

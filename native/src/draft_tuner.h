@@ -56,6 +56,18 @@ length_choice fastest_length(const rate_inputs & in, int32_t k_max);
 
 // ---------------------------------------------------------------- cost estimates
 
+// A pair's costs as a whole: in target steps (a fixed cost model), or in milliseconds (a
+// calibration's measurements, the seed of the timed estimates).
+struct cost_model {
+    double first_draft = 0.0; // a block's first draft call (0: no draft model)
+    double draft_step = 0.0;  // each later draft step
+    double catch_up = 0.0;    // the draft reading one token of a long catch-up (0: unknown)
+    double verify[MAX_BLOCK_BATCH + 1] = {}; // verify[n]: decoding n tokens, n in [1, MAX_BLOCK_BATCH]
+
+    // The linear model of a draft step's cost and each verified token's beyond the first.
+    static cost_model linear(double draft_cost, double verify_marginal);
+};
+
 // What a block's draft calls and verify decodes cost: timed samples averaged
 // per batch size, or a fixed cost model. Ages count in steps (tick).
 class cost_estimates {
@@ -63,7 +75,9 @@ class cost_estimates {
     // See draft_tuner::observe_draft / observe_verify / use_fixed_costs.
     void observe_draft(double first_ms, double step_ms, int32_t n_steps);
     void observe_verify(int32_t n_tokens, double ms, bool fair);
-    void use_fixed(double draft_cost, double verify_marginal);
+    void use_fixed(const cost_model & steps);
+    // Start the timed estimates from measured costs (ms), each as a fresh, fair sample.
+    void seed(const cost_model & ms);
     void tick() { clock += 1; }
 
     bool fixed() const { return fixed_costs; }
@@ -194,7 +208,14 @@ class draft_tuner {
     // Use a fixed cost model instead of measured times, so that the chosen
     // lengths depend on acceptance counts alone: a draft step costs
     // draft_cost target steps, verifying n tokens 1 + (n - 1) * verify_marginal.
-    void use_fixed_costs(double draft_cost, double verify_marginal) { costs.use_fixed(draft_cost, verify_marginal); }
+    void use_fixed_costs(double draft_cost, double verify_marginal) {
+        costs.use_fixed(cost_model::linear(draft_cost, verify_marginal));
+    }
+    // The same with every cost given (a calibration's, in target steps).
+    void use_fixed_costs(const cost_model & steps) { costs.use_fixed(steps); }
+    // Timed costs that start from a calibration's measurements (ms) instead of being measured
+    // first: the first choice is the rate model's, no measuring blocks.
+    void seed_costs(const cost_model & ms) { costs.seed(ms); }
     // Start the acceptance estimate from these decayed counts (before any block).
     void set_acceptance_prior(double accepted, double rejected);
     // Forget the acceptance estimate (its meaning changed, e.g. another

@@ -95,6 +95,10 @@ struct cospec_engine {
     // The --draft-p-min its acceptance was learned under: blocks the draft
     // declines count as ended, so another p-min starts the estimate afresh.
     float tuner_draft_p_min = 0.0f;
+    // The pair's calibration on this machine (cospec_engine_set_calibration), if one was given:
+    // it seeded the tuners above and is the cost model of timing-free block lengths.
+    cospec_calibration calibration {};
+    bool calibrated = false;
 };
 
 namespace cospec {

@@ -1,6 +1,7 @@
 // The decoding loop: draft -> verify -> arbitrate, plus plain target-only and
 // draft-only decoding through the same machinery.
 #include "block_sources.h"
+#include "calibration.h"
 #include "decoder.h"
 #include "engine.h"
 #include "grammar.h"
@@ -56,20 +57,26 @@ class generation {
         const bool greedy = chooser.greedy();
         const bool keeping_arbiter = p.mode == COSPEC_MODE_SPECULATIVE && p.arbiter != nullptr && p.arbiter->can_keep();
         // An arbiter abstains on a prompt unlike those it learned from (its domain gate): no
-        // mismatch is kept and its pass never runs. Block lengths still follow the timing-free
-        // tuner below, so a run with a learned arbiter never depends on timing, gated or not.
+        // mismatch is kept and its pass never runs, so the call is plain speculative decoding,
+        // drafted as such (the engine's tuners and n-gram pool where greedy).
         arbiter_can_keep = keeping_arbiter && p.arbiter->admits(prompt, n_prompt);
         st.arbiter_abstained = keeping_arbiter && !arbiter_can_keep;
         const bool keep_draft_logits = arbiter_can_keep && p.arbiter->needs_draft_logits();
         keep_threshold = p.arbiter != nullptr ? p.arbiter->threshold() : 0.5f;
-        // When block lengths can change the output (a kept mismatch; sampling,
-        // whose random stream follows the blocks) they must not depend on
-        // timing: a tuner of this call alone, whose costs are settings
-        // (default: from the pair's sizes), never clocks.
-        if (keeping_arbiter || !greedy) {
-            call_tuner.use_fixed_costs(p.draft_cost > 0.0f ? p.draft_cost : e.draft_cost_ratio,
-                                       fixed_verify_cost());
-            if (arbiter_can_keep) {
+        // Where block lengths can change the output (a kept mismatch; sampling, whose random
+        // stream follows the blocks) they must not depend on timing: this call's own tuners
+        // take a fixed cost model (the engine's calibration, else the arbiter's recorded costs
+        // and the pair's sizes; the call's settings override either) and learn acceptance from
+        // this call's blocks, starting from the calibrated acceptance. The output is then a
+        // function of the inputs, the settings, the seed and the calibration.
+        const bool timing_free = arbiter_can_keep || !greedy;
+        if (timing_free) {
+            fixed_costs = cospec::timing_free_costs(e, p);
+            call_tuner.use_fixed_costs(fixed_costs);
+            if (e.calibrated && e.calibration.draft_acceptance >= 0.0) {
+                const cospec::acceptance_prior prior = cospec::prior_of(e.calibration.draft_acceptance);
+                call_tuner.set_acceptance_prior(prior.accepted, prior.rejected);
+            } else if (arbiter_can_keep) {
                 call_tuner.set_acceptance_prior(cospec::draft_tuner::KEEPING_PRIOR_ACCEPTED,
                                                 cospec::draft_tuner::KEEPING_PRIOR_REJECTED);
             }
@@ -85,9 +92,7 @@ class generation {
                 e.tuner_draft_p_min = p.draft_p_min;
             }
         }
-        // Where the output must be a function of the call's inputs (an arbiter that keeps,
-        // sampling), the n-gram drafter proposes from this call's text alone.
-        choose_sources(keeping_arbiter, keeping_arbiter || !greedy, keep_draft_logits);
+        choose_sources(timing_free, keep_draft_logits);
     }
 
     int32_t run(const cospec_token * prompt, int32_t n_prompt) {
@@ -173,9 +178,13 @@ class generation {
     cospec::token_chooser chooser;
     bool arbiter_can_keep = false;
     float keep_threshold = 0.5f;
+    // The last block was an n-gram block refused at a mismatch that a keeping arbiter may decide:
+    // the next step is drafted by a source whose mismatches it decides (the draft model), or plain.
+    bool redraft_with_model = false;
     // The tuner of the draft model's blocks, which plain steps teach too (the engine's, or one of this call alone).
     cospec::draft_tuner call_tuner;
     cospec::draft_tuner * tuner = nullptr;
+    cospec::cost_model fixed_costs; // a timing-free call's cost model, in target steps
     // Where blocks come from, in the call's order (cospec_generate_params.draft_sources); the
     // source of the block being verified.
     std::vector<std::unique_ptr<cospec::block_source>> sources;
@@ -200,8 +209,9 @@ class generation {
     cospec_block block {};
 
     // The draft sources of this call in order, COSPEC_DRAFT_AUTO resolved (see enum
-    // cospec_draft_source): an arbiter that keeps mismatches leaves the n-gram drafter out of AUTO.
-    void choose_sources(bool keeping_arbiter, bool call_only, bool keep_draft_logits) {
+    // cospec_draft_source). timing_free: the n-gram drafter proposes from this call's text alone,
+    // at this call's fixed costs.
+    void choose_sources(bool timing_free, bool keep_draft_logits) {
         if (p.mode != COSPEC_MODE_SPECULATIVE) {
             return;
         }
@@ -209,9 +219,9 @@ class generation {
         bool has_model = false, has_ngram = false;
         for (int32_t i = 0; i < COSPEC_N_DRAFT_SOURCES && p.draft_sources[i] != COSPEC_DRAFT_NONE; ++i) {
             const int32_t src = p.draft_sources[i];
-            if ((src == COSPEC_DRAFT_NGRAM || (src == COSPEC_DRAFT_AUTO && !keeping_arbiter)) && !has_ngram) {
+            if ((src == COSPEC_DRAFT_NGRAM || src == COSPEC_DRAFT_AUTO) && !has_ngram) {
                 has_ngram = true;
-                sources.push_back(std::make_unique<cospec::ngram_source>(env, call_only, fixed_verify_cost()));
+                sources.push_back(std::make_unique<cospec::ngram_source>(env, timing_free ? &fixed_costs : nullptr));
             }
             if ((src == COSPEC_DRAFT_MODEL || src == COSPEC_DRAFT_AUTO) && !has_model) {
                 has_model = true;
@@ -482,17 +492,6 @@ class generation {
     // An arbiter that keeps decides the draft model's mismatches; an n-gram block's are refused.
     bool arbiter_decides() const { return arbiter_can_keep && current->arbiter_may_decide(); }
 
-    // A learned arbiter carries the verify cost its training blocks were drafted
-    // under (arbiter.gguf's verify_cost, checked when it loaded): the lengths
-    // it decides in are then the ones it learned from.
-    double trained_verify_cost() const {
-        const std::optional<double> trained = p.arbiter != nullptr ? p.arbiter->trained_verify_cost() : std::nullopt;
-        return trained.value_or(cospec::draft_tuner::FIXED_VERIFY_MARGINAL);
-    }
-
-    // The fixed cost model's verify cost: the call's own, else the one its arbiter was trained under.
-    double fixed_verify_cost() const { return p.verify_cost >= 0.0f ? p.verify_cost : trained_verify_cost(); }
-
     bool decide(float p_keep_i) {
         if (p.sample_arbiter) {
             return cospec::uniform01(arbiter_rng) < p_keep_i;
@@ -517,6 +516,13 @@ class generation {
             if (!mismatch[j]) {
                 emit(proposed.tokens[j], current->match_provenance(), row);
                 continue;
+            }
+            if (arbiter_can_keep && !current->arbiter_may_decide()) {
+                // A keeping arbiter decides between the draft model's token and the target's, which a
+                // lookup's mismatch does not show: nothing is emitted here, the draft model drafts
+                // this position next, and the arbiter decides it there as it would without the lookup.
+                redraft_with_model = true;
+                break;
             }
             if (arbiter_decides() && !scored) {
                 if (const int32_t status = arbitrate(n_past, rows); status != COSPEC_OK) {
@@ -564,11 +570,15 @@ class generation {
         const cospec::draft_context ctx {seq, n_past, block_room(n_past), last_target_n};
         current = nullptr;
         for (const auto & source : sources) {
+            if (redraft_with_model && !source->arbiter_may_decide()) {
+                continue;
+            }
             if (source->offer(ctx, proposed, samples.draft)) {
                 current = source.get();
                 break;
             }
         }
+        redraft_with_model = false;
         const size_t n_before = r.tokens.size();
         const int32_t status = current != nullptr ? block_step(ctx, samples) : plain_target_step(samples);
         // The source's own tuner learns from its block (the draft model's from a plain step); the

@@ -72,6 +72,8 @@ struct cospec_arbiter {
     virtual const char * meta(const char * /*key*/) const { return nullptr; }
     // A learned arbiter's verify cost of the timing-free block lengths its states were drafted under.
     virtual std::optional<double> trained_verify_cost() const { return std::nullopt; }
+    // And the draft step's cost in target steps it recorded (arbiter.gguf's draft_cost).
+    virtual std::optional<double> trained_draft_cost() const { return std::nullopt; }
     // The head's input rows (learned arbiters only); returns the row width or a negative status.
     virtual int32_t head_inputs(const cospec_block & /*block*/, float * /*out*/, size_t /*out_size*/) {
         return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, std::string("arbiter '") + name() + "' has no head");

@@ -703,6 +703,9 @@ struct learned_arbiter final : cospec_arbiter {
         return !gate_on || gate_coverage(b, prompt, n_prompt) >= (double) b.gate_threshold;
     }
     std::optional<double> trained_verify_cost() const override { return b.verify_cost; }
+    std::optional<double> trained_draft_cost() const override {
+        return b.draft_cost && *b.draft_cost > 0.0 ? b.draft_cost : std::nullopt; // 0: the pair's ratio
+    }
     const char * meta(const char * key) const override {
         if (b.kind == COSPEC_ARBITER_LORA && std::strcmp(key, "adapter_use") == 0) {
             return folded != nullptr ? "folded" : "decode";

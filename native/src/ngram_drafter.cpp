@@ -16,6 +16,8 @@ constexpr double BUCKET_DECAY = 0.95;
 // m / (m + PRIOR_HALF) before any is verified (2 tokens: 0.5; 12: 0.86; 32: 0.94).
 constexpr double PRIOR_WEIGHT = 2.0;
 constexpr double PRIOR_HALF = 2.0;
+// A measured prior (a calibration) is worth this many: a few refusals in a call move it, one does not.
+constexpr double CALIBRATED_PRIOR_WEIGHT = 6.0;
 // The smallest match of each bucket; the last bucket is MATCH_CAP alone.
 constexpr int32_t BUCKET_FLOOR[ngram_drafter::N_SUPPORT_BUCKETS] = {2, 3, 4, 5, 7, 10, 14, 20, ngram_drafter::MATCH_CAP};
 } // namespace
@@ -29,9 +31,17 @@ int32_t ngram_drafter::support_bucket(int32_t match) {
 }
 
 double ngram_drafter::bucket_acceptance(int32_t bucket) const {
-    const double floor = BUCKET_FLOOR[bucket];
-    const double prior = floor / (floor + PRIOR_HALF);
-    return (bucket_accepted[bucket] + PRIOR_WEIGHT * prior) / (bucket_accepted[bucket] + bucket_refused[bucket] + PRIOR_WEIGHT);
+    return (bucket_accepted[bucket] + prior_weight[bucket] * bucket_prior[bucket]) /
+           (bucket_accepted[bucket] + bucket_refused[bucket] + prior_weight[bucket]);
+}
+
+void ngram_drafter::set_prior(const double * acceptance) {
+    for (int32_t b = 0; b < N_SUPPORT_BUCKETS; ++b) {
+        const double floor = BUCKET_FLOOR[b];
+        const bool measured = acceptance != nullptr && acceptance[b] >= 0.0 && acceptance[b] <= 1.0;
+        bucket_prior[b] = measured ? acceptance[b] : floor / (floor + PRIOR_HALF);
+        prior_weight[b] = measured ? CALIBRATED_PRIOR_WEIGHT : PRIOR_WEIGHT;
+    }
 }
 
 uint64_t ngram_drafter::hash(const llama_token * tokens, int32_t n) {

@@ -20,6 +20,7 @@
 //     text the engine has seen (bounded by POOL_MAX tokens).
 #pragma once
 
+#include "cospec.h"
 #include "llama.h"
 
 #include <cstdint>
@@ -30,6 +31,8 @@ namespace cospec {
 
 class ngram_drafter {
   public:
+    ngram_drafter() { set_prior(nullptr); }
+
     static constexpr int32_t INDEX_N = 4;       // n-grams indexed: 1 to INDEX_N tokens
     static constexpr int32_t MATCH_CAP = 32;    // matches are measured up to this many tokens
     static constexpr int32_t MIN_MATCH = 2;     // each proposed token needs a match this long (one token is noise)
@@ -55,10 +58,15 @@ class ngram_drafter {
 
     // Match lengths share an acceptance estimate in these buckets: 2, 3, 4, 5-6, 7-9, 10-13,
     // 14-19, 20-31, 32 (MATCH_CAP).
-    static constexpr int32_t N_SUPPORT_BUCKETS = 9;
+    static constexpr int32_t N_SUPPORT_BUCKETS = COSPEC_N_NGRAM_BUCKETS;
     static int32_t support_bucket(int32_t match);
     // The acceptance estimate of a bucket: decayed counts over a prior that rises with the match.
     double bucket_acceptance(int32_t bucket) const;
+    // Priors measured for this pair (cospec_calibration.ngram_acceptance; a negative one keeps
+    // the default), worth more verified tokens than the default's guess; nullptr: the defaults.
+    void set_prior(const double * acceptance);
+    // Whether a token of this bucket was verified since the engine opened.
+    bool bucket_seen(int32_t bucket) const { return bucket_accepted[bucket] + bucket_refused[bucket] > 0.0; }
 
     size_t pool_size() const { return pool.size(); }
 
@@ -91,6 +99,8 @@ class ngram_drafter {
     std::vector<double> proposed_acceptance;        // and its acceptance estimate per token
     double bucket_accepted[N_SUPPORT_BUCKETS] = {}; // decayed counts of verified tokens per bucket
     double bucket_refused[N_SUPPORT_BUCKETS] = {};
+    double bucket_prior[N_SUPPORT_BUCKETS];         // each bucket's chance before any verified token
+    double prior_weight[N_SUPPORT_BUCKETS];         // and what it is worth, in verified tokens
     mutable std::vector<llama_token> text;          // scratch: the tail matched against
 };
 
