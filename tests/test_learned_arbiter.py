@@ -611,12 +611,18 @@ def test_bad_arbiter_files_are_clear_errors(demo_engine, f32_draft, tmp_path):
     assert demo_engine.generate(load_task("arith", "test", 1)[0].prompt, arbiter=str(good), max_tokens=40).tokens
 
 
-def test_an_arbiter_drafts_under_the_verify_cost_it_was_trained_under(demo_engine, tmp_path):
+def test_an_arbiter_drafts_under_the_verify_cost_it_was_trained_under(tmp_path):
     """arbiter.gguf's verify_cost sets the timing-free length model of calls that leave it at its
     default: the blocks are those of an explicit setting of the same value, not of the default's.
-    A value out of range is refused when the arbiter loads."""
+    A value out of range is refused when the arbiter loads. (Without a calibration, so that the
+    arbiter without a recorded cost drafts under the pair's parameter ratio, as the other does.)"""
     from cospec_local.train.warmup import collected_verify_cost
 
+    with Engine.open_default(n_ctx=1024, n_threads=1, calibration=None) as demo_engine:
+        _check_trained_verify_cost(demo_engine, tmp_path, collected_verify_cost)
+
+
+def _check_trained_verify_cost(demo_engine, tmp_path, collected_verify_cost):
     torch.manual_seed(2)
     model = FeaturesArbiter()
     for p in model.head.parameters():
@@ -631,7 +637,9 @@ def test_an_arbiter_drafts_under_the_verify_cost_it_was_trained_under(demo_engin
     assert demo_engine.arbiter(carried).meta("verify_cost") is not None
     differs = 0
     for problem in load_task("pyfunc", "test", 4):
-        run = lambda arbiter, **kw: demo_engine.generate(problem.prompt, arbiter=arbiter, max_tokens=160, **kw)  # noqa: E731
+        # (the draft model's blocks alone: the n-gram drafter's lengths are not the arbiter's)
+        run = lambda arbiter, **kw: demo_engine.generate(problem.prompt, arbiter=arbiter, max_tokens=160,  # noqa: E731
+                                                         spec_type="draft", **kw)
         a, b = run(carried), run(plain, verify_cost=0.6)
         assert a.tokens == b.tokens and a.stats.blocks == b.stats.blocks
         assert [(d.block, d.position) for d in a.decisions] == [(d.block, d.position) for d in b.decisions]
@@ -639,8 +647,8 @@ def test_an_arbiter_drafts_under_the_verify_cost_it_was_trained_under(demo_engin
     assert differs > 0
     # an explicit setting still wins over the arbiter's
     prompt = load_task("pyfunc", "test", 1)[0].prompt
-    assert (demo_engine.generate(prompt, arbiter=carried, max_tokens=160, verify_cost=0.25).stats.blocks ==
-            demo_engine.generate(prompt, arbiter=plain, max_tokens=160).stats.blocks)
+    assert (demo_engine.generate(prompt, arbiter=carried, max_tokens=160, verify_cost=0.25, spec_type="draft").stats.blocks ==
+            demo_engine.generate(prompt, arbiter=plain, max_tokens=160, spec_type="draft").stats.blocks)
     with pytest.raises(ArbiterError, match="verify_cost"):
         demo_engine.arbiter(folder("bad", 1000.0))
     # what the warm-up writes: the collection's verify cost, the default for folders that predate it

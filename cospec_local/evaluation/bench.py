@@ -133,6 +133,7 @@ class BenchReport:
     costs: dict | None  # the timing-free cost model (--draft-cost, --verify-cost) measured for this pair and machine
     other_load: float | None  # the share of this process's CPUs' time other work took during the runs
     results: list[BenchRow]
+    calibration: str | None = None  # the id of the pair's calibration the engine ran under
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -248,7 +249,8 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], runs: S
         repeat=repeat, draft_p_min=params.draft_p_min, adaptive_draft=params.adaptive_draft,
         temperature=params.temperature, seed=params.seed,
         c=plain_ms["draft-only"] / plain_ms["target-only"] if plain_ms else None, costs=costs, other_load=load.share,
-        results=[make_row(k, label, totals[k, label], base, params, plain_ms, repeat) for k, label in keys])
+        results=[make_row(k, label, totals[k, label], base, params, plain_ms, repeat) for k, label in keys],
+        calibration=engine.calibration_id)
 
 
 def _fmt(value, spec: str, suffix: str = "") -> str:

@@ -316,7 +316,9 @@ def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], s
     todo = [(p, r) for i, p in enumerate(problems) for r in rotated(runs, i) if (p.id, r.label) not in records]
     if out_dir is not None:
         # Every machine that ran records (a run resumed on another machine goes on: sessions end).
-        if todo and (here := machine_identity()) not in config["machines"]:
+        # (with the pair's calibration there, which sets the block lengths of arbiter and sampled runs)
+        here = {**machine_identity(), "calibration": engine.calibration_id}
+        if todo and here not in config["machines"]:
             config["machines"].append(here)
         write_atomic(config_path, json.dumps(config, indent=1))
         log = (out_dir / "records.jsonl").open("a", encoding="utf-8")
@@ -334,6 +336,7 @@ def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], s
     summary["title"] = title
     if out_dir is not None:
         summary["machines"] = [m.get("cpu") for m in config["machines"]]
+    summary["calibration"] = engine.calibration_id
     summary["models"] = {"target": Path(engine.target_path).name,
                          "draft": Path(engine.draft_path).name if engine.draft_path else None}
     if out_dir is not None:

@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -41,6 +42,7 @@ class EngineSpec:
     chat_template: str | None = None  # None: the target's own
     draft_chat_template: str | None = None  # None: the draft's own (a draft of another vocabulary)
     verbose: bool = False
+    calibration: str | None = "auto"  # cospec_local.calibration: auto, a file, or None
     preload: GenerationParams | None = None
 
 
@@ -186,14 +188,19 @@ def prepare_prompt(engine: Engine, chat: bool, payload, params: GenerationParams
 
 def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
     from ..chat.display import draft_off_note, other_vocab_note
-    from ..errors import CospecError, GenerationError
+    from ..errors import CalibrationNotice, CospecError, GenerationError
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server handles Ctrl-C and ends this process
     try:
-        engine = Engine(spec.target, spec.draft, n_ctx=spec.n_ctx, n_threads=spec.n_threads,
-                        n_gpu_layers=spec.n_gpu_layers, n_gpu_layers_draft=spec.n_gpu_layers_draft,
-                        verbose=spec.verbose, rpc=spec.rpc, flash_attn=spec.flash_attn,
-                        chat_template=spec.chat_template, draft_chat_template=spec.draft_chat_template)
+        with warnings.catch_warnings(record=True) as notices:
+            warnings.simplefilter("always", CalibrationNotice)
+            engine = Engine(spec.target, spec.draft, n_ctx=spec.n_ctx, n_threads=spec.n_threads,
+                            n_gpu_layers=spec.n_gpu_layers, n_gpu_layers_draft=spec.n_gpu_layers_draft,
+                            verbose=spec.verbose, rpc=spec.rpc, flash_attn=spec.flash_attn,
+                            chat_template=spec.chat_template, draft_chat_template=spec.draft_chat_template,
+                            calibration=spec.calibration)
+        for notice in notices:
+            print(f"note: {notice.message}", file=sys.stderr, flush=True)
         if (note := other_vocab_note(engine)) is not None:
             print(f"note: {note}", file=sys.stderr, flush=True)
         p = spec.preload

@@ -302,7 +302,6 @@ ngram_source::ngram_source(const source_env & env, const cost_model * fixed_cost
     if (fixed_costs != nullptr) {
         cost_model costs = *fixed_costs;
         costs.first_draft = costs.draft_step = NGRAM_DRAFT_COST;
-        costs.catch_up = 0.0;
         call_tuner.use_fixed_costs(costs);
         call_drafter.set_prior(env.e.calibrated ? env.e.calibration.ngram_acceptance : nullptr);
         drafter = &call_drafter;

@@ -222,16 +222,22 @@ acceptance_prior prior_of(double a) {
     return {PRIOR_REJECTIONS * a / (1.0 - a), PRIOR_REJECTIONS};
 }
 
-cost_model timing_free_costs(const cospec_engine & e, const cospec_generate_params & p) {
-    const std::optional<double> trained_verify = p.arbiter != nullptr ? p.arbiter->trained_verify_cost() : std::nullopt;
-    const std::optional<double> trained_draft = p.arbiter != nullptr ? p.arbiter->trained_draft_cost() : std::nullopt;
-    cost_model m = cost_model::linear(trained_draft.value_or(e.draft_cost_ratio),
-                                      trained_verify.value_or(draft_tuner::FIXED_VERIFY_MARGINAL));
-    if (e.calibrated) {
+cost_model timing_free_costs(const cospec_engine & e, const cospec_generate_params & p, bool arbiter_keeps) {
+    const cospec_arbiter * arbiter = arbiter_keeps ? p.arbiter : nullptr;
+    const std::optional<double> trained_verify = arbiter != nullptr ? arbiter->trained_verify_cost() : std::nullopt;
+    const std::optional<double> trained_draft = arbiter != nullptr ? arbiter->trained_draft_cost() : std::nullopt;
+    cost_model m;
+    if (trained_verify) {
+        // A learned arbiter decides in the blocks its states were drafted in: the linear model it
+        // recorded (its draft_cost, 0 for the pair's parameter ratio), on any machine.
+        m = cost_model::linear(trained_draft.value_or(e.draft_cost_ratio), *trained_verify);
+    } else if (e.calibrated) {
         m = calibrated_steps(e.calibration);
         if (!e.has_draft || m.draft_step <= 0.0) {
-            m.first_draft = m.draft_step = trained_draft.value_or(e.draft_cost_ratio);
+            m.first_draft = m.draft_step = e.draft_cost_ratio;
         }
+    } else {
+        m = cost_model::linear(e.draft_cost_ratio, draft_tuner::FIXED_VERIFY_MARGINAL);
     }
     if (p.draft_cost > 0.0f) {
         m.first_draft = m.draft_step = p.draft_cost;
@@ -240,6 +246,16 @@ cost_model timing_free_costs(const cospec_engine & e, const cospec_generate_para
         const cost_model linear = cost_model::linear(0.0, p.verify_cost);
         std::copy(std::begin(linear.verify), std::end(linear.verify), std::begin(m.verify));
     }
+    return m;
+}
+
+cost_model lookup_costs(const cospec_engine & e, const cospec_generate_params & p) {
+    cost_model m = e.calibrated ? calibrated_steps(e.calibration) : cost_model::linear(0.0, draft_tuner::FIXED_VERIFY_MARGINAL);
+    if (p.verify_cost >= 0.0f) {
+        m = cost_model::linear(0.0, p.verify_cost);
+    }
+    m.first_draft = m.draft_step = 0.0; // the n-gram source prices its lookup itself
+    m.catch_up = 0.0;
     return m;
 }
 

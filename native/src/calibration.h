@@ -25,10 +25,14 @@ struct acceptance_prior {
 };
 acceptance_prior prior_of(double a);
 
-// The cost model of a call whose block lengths may not depend on timing, in target steps, each
-// part from the first that gives it: the call's settings (draft_cost, verify_cost), the engine's
-// calibration, the costs recorded in the call's learned arbiter, the pair's parameter ratio and
-// COSPEC_DEFAULT_VERIFY_COST.
-cost_model timing_free_costs(const cospec_engine & e, const cospec_generate_params & p);
+// The cost model of the draft model's blocks in a call whose block lengths may not depend on
+// timing, in target steps: a learned arbiter's recorded linear model where it has one (it decides
+// in the blocks its states were drafted in), else the engine's calibration, else the pair's
+// parameter ratio and COSPEC_DEFAULT_VERIFY_COST; the call's settings (draft_cost, verify_cost)
+// override any of them. arbiter_keeps: the call's arbiter decides mismatches (not abstaining).
+cost_model timing_free_costs(const cospec_engine & e, const cospec_generate_params & p, bool arbiter_keeps);
+// The same for the n-gram drafter's blocks, which no arbiter decides: the calibration's verify
+// costs (else the default), or the call's verify_cost.
+cost_model lookup_costs(const cospec_engine & e, const cospec_generate_params & p);
 
 } // namespace cospec

@@ -37,6 +37,9 @@ struct row_summary {
     float top[3] = {-INFINITY, -INFINITY, -INFINITY};
 };
 
+// One pass for the maximum and the three likeliest, one for the normaliser and the entropy: the
+// exponentials in float (the features are floats; a float exp is several times cheaper over a
+// 50k-token row), their sums in double, in chunks so that rounding does not grow with the vocabulary.
 row_summary summarise(const float * row, int32_t n) {
     row_summary s;
     float m = row[0];
@@ -49,12 +52,19 @@ row_summary summarise(const float * row, int32_t n) {
             if (s.top[1] > s.top[0]) std::swap(s.top[0], s.top[1]);
         }
     }
+    constexpr int32_t CHUNK = 256;
     double z_sum = 0.0, zp_sum = 0.0;
-    for (int32_t i = 0; i < n; ++i) {
-        const double z = (double) row[i] - m;
-        const double e = std::exp(z);
-        z_sum += e;
-        zp_sum += e * z;
+    for (int32_t c = 0; c < n; c += CHUNK) {
+        float z_part = 0.0f, zp_part = 0.0f;
+        const int32_t end = std::min(n, c + CHUNK);
+        for (int32_t i = c; i < end; ++i) {
+            const float z = row[i] - m;
+            const float e = std::exp(z);
+            z_part += e;
+            zp_part += e * z;
+        }
+        z_sum += z_part;
+        zp_sum += zp_part;
     }
     s.lse = m + std::log(z_sum);
     s.entropy = (float) (std::log(z_sum) - zp_sum / z_sum);
@@ -85,24 +95,20 @@ float margin(const row_summary & s) {
 
 } // namespace
 
-extern "C" {
+namespace cospec {
 
-const char * cospec_feature_name(int32_t index) {
-    return index >= 0 && index < COSPEC_N_FEATURES ? FEATURE_NAMES[index] : "";
-}
-
-int32_t cospec_block_features(const cospec_block * b, float * out, size_t out_size) {
+int32_t block_features(const cospec_block * b, float * out, size_t out_size, const uint8_t * rows) {
     if (b == nullptr || out == nullptr || b->n_draft < 0 || b->target_logits == nullptr || b->n_vocab_target <= 0) {
-        return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "block features: incomplete block");
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "block features: incomplete block");
     }
     const int32_t n = b->n_draft;
     if (out_size / COSPEC_N_FEATURES < (size_t) n) {
-        return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "block features: output has room for " + std::to_string(out_size) +
-                                                             " floats, " + std::to_string((size_t) n * COSPEC_N_FEATURES) + " needed");
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "block features: output has room for " + std::to_string(out_size) +
+                                                     " floats, " + std::to_string((size_t) n * COSPEC_N_FEATURES) + " needed");
     }
     if (n > 0 && (b->draft == nullptr || b->target == nullptr || b->mismatch == nullptr || b->draft_logits == nullptr ||
                   b->n_vocab_draft <= 0)) {
-        return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "block features: the block needs draft tokens, mismatches and draft logits");
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "block features: the block needs draft tokens, mismatches and draft logits");
     }
     int32_t mismatches_total = 0;
     for (int32_t i = 0; i < n; ++i) {
@@ -110,6 +116,13 @@ int32_t cospec_block_features(const cospec_block * b, float * out, size_t out_si
     }
     int32_t before = 0;
     for (int32_t i = 0; i < n; ++i) {
+        const int32_t here = b->mismatch[i] != 0;
+        float * f = out + (size_t) i * COSPEC_N_FEATURES;
+        if (rows != nullptr && !rows[i]) {
+            std::fill(f, f + COSPEC_N_FEATURES, 0.0f);
+            before += here;
+            continue;
+        }
         const float * trow = b->target_logits + (size_t) i * b->n_vocab_target;
         const float * drow = b->draft_logits + (size_t) i * b->n_vocab_draft;
         const row_summary ts = summarise(trow, b->n_vocab_target);
@@ -118,8 +131,6 @@ int32_t cospec_block_features(const cospec_block * b, float * out, size_t out_si
         while (i + 1 + run < n && !b->mismatch[i + 1 + run]) {
             run += 1;
         }
-        const int32_t here = b->mismatch[i] != 0;
-        float * f = out + (size_t) i * COSPEC_N_FEATURES;
         f[0] = (float) here;
         f[1] = (float) i;
         f[2] = (float) n;
@@ -140,6 +151,18 @@ int32_t cospec_block_features(const cospec_block * b, float * out, size_t out_si
         before += here;
     }
     return COSPEC_OK;
+}
+
+} // namespace cospec
+
+extern "C" {
+
+const char * cospec_feature_name(int32_t index) {
+    return index >= 0 && index < COSPEC_N_FEATURES ? FEATURE_NAMES[index] : "";
+}
+
+int32_t cospec_block_features(const cospec_block * b, float * out, size_t out_size) {
+    return cospec::block_features(b, out, out_size, nullptr);
 }
 
 } // extern "C"

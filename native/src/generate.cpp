@@ -65,20 +65,21 @@ class generation {
         keep_threshold = p.arbiter != nullptr ? p.arbiter->threshold() : 0.5f;
         // Where block lengths can change the output (a kept mismatch; sampling, whose random
         // stream follows the blocks) they must not depend on timing: this call's own tuners
-        // take a fixed cost model (the engine's calibration, else the arbiter's recorded costs
-        // and the pair's sizes; the call's settings override either) and learn acceptance from
-        // this call's blocks, starting from the calibrated acceptance. The output is then a
+        // take fixed cost models (calibration.h: a learned arbiter's recorded one, else the
+        // engine's calibration; the call's settings override either) and learn acceptance from
+        // this call's blocks (from the calibrated acceptance where no arbiter keeps). The output is then a
         // function of the inputs, the settings, the seed and the calibration.
         const bool timing_free = arbiter_can_keep || !greedy;
         if (timing_free) {
-            fixed_costs = cospec::timing_free_costs(e, p);
-            call_tuner.use_fixed_costs(fixed_costs);
-            if (e.calibrated && e.calibration.draft_acceptance >= 0.0) {
-                const cospec::acceptance_prior prior = cospec::prior_of(e.calibration.draft_acceptance);
-                call_tuner.set_acceptance_prior(prior.accepted, prior.rejected);
-            } else if (arbiter_can_keep) {
+            call_tuner.use_fixed_costs(cospec::timing_free_costs(e, p, arbiter_can_keep));
+            // A keeping arbiter's blocks start as its training states were drafted (its kept
+            // mismatches count as accepted, so it sees longer runs than the draft alone).
+            if (arbiter_can_keep) {
                 call_tuner.set_acceptance_prior(cospec::draft_tuner::KEEPING_PRIOR_ACCEPTED,
                                                 cospec::draft_tuner::KEEPING_PRIOR_REJECTED);
+            } else if (e.calibrated && e.calibration.draft_acceptance >= 0.0) {
+                const cospec::acceptance_prior prior = cospec::prior_of(e.calibration.draft_acceptance);
+                call_tuner.set_acceptance_prior(prior.accepted, prior.rejected);
             }
             tuner = &call_tuner;
         } else if (!p.adaptive_draft) {
@@ -184,7 +185,6 @@ class generation {
     // The tuner of the draft model's blocks, which plain steps teach too (the engine's, or one of this call alone).
     cospec::draft_tuner call_tuner;
     cospec::draft_tuner * tuner = nullptr;
-    cospec::cost_model fixed_costs; // a timing-free call's cost model, in target steps
     // Where blocks come from, in the call's order (cospec_generate_params.draft_sources); the
     // source of the block being verified.
     std::vector<std::unique_ptr<cospec::block_source>> sources;
@@ -221,7 +221,8 @@ class generation {
             const int32_t src = p.draft_sources[i];
             if ((src == COSPEC_DRAFT_NGRAM || src == COSPEC_DRAFT_AUTO) && !has_ngram) {
                 has_ngram = true;
-                sources.push_back(std::make_unique<cospec::ngram_source>(env, timing_free ? &fixed_costs : nullptr));
+                const cospec::cost_model lookup = cospec::lookup_costs(e, p);
+                sources.push_back(std::make_unique<cospec::ngram_source>(env, timing_free ? &lookup : nullptr));
             }
             if ((src == COSPEC_DRAFT_MODEL || src == COSPEC_DRAFT_AUTO) && !has_model) {
                 has_model = true;

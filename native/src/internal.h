@@ -21,6 +21,10 @@ void    clear_error();
 // `role` names the file in messages ("target model", "arbiter head").
 int32_t check_gguf_file(const char * role, const char * path);
 
+// cospec_block_features for the rows marked in `rows` alone (nullptr: every row); the others are
+// zeros. A head that reads the mismatch rows pays for no other row's two softmax passes.
+int32_t block_features(const cospec_block * b, float * out, size_t out_size, const uint8_t * rows);
+
 // Refuse metadata and tensor infos that llama.cpp would assert on (model_check.cpp).
 int32_t check_model_metadata(const char * role, const char * path);
 // The same checks on a GGUF already read (tensors: its tensor context, or null); who names it in errors.

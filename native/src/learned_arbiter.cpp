@@ -917,11 +917,14 @@ struct learned_arbiter final : cospec_arbiter {
         return status;
     }
 
-    // The head's input row for every position of the block.
-    int32_t build_inputs(const cospec_block & blk) {
+    // The head's input row for every position of the block (only_mismatches: the features of the
+    // rows the head reads, the others zeros).
+    int32_t build_inputs(const cospec_block & blk, bool only_mismatches = false) {
         const int32_t k = blk.n_draft;
         features.resize((size_t) k * COSPEC_N_FEATURES);
-        if (const int32_t st = cospec_block_features(&blk, features.data(), features.size()); st != COSPEC_OK) {
+        if (const int32_t st = cospec::block_features(&blk, features.data(), features.size(),
+                                                      only_mismatches ? blk.mismatch : nullptr);
+            st != COSPEC_OK) {
             return st;
         }
         const int32_t c = cols();
@@ -957,7 +960,7 @@ struct learned_arbiter final : cospec_arbiter {
     int32_t score(const cospec_block & blk, float * p_keep) override {
         const int32_t k = blk.n_draft;
         std::fill(p_keep, p_keep + k, 0.0f);
-        if (const int32_t st = build_inputs(blk); st != COSPEC_OK) {
+        if (const int32_t st = build_inputs(blk, true); st != COSPEC_OK) {
             return st;
         }
         const int32_t c = cols();
