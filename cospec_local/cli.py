@@ -599,8 +599,10 @@ def serve(load, params, host, port, parallel, max_waiting, api_key, alias, stric
                    "built-in prompts).")
 @click.option("-n", "--n-predict", "max_tokens", default=64, show_default=True, type=click.IntRange(8, 4096),
               help="Tokens generated per prompt to measure acceptance.")
+@click.option("--no-draft", is_flag=True, help="The target alone (what `--spec-type ngram` runs): its costs and the "
+                                                "n-gram drafter's acceptance.")
 @click.option("--json", "as_json", is_flag=True, help="Print the calibration as JSON, with where it is stored.")
-def calibrate(load, prompts_file, task_families, n_prompts, as_chat, max_tokens, as_json):
+def calibrate(load, prompts_file, task_families, n_prompts, as_chat, max_tokens, no_draft, as_json):
     """Measure the pair's costs and acceptance on this machine and store them: every later engine of the
     pair here starts its block lengths from them (greedy calls drafting from the first block; sampled
     and arbiter calls reproducible under the calibration's id)."""
@@ -623,7 +625,10 @@ def calibrate(load, prompts_file, task_families, n_prompts, as_chat, max_tokens,
             prompts = task_prompts([f.strip() for f in task_families.split(",") if f.strip()], n_prompts)
         except (KeyError, ValueError) as exc:
             raise click.ClickException(str(exc)) from None
-    draft = pick_draft(load.target, load.draft, quiet=as_json, measuring=True)
+    if no_draft and load.draft is not None:
+        raise click.BadParameter("give -md or --no-draft, not both")
+    # The pair `generate` and `chat` would load for this target (a draft that pays, or none).
+    draft = None if no_draft else pick_draft(load.target, load.draft, quiet=as_json)
     load = replace(load, calibration="none")  # measured here, not taken from the store
     engine = open_engine(load, draft, quiet=as_json)
     with engine:

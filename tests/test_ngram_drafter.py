@@ -105,6 +105,26 @@ def test_the_tuner_verifies_as_much_of_a_proposal_as_pays_and_holds_the_rest():
     assert t.choose_for_proposal([0.98, 0.98, 0.98, 0.98, 0.2, 0.2, 0.2, 0.2], k_in_use=0) in (4, 5)
 
 
+def test_a_proposal_is_held_where_the_draft_model_promises_more():
+    """The n-gram drafter is asked first, but drafts only where its proposal beats what the draft
+    model's block would give this step (its tuner's expected rate), not merely a plain step."""
+    draft = proposal_tuner()
+    draft.observe_draft(1.0, 1.0, 7)  # a draft step at a tenth of a target step
+    for _ in range(20):
+        draft.observe_block(8, 8, False)  # and it agrees almost always
+    rate = draft.expected_rate(8)
+    assert rate > 1.5 / 10.0  # several tokens per target step's time
+    t = proposal_tuner()
+    middling = [0.8] * 6
+    assert t.choose_for_proposal(middling, k_in_use=0) > 0  # beats plain steps
+    assert t.choose_for_proposal(middling, k_in_use=0, rate_to_beat=rate) == 0  # not the draft model
+    assert t.choose_for_proposal([0.99] * 30, k_in_use=0, rate_to_beat=rate) > 20  # a copied span still does
+    # a draft that does not pay promises nothing to beat
+    weak = proposal_tuner()
+    weak.observe_draft(12.0, 12.0, 3)
+    assert weak.expected_rate(8) == 0.0
+
+
 def test_held_proposals_are_explored_at_a_doubling_interval():
     t = proposal_tuner()
     low = [0.3, 0.3]

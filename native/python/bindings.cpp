@@ -887,9 +887,11 @@ PYBIND11_MODULE(_cospec, m) {
         .def("observe_block", &cospec::draft_tuner::observe_block, py::arg("kd"), py::arg("accepted"), py::arg("ended_early"))
         .def("observe_draft", &cospec::draft_tuner::observe_draft, py::arg("first_ms"), py::arg("step_ms"), py::arg("n_steps"))
         .def("observe_verify", &cospec::draft_tuner::observe_verify, py::arg("n_tokens"), py::arg("ms"), py::arg("fair"))
-        .def("choose_for_proposal", [](cospec::draft_tuner & t, const std::vector<double> & acceptance, int32_t k_in_use) {
-                 return t.choose_for_proposal(acceptance.data(), (int32_t) acceptance.size(), k_in_use);
-             }, py::arg("acceptance"), py::arg("k_in_use"))
+        .def("choose_for_proposal", [](cospec::draft_tuner & t, const std::vector<double> & acceptance, int32_t k_in_use,
+                                       double rate_to_beat) {
+                 return t.choose_for_proposal(acceptance.data(), (int32_t) acceptance.size(), k_in_use, rate_to_beat);
+             }, py::arg("acceptance"), py::arg("k_in_use"), py::arg("rate_to_beat") = 0.0)
+        .def("expected_rate", &cospec::draft_tuner::expected_rate, py::arg("k_max"), py::arg("n_unread") = 0)
         .def("observe_held", &cospec::draft_tuner::observe_held)
         .def_property_readonly("acceptance", &cospec::draft_tuner::acceptance);
     m.attr("DraftTuner").attr("HELD_EXPLORE_MIN") = py::int_(cospec::draft_tuner::HELD_EXPLORE_MIN);

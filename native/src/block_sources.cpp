@@ -53,6 +53,14 @@ bool draft_model_base::offer(const draft_context & ctx, proposal & /*out*/,
     return k > 0;
 }
 
+double draft_model_base::expected_rate(const draft_context & ctx) const {
+    const int32_t k = std::min(env.p.n_draft, ctx.room);
+    if (!can_read() || !env.p.adaptive_draft || k <= 0) {
+        return 0.0;
+    }
+    return length_tuner.expected_rate(k, n_unread);
+}
+
 void draft_model_base::stepped(const block_source * by, int32_t n_emitted) {
     if (by == nullptr) {
         n_unread += 1; // a block after plain steps first catches the draft up on them
@@ -329,8 +337,10 @@ bool ngram_source::offer(const draft_context & ctx, proposal & out, std::optiona
         return false;
     }
     const int32_t n = (int32_t) out.tokens.size();
+    // Where the draft model's block promises more for this step (a draft that agrees more often
+    // than this match is accepted), the proposal is held and the draft model drafts.
     const int32_t k = env.p.adaptive_draft ? length_tuner->choose_for_proposal(drafter->acceptance().data(), n,
-                                                                                ctx.last_target_n - 1)
+                                                                                ctx.last_target_n - 1, ctx.rate_to_beat)
                                            : n;
     if (k <= 0) {
         drafter->feedback(0, 0);

@@ -68,6 +68,7 @@ struct draft_context {
     size_t n_past;                        // the block's first input: seq's last token
     int32_t room;                         // the most tokens a block may hold: the token budget, the context, the batch
     int32_t last_target_n;                // tokens in the target's last decode (0: the prompt's came last)
+    double rate_to_beat = 0.0;            // what the sources after this one promise for the step (expected_rate)
 
     // The most tokens a block of this source may hold (k_max: its own limit), at least 0.
     int32_t budget(int32_t k_max) const { return std::max(std::min(k_max, room), 0); }
@@ -96,6 +97,9 @@ class block_source {
                           std::optional<tuner_samples::draft_calls> & /*timing*/) {
         return COSPEC_OK;
     }
+    // The tokens per unit of its tuner's costs its block would promise now (0: it would not draft,
+    // or cannot say): a source before it drafts only where it promises more.
+    virtual double expected_rate(const draft_context & /*ctx*/) const { return 0.0; }
     // Whether a block with no token is still verified (a block the draft declined at once teaches
     // its tuner to stop asking); otherwise the step becomes a plain target step.
     virtual bool verifies_empty() const { return true; }
@@ -138,6 +142,7 @@ class draft_model_base : public block_source {
         : env(env), length_tuner(tuner), keep_logits(keep_logits) {}
 
     bool offer(const draft_context & ctx, proposal & out, std::optional<tuner_samples::draft_calls> & timing) override;
+    double expected_rate(const draft_context & ctx) const override;
     void stepped(const block_source * by, int32_t n_emitted) override;
     draft_tuner & tuner() override { return length_tuner; }
 

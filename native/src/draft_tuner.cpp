@@ -51,7 +51,7 @@ length_choice fastest_length(const rate_inputs & in, int32_t k_max) {
     // draft that declined every token (--draft-p-min) look worth asking.
     const auto block_verify_cost = [&](int32_t n) { return std::max(in.verify[n], one_step); };
     length_choice choice {0, 1};
-    double best_rate = in.plain_margin / (one_step + switching(0));
+    double best_rate = std::max(in.plain_margin / (one_step + switching(0)), in.rate_to_beat);
     double best_drafting_rate = 0.0;
     double tokens = 1.0, a_pow = 1.0;
     for (int32_t k = 1; k <= k_max; ++k) {
@@ -67,6 +67,7 @@ length_choice fastest_length(const rate_inputs & in, int32_t k_max) {
             choice.best_drafting = k;
         }
     }
+    choice.best_rate = best_rate;
     return choice;
 }
 
@@ -310,7 +311,17 @@ int32_t draft_tuner::choose(int32_t k_max, int32_t n_unread) {
     return last_k;
 }
 
-int32_t draft_tuner::choose_for_proposal(const double * acceptance, int32_t n, int32_t k_in_use) {
+double draft_tuner::expected_rate(int32_t k_max, int32_t n_unread) const {
+    k_max = std::clamp(k_max, 0, COSPEC_N_DRAFT_MAX);
+    if (k_max == 0 || !costs.plain_step_timed() || !costs.first_draft_timed() ||
+        (!costs.fixed() && draft_slower_than_target())) {
+        return 0.0; // not measured yet, or no length pays: nothing to beat
+    }
+    const length_choice fastest = fastest_length_now(k_max, n_unread);
+    return fastest.best > 0 ? fastest.best_rate : 0.0;
+}
+
+int32_t draft_tuner::choose_for_proposal(const double * acceptance, int32_t n, int32_t k_in_use, double rate_to_beat) {
     n = std::clamp(n, 0, COSPEC_N_DRAFT_MAX);
     // A plain step's cost first: the blocks' costs are extrapolated from it until measured.
     if (n == 0 || !costs.plain_step_timed()) {
@@ -328,6 +339,7 @@ int32_t draft_tuner::choose_for_proposal(const double * acceptance, int32_t n, i
     in.k_in_use = k_in_use;
     in.plain_in_use = k_in_use == 0;
     in.plain_margin = costs.fixed() ? 1.0 : MIN_GAIN;
+    in.rate_to_beat = rate_to_beat;
     const length_choice fastest = fastest_length(in, n);
     if (fastest.best > 0) {
         return fastest.best;

@@ -44,11 +44,15 @@ struct rate_inputs {
     // Where the proposal's tokens have chances of their own (the n-gram drafter's): the chance
     // of the k-th token, given the ones before it, is acceptance_at[k - 1]; acceptance is unused.
     const double * acceptance_at = nullptr;
+    // A rate (tokens per unit of these costs) another source offers for this step: a length must
+    // beat it too, or the choice is 0 (leave the step to that source, or to a plain step).
+    double rate_to_beat = 0.0;
 };
 
 struct length_choice {
     int32_t best;          // the length of the most tokens per unit time; 0: a plain target step
     int32_t best_drafting; // the best length above 0 (what an exploration of drafting takes)
+    double best_rate = 0.0; // tokens per unit time at `best` (a drafting length's; at 0, a plain step's)
 };
 
 // The block length in [0, k_max] that maximises expected tokens per unit time.
@@ -229,7 +233,11 @@ class draft_tuner {
     // target step instead). The costs are this tuner's; drafting them costs nothing more.
     // k_in_use: the draft tokens of the target's last decode (0: a plain step), which a block of
     // the same length follows without a graph rebuild.
-    int32_t choose_for_proposal(const double * acceptance, int32_t n, int32_t k_in_use);
+    // rate_to_beat: what another source's block promises for this step, in this tuner's units.
+    int32_t choose_for_proposal(const double * acceptance, int32_t n, int32_t k_in_use, double rate_to_beat = 0.0);
+    // The tokens per unit time the rate model promises for the next block at its best length in
+    // [1, k_max] where that beats plain steps, else 0 (a source that would not draft now).
+    double expected_rate(int32_t k_max, int32_t n_unread) const;
     // The last proposal was held: a plain step followed. Every HELD_EXPLORE_MIN held
     // proposals (doubling to HELD_EXPLORE_MAX while explorations are refused) one is verified
     // anyway, its best length above 0, so that estimates which fell too low can rise again.

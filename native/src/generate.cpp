@@ -568,15 +568,18 @@ class generation {
             return COSPEC_OK;
         }
         tuner_samples samples;
-        const cospec::draft_context ctx {seq, n_past, block_room(n_past), last_target_n};
+        cospec::draft_context ctx {seq, n_past, block_room(n_past), last_target_n};
         current = nullptr;
-        for (const auto & source : sources) {
-            if (redraft_with_model && !source->arbiter_may_decide()) {
+        for (size_t i = 0; i < sources.size() && current == nullptr; ++i) {
+            if (redraft_with_model && !sources[i]->arbiter_may_decide()) {
                 continue;
             }
-            if (source->offer(ctx, proposed, samples.draft)) {
-                current = source.get();
-                break;
+            ctx.rate_to_beat = 0.0;
+            for (size_t j = i + 1; j < sources.size(); ++j) {
+                ctx.rate_to_beat = std::max(ctx.rate_to_beat, sources[j]->expected_rate(ctx));
+            }
+            if (sources[i]->offer(ctx, proposed, samples.draft)) {
+                current = sources[i].get();
             }
         }
         redraft_with_model = false;
