@@ -329,7 +329,7 @@ int32_t cospec_engine_set_calibration(cospec_engine * engine, const cospec_calib
     engine->ngram_tuner.seed_costs(ms);
     if (calibration->draft_acceptance >= 0.0) {
         const cospec::acceptance_prior prior = cospec::prior_of(calibration->draft_acceptance);
-        engine->tuner.set_acceptance_prior(prior.accepted, prior.rejected);
+        engine->tuner.set_acceptance_prior(prior.accepted, prior.rejected, true);
     }
     engine->ngram.set_prior(calibration->ngram_acceptance);
     return COSPEC_OK;

@@ -274,13 +274,15 @@ void draft_tuner::observe_block(int32_t kd, int32_t accepted, bool ended_early) 
     rej_sum = DECAY * rej_sum + (ended_early ? 1.0 : 0.0);
 }
 
-void draft_tuner::set_acceptance_prior(double accepted, double rejected) {
+void draft_tuner::set_acceptance_prior(double accepted, double rejected, bool measured) {
     acc_sum = std::max(accepted, MIN_PRIOR_COUNT);
     rej_sum = std::max(rejected, MIN_PRIOR_COUNT);
+    prior_measured = measured;
 }
 
 void draft_tuner::reset_acceptance() {
     acc_sum = rej_sum = 1.0;
+    prior_measured = false;
     schedule.restart();
 }
 
@@ -303,7 +305,7 @@ int32_t draft_tuner::choose(int32_t k_max, int32_t n_unread) {
     settled_k = fastest.best;
     // The first exploration after a switch to plain steps (or a restart) is taken as scheduled:
     // the budget holds back the ones after it, once one has confirmed plain steps.
-    const bool explore = !schedule.plain_confirmed() || worth_exploring(fastest.best_drafting, n_unread);
+    const bool explore = (!schedule.plain_confirmed() && !prior_measured) || worth_exploring(fastest.best_drafting, n_unread);
     last_k = schedule.next(fastest, k_max, costs.fixed(), fastest.best == 0 && explore);
     if (fastest.best == 0 && last_k > 0) {
         settled_k = last_k; // an exploration

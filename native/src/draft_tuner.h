@@ -220,8 +220,11 @@ class draft_tuner {
     // Timed costs that start from a calibration's measurements (ms) instead of being measured
     // first: the first choice is the rate model's, no measuring blocks.
     void seed_costs(const cost_model & ms) { costs.seed(ms); }
-    // Start the acceptance estimate from these decayed counts (before any block).
-    void set_acceptance_prior(double accepted, double rejected);
+    // Start the acceptance estimate from these decayed counts (before any block). measured: they
+    // come from a calibration of this pair, so the first exploration of drafting after a run of
+    // plain steps is held to EXPLORE_BUDGET as the later ones are (a guessed prior is explored
+    // at once: a 96-token reply paid 5% for an exploration the calibration had already made).
+    void set_acceptance_prior(double accepted, double rejected, bool measured = false);
     // Forget the acceptance estimate (its meaning changed, e.g. another
     // --draft-p-min), keeping the measured costs; explore again soon.
     void reset_acceptance();
@@ -265,6 +268,7 @@ class draft_tuner {
     double acc_sum = 1.0; // decayed counts of accepted draft tokens and of rejections
     double rej_sum = 1.0; // (prior: a = 0.5)
     int32_t measuring_blocks = 0;
+    bool prior_measured = false;  // the acceptance prior is a calibration's
     int32_t last_k = 0;           // the length taken last
     // The length in use for the switching cost: the model's last choice, or an
     // exploration's (its blocks are the last decodes the next choice follows).

@@ -79,7 +79,7 @@ class generation {
                                                 cospec::draft_tuner::KEEPING_PRIOR_REJECTED);
             } else if (e.calibrated && e.calibration.draft_acceptance >= 0.0) {
                 const cospec::acceptance_prior prior = cospec::prior_of(e.calibration.draft_acceptance);
-                call_tuner.set_acceptance_prior(prior.accepted, prior.rejected);
+                call_tuner.set_acceptance_prior(prior.accepted, prior.rejected, true);
             }
             tuner = &call_tuner;
         } else if (!p.adaptive_draft) {
