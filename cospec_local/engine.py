@@ -633,8 +633,18 @@ class Engine:
         arbiter, name = None, None
         if params.mode == "speculative":
             arbiter, name = self._arbiter(params)
+            params = self._trained_block_length(arbiter, params)
             self._warn_if_trained_otherwise(arbiter, name, params)
         return _Request(tokens, params, arbiter, name, draft_tokens)
+
+    @staticmethod
+    def _trained_block_length(arbiter: Arbiter, params: GenerationParams) -> GenerationParams:
+        """A call that leaves --draft-max at its default drafts a learned arbiter's blocks up to the
+        length its states were drafted with (arbiter.gguf's draft_max)."""
+        trained = arbiter.meta("draft_max") if arbiter.kind in LEARNED_KINDS else None
+        if trained is None or params.draft_max != DEFAULTS.draft_max or int(trained) == params.draft_max:
+            return params
+        return params.updated(draft_max=int(trained))
 
     def _warn_if_trained_otherwise(self, arbiter: Arbiter, name: str, params: GenerationParams) -> None:
         """Once per arbiter and block length: a learned arbiter run with another --draft-max than

@@ -21,6 +21,7 @@ from gguf import GGUFValueType
 from gguf_corpus import with_kv
 
 from cospec_local.arbiter.file_format import write_arbiter
+from cospec_local.errors import ArbiterSettingsWarning
 from cospec_local.formats.llama_gguf_writer import convert
 from cospec_local import AdapterError, ArbiterDraftError, ArbiterError, Engine, GenerationParams, InvalidArgumentError, NoDraftError, _cospec
 from cospec_local.arbiter.catalog import NAMED_ARBITERS
@@ -655,6 +656,22 @@ def _check_trained_verify_cost(demo_engine, tmp_path, collected_verify_cost):
     assert collected_verify_cost({"verify_cost": 0.1, "params": {"verify_cost": -1.0}}) == 0.1
     assert collected_verify_cost({"params": {"verify_cost": 0.3}}) == pytest.approx(0.3)
     assert collected_verify_cost({"params": {}}) == pytest.approx(_cospec.DEFAULT_VERIFY_COST)
+
+
+def test_a_call_at_the_default_block_length_drafts_the_arbiters_own(demo_engine, tmp_path):
+    """arbiter.gguf's draft_max is the longest block of calls that leave --draft-max at its default;
+    an explicit one wins, with the warning that the arbiter never saw such blocks."""
+    torch.manual_seed(3)
+    model = FeaturesArbiter()
+    folder = str(write_arbiter(tmp_path / "short", kind="features", head=model.head, draft_gguf=demo_model("draft"),
+                               threshold=0.5, name="short", trained_under={"draft_max": 3}, onnx=False))
+    prompt = load_task("pyfunc", "test", 1)[0].prompt
+    own = demo_engine.generate(prompt, arbiter=folder, max_tokens=96, spec_type="draft", adaptive_draft=False)
+    assert own.stats.blocks > 0 and own.stats.draft_n <= 3 * own.stats.blocks
+    with pytest.warns(ArbiterSettingsWarning, match="blocks of up to 3"):
+        longer = demo_engine.generate(prompt, arbiter=folder, max_tokens=96, spec_type="draft", adaptive_draft=False,
+                                      draft_max=6)
+    assert longer.stats.draft_n > 3 * longer.stats.blocks
 
 
 def test_arbiter_is_closed_with_its_engine(f32_draft, tmp_path):

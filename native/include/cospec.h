@@ -628,8 +628,8 @@ int32_t cospec_engine_measure_costs(cospec_engine * engine, const cospec_token *
 // lengths of later calls. NULL forgets it: priors and exploration, as a fresh engine has.
 int32_t cospec_engine_set_calibration(cospec_engine * engine, const cospec_calibration * calibration);
 // The calibration in use (false: none), the n-gram acceptance of each match length the engine's
-// drafter has verified since it opened replaced by what it learned (a calibration run reads
-// them back this way).
+// drafter has verified since it opened replaced by what it learned, fitted never to fall as the
+// match grows (a calibration run reads them back this way).
 bool    cospec_engine_get_calibration(const cospec_engine * engine, cospec_calibration * out);
 
 const char *               cospec_result_text(const cospec_result * result, int32_t * len);

@@ -340,9 +340,11 @@ bool cospec_engine_get_calibration(const cospec_engine * engine, cospec_calibrat
         return false;
     }
     *out = engine->calibration;
+    double learned[COSPEC_N_NGRAM_BUCKETS];
+    engine->ngram.monotone_acceptance(learned);
     for (int32_t b = 0; b < COSPEC_N_NGRAM_BUCKETS; ++b) {
-        if (engine->ngram.bucket_seen(b)) {
-            out->ngram_acceptance[b] = engine->ngram.bucket_acceptance(b);
+        if (learned[b] >= 0.0) {
+            out->ngram_acceptance[b] = learned[b];
         }
     }
     return true;

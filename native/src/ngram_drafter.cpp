@@ -1,6 +1,7 @@
 #include "ngram_drafter.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace cospec {
 
@@ -33,6 +34,36 @@ int32_t ngram_drafter::support_bucket(int32_t match) {
 double ngram_drafter::bucket_acceptance(int32_t bucket) const {
     return (bucket_accepted[bucket] + prior_weight[bucket] * bucket_prior[bucket]) /
            (bucket_accepted[bucket] + bucket_refused[bucket] + prior_weight[bucket]);
+}
+
+void ngram_drafter::monotone_acceptance(double * out) const {
+    struct block {
+        double value, weight;
+        int32_t first, last; // buckets pooled into it
+    };
+    std::vector<block> pooled;
+    for (int32_t b = 0; b < N_SUPPORT_BUCKETS; ++b) {
+        out[b] = -1.0;
+        if (!bucket_seen(b)) {
+            continue;
+        }
+        pooled.push_back({bucket_acceptance(b), bucket_accepted[b] + bucket_refused[b], b, b});
+        while (pooled.size() > 1 && pooled[pooled.size() - 2].value > pooled.back().value) {
+            const block top = pooled.back();
+            pooled.pop_back();
+            block & below = pooled.back();
+            below.value = (below.value * below.weight + top.value * top.weight) / (below.weight + top.weight);
+            below.weight += top.weight;
+            below.last = top.last;
+        }
+    }
+    for (const block & p : pooled) {
+        for (int32_t b = p.first; b <= p.last; ++b) {
+            if (bucket_seen(b)) {
+                out[b] = p.value;
+            }
+        }
+    }
 }
 
 void ngram_drafter::set_prior(const double * acceptance) {

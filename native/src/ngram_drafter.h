@@ -67,6 +67,10 @@ class ngram_drafter {
     void set_prior(const double * acceptance);
     // Whether a token of this bucket was verified since the engine opened.
     bool bucket_seen(int32_t bucket) const { return bucket_accepted[bucket] + bucket_refused[bucket] > 0.0; }
+    // The acceptance of each seen bucket (-1: none seen), fitted so that a longer match is never
+    // accepted less often than a shorter one (pooled adjacent violators, weighted by each bucket's
+    // verified tokens): a bucket that saw a few unlucky tokens does not hold its long matches back.
+    void monotone_acceptance(double * out) const;
 
     size_t pool_size() const { return pool.size(); }
 
