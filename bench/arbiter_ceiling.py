@@ -30,6 +30,7 @@ from cospec_local.engine import Engine
 from cospec_local.params import GenerationParams
 from cospec_local.tasks import load_task
 from cospec_local.train.collect import MAX_TOKENS, Collector
+from cospec_local.train.states import TRAINING_SOURCES
 from cospec_local.train.warmup import ranking_auc
 
 
@@ -65,7 +66,9 @@ def main() -> None:
 
     problems = load_task(args.family, args.split, args.limit)[args.first:]
     rows, all_states = [], []
-    with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=args.threads) as engine:
+    # Uncalibrated: the states and rows are compared with recorded evaluations that ran without one,
+    # and a greedy collection's block lengths would otherwise start from this machine's calibration.
+    with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=args.threads, calibration=None) as engine:
         arbiters = {name: engine.arbiter(name) for name in args.arbiters}
         scored: dict[tuple, dict] = {}
 
@@ -73,7 +76,7 @@ def main() -> None:
             key = (tuple(block["context"].tolist()), tuple(block["draft"].tolist()))
             scored[key] = {name: a.score(block) for name, a in arbiters.items()}
 
-        collector = Collector(engine, GenerationParams(max_tokens=MAX_TOKENS), observe=observe)
+        collector = Collector(engine, GenerationParams(max_tokens=MAX_TOKENS, spec_type=TRAINING_SOURCES), observe=observe)
         for p in problems:
             scored.clear()
             summary, states = collector.problem(p, args.split)

@@ -267,6 +267,28 @@ def test_ngram_against_llama_cpp_builds_and_runs_llama_cpps_own_program(tmp_path
 
 
 @pytest.mark.slow
+def test_fresh_process_runs_each_reply_in_its_own_process(tmp_path):
+    """bench/fresh_process.py: target-only and speculative `generate` processes per prompt, sampled
+    replies run twice to check their seed reproduces them, llama.cpp's kind beside; the ratios are
+    the rows' own."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Copy this sentence: the red fox runs past the old mill.\nName three colours.\n")
+    out = tmp_path / "out"
+    bench("fresh_process.py", "-m", "demo-target", "-md", "demo-draft", "--prompts", prompts, "--sampled", "-n", 16,
+          "-t", 1, "--llama-kinds", "ngram-mod", "--llama-bin", tmp_path / "bin", "--out", out, timeout=600)
+    record = json.loads((out / "results.json").read_text())
+    rows = record["rows"]
+    assert record["summary"]["prompts"] == len(rows) == 2
+    assert all(r["reproduced"] for r in rows) and record["summary"]["reproduced"] == 2
+    assert all(r["tokens"] == 16 and r["spec_tps"] > 0 and r["target_only_tps"] > 0 for r in rows)
+    assert all(r["llama"]["ngram-mod"] > 0 for r in rows)
+    assert len(record["summary"]["calibrations"]) == 1 and record["summary"]["calibrations"] != ["None"]
+    ratios = [r["spec_tps"] / r["target_only_tps"] for r in rows]
+    assert abs(record["summary"]["spec_over_target_only"] - (ratios[0] * ratios[1]) ** 0.5) < 1e-9
+    assert "llama-speculative-simple `--spec-type ngram-mod`" in (out / "results.md").read_text()
+
+
+@pytest.mark.slow
 def test_chat_identity_compares_a_cross_vocabulary_arbiter_with_target_only(tmp_path):
     """bench/chat_identity.py on the shipped cross-vocabulary arbiter, each model in its own format:
     its counts add up, and where the gate abstains the reply is target-only's."""

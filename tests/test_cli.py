@@ -126,7 +126,8 @@ def test_chat_session(target_path, draft_paths):
     child.sendline("/set max-tokens 16")
     child.expect_exact("(max-tokens set)")
     child.sendline("Say hello.")
-    child.expect(r"\[\d+ tokens, [\d.]+ tok/s, speculative, arbiter target \| drafted \d+")
+    # (with a draft that rarely agrees, a calibrated sampled reply may draft nothing: no "drafted")
+    child.expect(r"\[\d+ tokens, [\d.]+ tok/s, speculative, arbiter target( \| drafted \d+)?")
     child.expect_exact(">>> ")
     # multi-line input, then a reply
     child.sendline("Name two colours \\")

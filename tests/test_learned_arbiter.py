@@ -244,9 +244,10 @@ def test_lora_hidden_states_match_torch(f32_draft, states, tmp_path, lora_contex
             n = len(s.context)
             worst = max(worst, np.abs(native[:, :d] - h[n:n + 2 * k:2]).max(),
                         np.abs(native[:, d:2 * d] - h[n + 1:n + 2 * k:2]).max())
-        # "draft" reads the draft's cache, F16 as the engine's contexts keep it: 3.4e-3 here, and
-        # 1.8e-5 with both caches in F32 (measured); the arbiter's own context is F32.
-        assert worst <= (5e-3 if lora_context == "draft" else 1e-3), worst
+        # "draft" reads the draft's cache, F16 as the engine's contexts keep it: 3.4-7.9e-3 on the
+        # states of different collections, and 1.8e-5 with both caches in F32 (measured); the
+        # arbiter's own context is F32.
+        assert worst <= (1e-2 if lora_context == "draft" else 1e-3), worst
         # The region attends both ways: changing the last target token moves the first draft token's state.
         s = states[0]
         b = block_of(engine, s, logits=False)

@@ -107,6 +107,7 @@ def test_policy_states_through_the_chat_template():
     contexts starting with that prompt, the run deciding exactly as the engine does natively."""
     from cospec_local.params import GenerationParams
     from cospec_local.train.rollout import RolloutWorker, WorkerConfig
+    from cospec_local.train.states import TRAINING_SOURCES
 
     path = Path(__file__).parents[1] / "cospec_local" / "data" / "smollm2-arith" / "arithmetic.jsonl"
     worker = RolloutWorker(WorkerConfig("smollm2-135m", "smollm2-135m-arith-draft", 2, 40, chat=True))
@@ -116,7 +117,8 @@ def test_policy_states_through_the_chat_template():
             got = worker.policy_states(problem, "smollm2-arith", "train")
             prompt, stop = task_prompt(worker.engine, problem, as_chat=True)
             worker.engine.reset()
-            native = worker.engine.generate(prompt, GenerationParams(max_tokens=40), arbiter="smollm2-arith", stop=stop)
+            native = worker.engine.generate(prompt, GenerationParams(max_tokens=40, spec_type=TRAINING_SOURCES),
+                                            arbiter="smollm2-arith", stop=stop)
             assert got.tokens == len(native.tokens) and len(got.states) == len(native.decisions)
             assert got.summary() == {"problem_id": problem.id, "family": problem.family, "split": "train",
                                      "correct": got.correct, "tokens": got.tokens, "states": len(got.states)}

@@ -124,7 +124,9 @@ def test_a_draft_of_another_vocabulary_proposes_inside_the_grammar():
     with Engine(resolve_model("gemma3-270m"), resolve_model("smollm2-135m"), n_ctx=512, n_threads=2) as engine:
         for prompt in PROMPTS[:2]:
             target = engine.generate(prompt, mode="target-only", grammar=grammar, max_tokens=80)
-            spec = engine.generate(prompt, grammar=grammar, max_tokens=80, spec_type="draft")
+            # (fixed blocks: on this CPU the calibration finds that no adaptive length pays for this pair)
+            spec = engine.generate(prompt, grammar=grammar, max_tokens=80, spec_type="draft", adaptive_draft=False,
+                                   draft_max=4)
             assert spec.tokens == target.tokens and spec.stats.draft_n > 0
             if target.stop_reason == "eog":
                 matches_person(target.text)

@@ -49,7 +49,7 @@ from .collect import CollectConfig
 from ..command_line import config_args
 from .grpo import GRPOConfig
 from .warmup import WarmupConfig
-from .states import LabelledState
+from .states import TRAINING_SOURCES, LabelledState
 
 # Headroom: below these, the draft solves too few of the target's misses for an arbiter to matter.
 MIN_HEADROOM_SHARE = 0.02
@@ -409,7 +409,8 @@ class RecipeRun:
         from ..params import GenerationParams
         from .collect import Collector
 
-        collector = Collector(engine, GenerationParams(max_tokens=self.settings.max_tokens), chat=self.settings.chat)
+        collector = Collector(engine, GenerationParams(max_tokens=self.settings.max_tokens, spec_type=TRAINING_SOURCES),
+                              chat=self.settings.chat)
         start, states = time.perf_counter(), []
         for problem in problems:
             states += collector.problem(problem, "dev")[1]

@@ -50,7 +50,7 @@ from ..jsonl import keep_complete_lines
 from ..params import GenerationParams
 from ..tasks import Problem, load_task
 from .branch_oracle import BranchOracle
-from .states import DecisionState, LabelledState
+from .states import TRAINING_SOURCES, DecisionState, LabelledState
 from ..command_line import REQUIRED, comma_list, option, parse_config
 
 if TYPE_CHECKING:
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("--verify-cost: a --policy collection drafts under its policy's own verify cost")
     families = comma_list(args.families)
     args.out.mkdir(parents=True, exist_ok=True)
-    params = GenerationParams(max_tokens=args.max_tokens, verify_cost=args.verify_cost)
+    params = GenerationParams(max_tokens=args.max_tokens, verify_cost=args.verify_cost, spec_type=TRAINING_SOURCES)
     with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=args.threads, chat_template=args.chat_template,
                 draft_chat_template=args.chat_template_draft) as engine:
         policy = arbiter_dir(resolve_arbiter_path(args.policy)) if args.policy is not None else None

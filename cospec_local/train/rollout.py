@@ -33,7 +33,7 @@ from ..engine import Engine
 from ..params import GenerationParams
 from ..tasks import FAMILY_STOPS, Problem, score
 from .branch_oracle import BranchOracle, Continuation
-from .states import DecisionState, LabelledState
+from .states import TRAINING_SOURCES, DecisionState, LabelledState
 
 
 @dataclass(frozen=True)
@@ -141,9 +141,12 @@ class Screening:
 class RolloutWorker:
     def __init__(self, cfg: WorkerConfig):
         self.cfg = cfg
+        # Uncalibrated: a policy that decides through Python carries no cost model of its own, and its
+        # blocks must be those the learned arbiter drafts natively (its recorded model, the defaults').
         self.engine = Engine(cfg.target, cfg.draft, n_ctx=cfg.n_ctx, n_threads=cfg.threads, chat_template=cfg.chat_template,
-                             draft_chat_template=cfg.draft_chat_template)
-        self.params = GenerationParams(max_tokens=cfg.max_tokens)
+                             draft_chat_template=cfg.draft_chat_template, calibration=None)
+        # States are drafted by the draft model alone (TRAINING_SOURCES), as the arbiter's training assumes.
+        self.params = GenerationParams(max_tokens=cfg.max_tokens, spec_type=TRAINING_SOURCES)
         self.arbiter_path: str | None = None
 
     def close(self) -> None:

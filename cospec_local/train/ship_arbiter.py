@@ -29,7 +29,9 @@ REFERENCE_PROBLEMS = 16
 
 def reference_runs(engine: Engine, arbiter: str, tasks=("arith", "pyfunc"), n: int = REFERENCE_PROBLEMS,
                    max_tokens: int = 256, chat: bool = False) -> list[dict]:
-    params = GenerationParams(max_tokens=max_tokens, arbiter=arbiter)
+    # The draft model alone drafts (the n-gram drafter's lengths follow the machine's calibration):
+    # the arbiter's blocks then follow its recorded cost model only, the same on any machine.
+    params = GenerationParams(max_tokens=max_tokens, arbiter=arbiter, spec_type="draft")
     rows = []
     for task in tasks:
         for problem in load_task(task, "test", n):

@@ -18,6 +18,11 @@ from dataclasses import dataclass
 
 from .. import _cospec
 
+# Where the training side's generations draft from: the draft model alone. The states an arbiter
+# learns from are the draft model's blocks, at the lengths of the arbiter's recorded cost model;
+# n-gram blocks, whose lengths follow each machine's calibration, would make them differ by machine.
+TRAINING_SOURCES = "draft"
+
 
 @dataclass(frozen=True)
 class DecisionState:
