@@ -54,7 +54,11 @@ def test_paired_speed_pairs_runs_and_summarizes_them_again(tmp_path):
     assert all(r["drafted"] == 0 for r in records if r["run"] == "target-only")
     sps2 = [r for r in records if r["run"] == "sps/2"]
     assert sum(r["drafted"] for r in sps2) > 0
-    assert all(r["drafted"] <= 2 * r["blocks"] for r in sps2)  # `RUN/K` drafts blocks of at most K
+    # `RUN/K` drafts the draft model's blocks at K at most (the n-gram drafter's, which the records do
+    # not tell apart, may run longer): its blocks are far shorter than sps's at K = 8
+    sps8 = [r for r in records if r["run"] == "sps"]
+    assert sum(r["drafted"] for r in sps2) / sum(r["blocks"] for r in sps2) < \
+        sum(r["drafted"] for r in sps8) / sum(r["blocks"] for r in sps8)
 
     summary = json.loads((out / "results.json").read_text())
     assert summary["problems"] == 2 and summary["repeats"] == 2 and summary["baseline"] == "target-only"
