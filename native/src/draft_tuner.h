@@ -209,13 +209,8 @@ class draft_tuner {
     // the same size; the others pay llama.cpp's graph rebuild and stand in only
     // until a fair one.
     void observe_verify(int32_t n_tokens, double ms, bool fair) { costs.observe_verify(n_tokens, ms, fair); }
-    // Use a fixed cost model instead of measured times, so that the chosen
-    // lengths depend on acceptance counts alone: a draft step costs
-    // draft_cost target steps, verifying n tokens 1 + (n - 1) * verify_marginal.
-    void use_fixed_costs(double draft_cost, double verify_marginal) {
-        costs.use_fixed(cost_model::linear(draft_cost, verify_marginal));
-    }
-    // The same with every cost given (a calibration's, in target steps).
+    // Use a fixed cost model (in target steps: a calibration's, or cost_model::linear) instead of
+    // measured times, so that the chosen lengths depend on acceptance counts alone.
     void use_fixed_costs(const cost_model & steps) { costs.use_fixed(steps); }
     // Timed costs that start from a calibration's measurements (ms) instead of being measured
     // first: the first choice is the rate model's, no measuring blocks.
