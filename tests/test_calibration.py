@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cospec_local import Engine, calibration
+from cospec_local import Engine, GenerationParams, calibration
 from cospec_local.arbiter.callbacks import arbiter_from_function
 from cospec_local.errors import CalibrationNotice, InvalidArgumentError
 
@@ -155,6 +155,14 @@ def test_an_abstaining_arbiter_runs_as_sps(demo_engine):
         if sampling:  # both timing-free: the same blocks, from the same sources
             assert (gated.stats.blocks, gated.stats.blocks_ngram, gated.stats.draft_n) == \
                    (sps.stats.blocks, sps.stats.blocks_ngram, sps.stats.draft_n)
+
+
+def test_the_collector_refuses_a_calibrated_engine(demo_engine):
+    """Training states are recorded in the pair's uncalibrated blocks, the same on every machine."""
+    from cospec_local.train.collect import Collector
+
+    with pytest.raises(ValueError, match="calibration=None"):
+        Collector(demo_engine, GenerationParams(max_tokens=16))
 
 
 # ---------------------------------------------------------------- the store as untrusted input

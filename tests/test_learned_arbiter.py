@@ -34,21 +34,22 @@ from cospec_local.train.arbiter_model import (FeaturesArbiter, LoraArbiter, load
                                               make_batch)
 from cospec_local.train.branch_oracle import BranchOracle
 from cospec_local.train.collect import Collector
-from cospec_local.train.states import DecisionState, branch_label
+from cospec_local.train.states import TRAINING_SOURCES, DecisionState, branch_label
 
 torch.set_num_threads(1)  # before torch's first op: llama.cpp in this process stays fast
 
 
 @pytest.fixture(scope="module")
 def demo_engine():
-    with Engine.open_default(n_ctx=1024, n_threads=1) as engine:
+    # Uncalibrated, as the training side runs: the collector's blocks are then the same on any machine.
+    with Engine.open_default(n_ctx=1024, n_threads=1, calibration=None) as engine:
         yield engine
 
 
 @pytest.fixture(scope="module")
 def labelled(demo_engine):
     """Labelled states recorded by the branch-oracle collector on a few dev problems."""
-    collector = Collector(demo_engine, GenerationParams(max_tokens=200))
+    collector = Collector(demo_engine, GenerationParams(max_tokens=200, spec_type=TRAINING_SOURCES))
     out = []
     for problem in load_task("arith", "dev", 16) + load_task("pyfunc", "dev", 8):
         out += collector.problem(problem, "dev")[1]
@@ -211,7 +212,7 @@ def test_collector_shows_observers_every_decided_block(demo_engine):
     """Collector(observe=...) sees each block the recorded run decides on, while the draft's
     cache holds its context: a draft-reading arbiter scores it there as the generation would."""
     seen = []
-    collector = Collector(demo_engine, GenerationParams(max_tokens=200),
+    collector = Collector(demo_engine, GenerationParams(max_tokens=200, spec_type=TRAINING_SOURCES),
                           observe=lambda block: seen.append((block["context"].tolist(), block["draft"].tolist(),
                                                              demo_engine.arbiter("demo-lora").score(block))))
     states = []

@@ -372,7 +372,8 @@ class RecipeRun:
         from ..engine import Engine
 
         return Engine(self.settings.target, self.settings.draft, n_ctx=2048, n_threads=self.settings.threads,
-                      chat_template=self.settings.chat_template, draft_chat_template=self.settings.draft_chat_template)
+                      chat_template=self.settings.chat_template, draft_chat_template=self.settings.draft_chat_template,
+                      calibration=None)
 
     def evaluate_runs(self, engine, problems, runs_text: str, out: Path, title: str) -> dict:
         import click

@@ -65,6 +65,11 @@ class Collector:
         """observe(block), if given, sees every block of the recorded runs (e.g. to score it with
         learned arbiters while the draft's cache holds the block's context). chat: each problem
         goes to the model as a user message in the target's chat template."""
+        if engine.calibration is not None:
+            # A calibration sets a keeping call's blocks from this machine's timings: the states,
+            # and the arbiter trained on them, would differ from machine to machine.
+            raise ValueError("the collector records states in the pair's uncalibrated blocks: "
+                             "open its engine with calibration=None")
         self.engine = engine
         self.params = params
         self.observe = observe
@@ -224,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     params = GenerationParams(max_tokens=args.max_tokens, verify_cost=args.verify_cost, spec_type=TRAINING_SOURCES)
     with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=args.threads, chat_template=args.chat_template,
-                draft_chat_template=args.chat_template_draft) as engine:
+                draft_chat_template=args.chat_template_draft, calibration=None) as engine:
         policy = arbiter_dir(resolve_arbiter_path(args.policy)) if args.policy is not None else None
         write_manifest(args.out, collection_manifest(args, engine, params, families, policy))
         done = resume_point(args.out)

@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> None:
         if (args.arbiter / name).is_file() and args.arbiter.resolve() != args.out.resolve():
             shutil.copyfile(args.arbiter / name, args.out / name)
     template = args.chat_template_file.read_text(encoding="utf-8") if args.chat_template_file else None
-    with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=1, chat_template=template) as engine:
+    with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=1, chat_template=template,
+                calibration=None) as engine:
         rows = reference_runs(engine, str(args.out), comma_list(args.tasks), args.n,
                               max_tokens=args.max_tokens, chat=args.chat)
     (args.out / REFERENCE_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
