@@ -71,6 +71,17 @@ def test_greedy_output_is_the_targets(pair, prompt):
         assert drafted.stats.blocks > 0 and drafted.used_draft_model
 
 
+def test_a_text_block_is_as_long_as_its_length_in_target_tokens(pair):
+    """A block's length counts the target's tokens, the unit its acceptance and verify costs count
+    in: the draft writes as many of its own tokens as make k of the target's. In Russian SmolLM2
+    writes about three tokens where Gemma writes one, so k of its own would be a third of k."""
+    for k in (4, 8):
+        run = pair.generate("Привет, как дела? Сегодня", spec_type="draft", max_tokens=64,
+                            adaptive_draft=False, draft_max=k, ignore_eos=True)
+        assert run.stats.blocks > 5
+        assert (k - 1) * run.stats.blocks <= run.stats.draft_n <= k * run.stats.blocks
+
+
 def test_characters_split_across_tokens_keep_the_output(pair):
     """'ꙮ' is three byte tokens in both vocabularies: the draft reads the reply without a
     character's first bytes until the target completes it, and its proposals must begin with them."""

@@ -189,11 +189,10 @@ int32_t text_draft_source::draft(const draft_context & ctx, proposal & out,
                                  std::optional<tuner_samples::draft_calls> & timing) {
     out.tokens.clear();
     out.declined = false;
-    if (const int32_t status = draft_own_tokens(timing, out.declined); status != COSPEC_OK || env.calls.stopped()) {
+    if (const int32_t status = draft_own_tokens(timing, out.declined, out.tokens); status != COSPEC_OK || env.calls.stopped()) {
         return status;
     }
-    bridge.to_target(own.data(), (int32_t) own.size(), out.tokens);
-    const int32_t budget = ctx.budget(COSPEC_N_DRAFT_MAX);
+    const int32_t budget = std::min(k, ctx.budget(COSPEC_N_DRAFT_MAX));
     if ((int32_t) out.tokens.size() > budget) {
         out.tokens.resize((size_t) budget);
     }
@@ -204,10 +203,12 @@ int32_t text_draft_source::draft(const draft_context & ctx, proposal & out,
     return COSPEC_OK;
 }
 
-int32_t text_draft_source::draft_own_tokens(std::optional<tuner_samples::draft_calls> & timing, bool & declined) {
+int32_t text_draft_source::draft_own_tokens(std::optional<tuner_samples::draft_calls> & timing, bool & declined,
+                                            std::vector<llama_token> & converted) {
     cospec_engine & e = env.e;
     cospec_stats & st = env.st;
     own.clear();
+    converted.clear();
     const std::vector<llama_token> & read = bridge.draft_tokens();
     lap_timer draft_time(st.t_draft_ms);
     size_t n_reused = 0;
@@ -224,12 +225,14 @@ int32_t text_draft_source::draft_own_tokens(std::optional<tuner_samples::draft_c
     env.calls.checkpoint(e.draft);
     int32_t n_steps = 0;
     const int32_t nv = e.draft.n_vocab;
-    if (keep_logits) {
-        logits.resize((size_t) k * nv);
-    }
-    for (int32_t i = 0; i < k; ++i) {
+    // k counts the target's tokens, the unit the target verifies and the tuner's acceptance and
+    // verify costs count in: the draft steps until its text makes k of them (a few more of its
+    // own tokens where its tokens are shorter, fewer where longer), within a bound.
+    const int32_t own_max = MAX_OWN_PER_TARGET * k;
+    for (int32_t i = 0; i < own_max; ++i) {
         const float * row = llama_get_logits_ith(e.draft.ctx, -1);
         if (keep_logits) {
+            logits.resize((size_t) (i + 1) * nv);
             std::memcpy(logits.data() + (size_t) i * nv, row, sizeof(float) * nv);
         }
         const llama_token d = env.chooser.draft_free(row, nv, env.p.draft_p_min);
@@ -244,7 +247,9 @@ int32_t text_draft_source::draft_own_tokens(std::optional<tuner_samples::draft_c
             break; // the draft would end here: its text so far is the proposal
         }
         own.push_back(d);
-        if (i + 1 == k || e.abort_flag.load()) {
+        bridge.to_target(own.data(), (int32_t) own.size(), converted);
+        if ((int32_t) converted.size() >= k || i + 1 == own_max || e.abort_flag.load() ||
+            (converted.empty() && bridge.parts_from_reply(own.data(), (int32_t) own.size()))) {
             break;
         }
         const llama_pos pos = (llama_pos) (read.size() + i);
@@ -255,8 +260,11 @@ int32_t text_draft_source::draft_own_tokens(std::optional<tuner_samples::draft_c
         e.draft.cached.push_back(d);
         n_steps += 1;
     }
-    timing = {first_ms, n_steps > 0 ? draft_time.lap() / n_steps : 0.0, n_steps, after_text_block ? -1.0 : catch_up_ms,
-              n_caught_up};
+    // Its later steps' time per target token after the first: a draft step in the tuner's unit.
+    const int32_t n_target_steps = std::max((int32_t) converted.size() - 1, 0);
+    const double later_ms = draft_time.lap();
+    timing = {first_ms, n_target_steps > 0 ? later_ms / n_target_steps : 0.0, n_steps > 0 ? n_target_steps : 0,
+              after_text_block ? -1.0 : catch_up_ms, n_caught_up};
     return COSPEC_OK;
 }
 

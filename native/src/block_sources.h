@@ -201,8 +201,12 @@ class text_draft_source : public draft_model_base {
     void append(llama_token tok) override { bridge.append_target(tok); }
 
   private:
-    // The draft's own next k tokens after the reply as the bridge writes it for the draft.
-    int32_t draft_own_tokens(std::optional<tuner_samples::draft_calls> & timing, bool & declined);
+    // The draft's own next tokens after the reply as the bridge writes it for the draft, until
+    // their text makes k target tokens (converted: them, continuing the reply).
+    int32_t draft_own_tokens(std::optional<tuner_samples::draft_calls> & timing, bool & declined,
+                             std::vector<llama_token> & converted);
+    // The most of its own tokens a text block drafts per target token of its length.
+    static constexpr int32_t MAX_OWN_PER_TARGET = 4;
     // What an arbiter reads of the draft at each target position of the block: the row where the
     // draft chose its token covering that position's first byte, and that token.
     void align_rows(const std::vector<llama_token> & drafted);

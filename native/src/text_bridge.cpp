@@ -144,6 +144,16 @@ text_bridge::alignment text_bridge::align(const llama_token * proposal, int32_t 
     return a;
 }
 
+bool text_bridge::parts_from_reply(const llama_token * proposal, int32_t n) const {
+    std::string text;
+    for (int32_t i = 0; i < n; ++i) {
+        text += token_bytes(draft, proposal[i]);
+    }
+    const size_t n_held = reply_text.size() - draft_encoded;
+    const size_t common = std::min(text.size(), n_held);
+    return reply_text.compare(draft_encoded, common, text, 0, common) != 0;
+}
+
 void text_bridge::to_target(const llama_token * proposal, int32_t n, std::vector<llama_token> & out) const {
     out.clear();
     std::string text;

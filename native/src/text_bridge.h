@@ -52,6 +52,8 @@ class text_bridge {
     // reply; empty where the proposal's text does not continue the reply (it parts from the bytes
     // held back) or adds no complete character.
     void to_target(const llama_token * proposal, int32_t n, std::vector<llama_token> & out) const;
+    // Whether the proposal's text parts from the bytes held back (no longer one continues the reply).
+    bool parts_from_reply(const llama_token * proposal, int32_t n) const;
 
     // Where each target token of a converted proposal sits among the draft's: what an arbiter
     // reads of the draft at a target position. covering[i]: the proposal token whose text holds
