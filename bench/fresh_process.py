@@ -65,6 +65,7 @@ def main(argv=None) -> int:
     ap.add_argument("-n", type=int, default=96)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--calibration", default="auto")
+    ap.add_argument("--spec-args", default="", help="more `generate` options for the speculative processes")
     ap.add_argument("--llama-kinds", default="", help="llama.cpp n-gram kinds to run beside (comma list)")
     ap.add_argument("--llama-bin", type=Path, default=REPO / ".cache" / "llama-bin")
     ap.add_argument("--out", type=Path, default=None)
@@ -83,9 +84,9 @@ def main(argv=None) -> int:
         seed = ["-s", str(1000 + i), *CHAT_FLAGS] if a.sampled else []
         with load.window():
             plain = generate([*common, *seed, "--mode", "target-only"], prompt)
-            spec = generate([*common, *seed, "--spec-type", a.spec_type, "--arbiter", a.arbiter], prompt)
-            again = generate([*common, *seed, "--spec-type", a.spec_type, "--arbiter", a.arbiter], prompt) \
-                if a.sampled else None
+            spec_args = [*common, *seed, "--spec-type", a.spec_type, "--arbiter", a.arbiter, *a.spec_args.split()]
+            spec = generate(spec_args, prompt)
+            again = generate(spec_args, prompt) if a.sampled else None
             llama = {k: run_llama(binary, resolve_model(a.model), prompt, k, a.n, a.threads) for k in kinds}
         ps, ss = plain["stats"], spec["stats"]
         row = {"target_only_tps": ps["predicted_per_second"], "spec_tps": ss["predicted_per_second"],
