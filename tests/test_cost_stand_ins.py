@@ -1,0 +1,57 @@
+"""Cost stand-ins: a real model followed by layers that add exactly zero, its function at a larger
+model's per-token cost (gguf_edit.add_zero_layers; the named `gemma3-270m-as-2b`)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cospec_local import Engine
+from cospec_local.formats.gguf_edit import add_zero_layers, architecture, block_count, open_gguf
+from cospec_local.models import resolve_model
+
+# Past Gemma 3's 512-token sliding window: its local layers then attend to part of the prompt only.
+LONG_TEXT = " ".join(f"Item {i}: the {['red', 'green', 'blue'][i % 3]} box holds {i * 7 % 31} stones." for i in range(70))
+QUESTIONS = ["What is the capital of France?", "Write a haiku about rain.", "def fibonacci(n):\n"]
+
+
+@pytest.fixture(scope="module")
+def gemma_with_zero_layers(tmp_path_factory):
+    source = resolve_model("gemma3-270m")
+    return source, add_zero_layers(source, tmp_path_factory.mktemp("stand-in") / "gemma3-plus3.gguf", 3)
+
+
+@pytest.mark.slow
+def test_zero_layers_keep_gemmas_function_past_its_window(gemma_with_zero_layers):
+    source, padded = gemma_with_zero_layers
+    reader = open_gguf(padded)
+    assert (architecture(reader), block_count(reader)) == ("gemma3", 21)
+    with Engine(source, None, n_ctx=1024, n_threads=2, calibration=None) as real, \
+            Engine(padded, None, n_ctx=1024, n_threads=2, calibration=None) as stand_in:
+        long_prompt = real.tokenize(LONG_TEXT + "\nWhich box holds the most stones?")
+        assert len(long_prompt) > 600
+        # Every logit of every position, the long prompt's included, bit for bit.
+        assert np.array_equal(real.score(long_prompt), stand_in.score(long_prompt))
+        for prompt in [long_prompt, *(real.render_chat([{"role": "user", "content": q}]) for q in QUESTIONS)]:
+            alone = real.generate(prompt, mode="target-only", max_tokens=48, ignore_eos=True)
+            padded_alone = stand_in.generate(prompt, mode="target-only", max_tokens=48, ignore_eos=True)
+            assert padded_alone.tokens == alone.tokens
+
+
+def test_zero_layers_are_refused_where_zero_is_not_known_to_add_nothing(tmp_path):
+    with pytest.raises(ValueError, match="only for gemma3, not 'llama'"):
+        add_zero_layers(resolve_model("smollm2-135m"), tmp_path / "x.gguf", 2)
+    with pytest.raises(ValueError, match="positive int"):
+        add_zero_layers(resolve_model("gemma3-270m"), tmp_path / "x.gguf", 0)
+
+
+@pytest.mark.slow
+def test_a_stand_in_never_gets_its_source_as_draft(monkeypatch, tmp_path):
+    """Its source would agree on every token: bench and eval pick no draft for it rather than that one."""
+    from cospec_local import models
+
+    monkeypatch.setenv("COSPEC_LOCAL_CACHE", str(tmp_path))
+    monkeypatch.setitem(models.GEMMA3_AT_COST, "2b", 1)  # the function is the same at any size
+    assert block_count(open_gguf(resolve_model("gemma3-270m-as-2b"))) == 19
+    draft, why = models.choose_draft("gemma3-270m-as-2b", paying_only=False)
+    assert draft != "gemma3-270m"
+    assert draft is None and "shares the target's vocabulary" in why
