@@ -7,7 +7,7 @@ import pytest
 
 from cospec_local import Engine
 from cospec_local.formats.gguf_edit import add_zero_layers, architecture, block_count, open_gguf
-from cospec_local.models import resolve_model
+from cospec_local.models import demo_model, resolve_model
 
 # Past Gemma 3's 512-token sliding window: its local layers then attend to part of the prompt only.
 LONG_TEXT = " ".join(f"Item {i}: the {['red', 'green', 'blue'][i % 3]} box holds {i * 7 % 31} stones." for i in range(70))
@@ -39,9 +39,10 @@ def test_zero_layers_keep_gemmas_function_past_its_window(gemma_with_zero_layers
 
 def test_zero_layers_are_refused_where_zero_is_not_known_to_add_nothing(tmp_path):
     with pytest.raises(ValueError, match="only for gemma3, not 'llama'"):
-        add_zero_layers(resolve_model("smollm2-135m"), tmp_path / "x.gguf", 2)
+        add_zero_layers(demo_model("target"), tmp_path / "x.gguf", 2)
     with pytest.raises(ValueError, match="positive int"):
-        add_zero_layers(resolve_model("gemma3-270m"), tmp_path / "x.gguf", 0)
+        add_zero_layers(demo_model("target"), tmp_path / "x.gguf", 0)
+    assert not (tmp_path / "x.gguf").exists()
 
 
 @pytest.mark.slow

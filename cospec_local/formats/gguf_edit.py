@@ -236,12 +236,12 @@ def add_zero_layers(src: str | Path, dst: str | Path, n_layers: int) -> Path:
     unchanged. One graph change: when only some rows' logits are wanted (a prompt), their selection
     moves to the last extra layer, after which the same row-wise operations run on fewer rows.
     """
+    if not isinstance(n_layers, int) or n_layers < 1:
+        raise ValueError(f"n_layers must be a positive int, got {n_layers!r}")
     reader = open_gguf(src)
     arch, total = architecture(reader), block_count(reader)
     if arch not in ZERO_LAYER_OUTPUTS:
         raise ValueError(f"zero layers are known to add nothing only for {', '.join(ZERO_LAYER_OUTPUTS)}, not {arch!r}")
-    if not isinstance(n_layers, int) or n_layers < 1:
-        raise ValueError(f"n_layers must be a positive int, got {n_layers!r}")
     per_layer = [k for k, f in reader.fields.items()
                  if k.startswith(f"{arch}.") and f.types[0] == gguf.GGUFValueType.ARRAY and len(f.data) == total]
     if per_layer:
