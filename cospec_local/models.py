@@ -256,13 +256,21 @@ def choose_draft(target: str | os.PathLike, paying_only: bool = True) -> tuple[s
         signature, size = vocabulary_signature(target_path), target_path.stat().st_size
     except (OSError, ValueError):
         return None, ""
-    candidates = []
+    found = {}
     for m in NAMED_MODELS.values():
         try:
-            path = m.path_without_making()
-            if (path.is_file() and path.resolve() != target_path.resolve() and path.stat().st_size < size
-                    and m.name != STAND_IN_SOURCES.get(key) and vocabulary_signature(path) == signature):
-                candidates.append((path.stat().st_size, m.name))
+            found[m.name] = m.path_without_making().resolve()
+        except (OSError, ValueError):
+            continue
+    # A stand-in named or given by its file.
+    stand_in_source = next((STAND_IN_SOURCES[name] for name, path in found.items()
+                            if name in STAND_IN_SOURCES and path == target_path.resolve()), None)
+    candidates = []
+    for name, path in found.items():
+        try:
+            if (path.is_file() and path != target_path.resolve() and path.stat().st_size < size
+                    and name != stand_in_source and vocabulary_signature(path) == signature):
+                candidates.append((path.stat().st_size, name))
         except (OSError, ValueError):
             continue
     if candidates:

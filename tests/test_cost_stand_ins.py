@@ -52,7 +52,9 @@ def test_a_stand_in_never_gets_its_source_as_draft(monkeypatch, tmp_path):
 
     monkeypatch.setenv("COSPEC_LOCAL_CACHE", str(tmp_path))
     monkeypatch.setitem(models.GEMMA3_AT_COST, "2b", 1)  # the function is the same at any size
-    assert block_count(open_gguf(resolve_model("gemma3-270m-as-2b"))) == 19
-    draft, why = models.choose_draft("gemma3-270m-as-2b", paying_only=False)
-    assert draft != "gemma3-270m"
-    assert draft is None and "shares the target's vocabulary" in why
+    stand_in = resolve_model("gemma3-270m-as-2b")
+    assert block_count(open_gguf(stand_in)) == 19
+    for target in ("gemma3-270m-as-2b", stand_in):  # by name or by its file
+        draft, why = models.choose_draft(target, paying_only=False)
+        assert draft != "gemma3-270m"
+        assert draft is None and "shares the target's vocabulary" in why

@@ -144,28 +144,33 @@ text_bridge::alignment text_bridge::align(const llama_token * proposal, int32_t 
     return a;
 }
 
-bool text_bridge::parts_from_reply(const llama_token * proposal, int32_t n) const {
+std::string text_bridge::proposal_text(const llama_token * proposal, int32_t n) const {
     std::string text;
     for (int32_t i = 0; i < n; ++i) {
         text += token_bytes(draft, proposal[i]);
     }
+    return text;
+}
+
+bool text_bridge::parts_from_held(const std::string & text) const {
     const size_t n_held = reply_text.size() - draft_encoded;
     const size_t common = std::min(text.size(), n_held);
     return reply_text.compare(draft_encoded, common, text, 0, common) != 0;
 }
 
+bool text_bridge::parts_from_reply(const llama_token * proposal, int32_t n) const {
+    return parts_from_held(proposal_text(proposal, n));
+}
+
 void text_bridge::to_target(const llama_token * proposal, int32_t n, std::vector<llama_token> & out) const {
     out.clear();
-    std::string text;
-    for (int32_t i = 0; i < n; ++i) {
-        text += token_bytes(draft, proposal[i]);
-    }
+    const std::string text = proposal_text(proposal, n);
     // The draft read the reply without its held-back bytes: its text must begin with them.
-    const std::string held = reply_text.substr(draft_encoded);
-    if (text.compare(0, held.size(), held) != 0) {
+    const size_t n_held = reply_text.size() - draft_encoded;
+    if (text.size() < n_held || parts_from_held(text)) {
         return;
     }
-    const std::string reply_and_new = reply_text + text.substr(held.size());
+    const std::string reply_and_new = reply_text + text.substr(n_held);
     const size_t end = utf8_complete_end(reply_and_new, reply_and_new.size());
     if (end <= reply_text.size()) {
         return; // no character completed past the reply's end

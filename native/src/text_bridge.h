@@ -67,6 +67,10 @@ class text_bridge {
     const std::string & reply() const { return reply_text; }
 
   private:
+    // A proposal's bytes, and whether such bytes part from the ones held back from the draft.
+    std::string proposal_text(const llama_token * proposal, int32_t n) const;
+    bool parts_from_held(const std::string & text) const;
+
     const llama_vocab * target;
     const llama_vocab * draft;
     std::string reply_text;                // the reply's bytes, as the target wrote them
