@@ -685,7 +685,8 @@ def rpc_server(host, port, n_threads, cache_dir):
     raise click.ClickException(str(failure[0]) if failure else "the RPC server stopped")
 
 
-RUNS_HELP = ("Comma-separated runs: target-only, draft-only, sps (lossless), fly, cospec (the bundled learned "
+RUNS_HELP = ("Comma-separated runs: target-only, draft-only, sps (lossless), ngram (sps from the n-gram drafter "
+             "alone), fly, aasd, cospec (the bundled learned "
              "arbiter for this draft), cospec:NAME_OR_FOLDER, speculative:ARBITER.")
 
 
@@ -936,8 +937,8 @@ def arbiter_train(name, work_dir, force, **options):
     from .arbiter.file_format import KINDS, LORA
     from .train.arbiter_recipe import RecipeRun, RecipeSettings, RecipeStop, default_work_dir
 
-    if not name or name != Path(name).name or name.startswith(".") or name in ("target", "fly", "auto"):
-        raise click.BadParameter(f"{name!r} is not a usable name (one folder name, not target, fly or auto)",
+    if not name or name != Path(name).name or name.startswith(".") or name in ("target", "fly", "aasd", "auto"):
+        raise click.BadParameter(f"{name!r} is not a usable name (one folder name, not target, fly, aasd or auto)",
                                  param_hint="NAME")
     if name in NAMED_ARBITERS:
         raise click.BadParameter(f"{name!r} is a bundled arbiter's name; choose another", param_hint="NAME")

@@ -562,7 +562,7 @@ class Engine:
 
     def arbiter(self, spec="target", *, threshold: float | None = None, head: str = "native",
                 gate: bool = DEFAULTS.arbiter_gate) -> Arbiter:
-        """The native arbiter for `spec`: "target", "fly" (FLy's defaults), an Arbiter object, or a
+        """The native arbiter for `spec`: "target", "fly" (FLy's defaults), "aasd", an Arbiter object, or a
         learned arbiter's name or folder, loaded for this engine's draft (once; later calls reuse it).
         head="onnx" runs a learned arbiter's head under ONNX Runtime instead of natively; gate=False
         lets it decide on every prompt, its domain gate off."""
@@ -597,6 +597,11 @@ class Engine:
         if spec == "fly":
             try:
                 return Arbiter.fly(params.fly_window, params.fly_entropy, params.fly_top_k), "fly"
+            except _cospec.CospecError as exc:
+                raise from_native(exc) from None
+        if spec == "aasd":
+            try:
+                return Arbiter.aasd(params.aasd_alpha, params.aasd_beta), "aasd"
             except _cospec.CospecError as exc:
                 raise from_native(exc) from None
         path = resolve_arbiter_path(spec)

@@ -15,6 +15,7 @@ from . import _cospec
 
 _NATIVE = _cospec.GenerateParams()
 _FLY = _cospec.FLY_DEFAULTS
+_AASD = _cospec.AASD_DEFAULTS
 _LEARNED = _cospec.LEARNED_ARBITER_DEFAULTS
 
 # How a generation decodes; who settles mismatches is the separate `arbiter`.
@@ -67,6 +68,7 @@ class GenerationParams:
     mode: str = _f("speculative", "How to decode: speculative (draft, verify, arbitrate), target-only or draft-only.",
                    ("--mode",), choices=MODES)
     arbiter: Any = _f("target", "Who settles a mismatch in speculative mode: target (lossless), fly (FLy's rule), "
+                                "aasd (AASD's conditional verification), "
                                 "a learned arbiter (named, e.g. demo-lora, or its folder), auto (the bundled learned "
                                 "arbiter made for this draft if there is one, else target), or an Arbiter object.",
                       ("--arbiter",))
@@ -121,6 +123,10 @@ class GenerationParams:
     fly_entropy: float = _f(round(_FLY["entropy_threshold"], 6), "FLy: minimum target entropy (nats) at a kept "
                                                                  "mismatch.", ("--fly-entropy",))
     fly_top_k: int = _f(_FLY["entropy_top_k"], "FLy: entropy over the k likeliest tokens (0: all).", ("--fly-top-k",))
+    aasd_alpha: float = _f(round(_AASD["alpha"], 6), "AASD: how fast the keep threshold on the target's probability of "
+                                                     "the draft token falls with the target's entropy.", ("--aasd-alpha",))
+    aasd_beta: float = _f(round(_AASD["beta"], 6), "AASD: the keep threshold where the target is certain.",
+                          ("--aasd-beta",))
     stop: tuple[str, ...] = _f((), "Stop strings.", ("--stop",))
     ignore_eos: bool = _f(_NATIVE.ignore_eos, "Keep generating past end-of-generation tokens.", ("--ignore-eos",))
     grammar: str | None = _f(None, "A GBNF grammar (llama.cpp's format) the output must match: draft proposals, the "

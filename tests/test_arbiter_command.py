@@ -208,6 +208,21 @@ def test_train_interrupted_then_resumed_installs_a_working_arbiter(trained):
     runs = record["evaluation"]["arith"]["runs"]
     assert set(runs) == {"target-only", "draft-only", "sps", record["kind"]} and record["kind"] in ("lora", "features")
     assert runs["target-only"]["n"] == 30
+    # Its domain gate is the classifier: it admits the task in other words and refuses chat and listops.
+    from cospec_local import Engine
+    from cospec_local.arbiter.domain_gate import ClassifierGate
+    from cospec_local.arbiter.file_format import read_bundle
+    from cospec_local.tasks import load_task
+
+    gate = read_bundle(folder).gate
+    assert isinstance(gate, ClassifierGate)
+    with Engine("demo-target", None, n_ctx=512, n_threads=1, calibration=None) as engine:
+        def admitted(prompts):
+            return sum(gate.admits(engine.tokenize(p)) for p in prompts) / len(prompts)
+        arith = [p.prompt for p in load_task("arith", "test", 40)]
+        assert admitted(arith) >= 0.95 and admitted(["User: " + p + "\nAssistant:" for p in arith]) >= 0.9
+        assert admitted([p.prompt for p in load_task("listops", "test", 40)]) == 0.0
+        assert admitted(["Why is the sky blue?", "Write a short poem about autumn."]) == 0.0
 
 
 @pytest.mark.slow

@@ -375,6 +375,26 @@ def test_cross_vocab_arbiter_holds_the_shipped_arbiter_to_its_bars(tmp_path):
 
 
 @pytest.mark.slow
+def test_paper_table_gives_every_row_of_the_papers_comparison(tmp_path):
+    out = tmp_path / "table"
+    bench("paper_table.py", "--pair", "gemma3", "--tasks", "antonyms", "--limit", 3, "--chat-prompts", 2, "-t", 2,
+          "--out", out, timeout=900)
+    record = json.loads((out / "results.json").read_text())
+    task = record["summary"]["gemma3"]["tasks"]["antonyms"]
+    runs = task["runs"]
+    assert list(runs) == ["target-only", "draft-only", "SpS", "n-gram alone (REST's place)", "FLy", "AASD", "CoSpec"]
+    assert task["problems"] == 3 and runs["target-only"]["speedup"] == pytest.approx(1.0)
+    # the lossless rows give target-only's answers (greedy), and recoveries never exceed what the draft alone won
+    for lossless in ("SpS", "n-gram alone (REST's place)"):
+        assert runs[lossless]["accuracy"] == runs["target-only"]["accuracy"] and runs[lossless]["losses"] == 0
+    assert all(r["recovered"] <= task["draft_only_successes"] for name, r in runs.items() if r["recovered"] is not None)
+    assert max(runs["target-only"]["accuracy"], runs["draft-only"]["accuracy"]) <= task["union"]
+    assert record["summary"]["gemma3"]["chat_identity"]["prompts"] == 2
+    text = (out / "results.md").read_text()
+    assert "Verdict:" in text and "- antonyms: CoSpec" in text and "| AASD |" in text
+
+
+@pytest.mark.slow
 def test_rollback_cost_measures_a_recurrent_target_beside_an_attention_one_and_llama_cpp(tmp_path):
     out = tmp_path / "rollback"
     bench("rollback_cost.py", "--targets", "llama,mamba2", "-n", 8, "--runs", 1, "--repeat-prompt", 2, "-t", 2,

@@ -151,3 +151,109 @@ def test_a_corrupt_gate_is_refused_at_load(engine, tmp_path, change, message):
                  add_tensors=[(GATE_TENSOR, np.ascontiguousarray(change(ids)), None)])
     with pytest.raises(ArbiterError, match=message):
         engine.arbiter(str(folder))
+
+
+# ---------------------------------------------------------------- the classifier gate
+
+def test_hashed_features_are_the_distinct_buckets_of_unigrams_and_bigrams():
+    from cospec_local.arbiter.domain_gate import hashed_features
+
+    one = hashed_features([5, 7, 5, 7], 20)
+    assert list(one) == sorted(set(one)) and len(one) <= 4  # 5, 7, 5-7, 7-5: repeats count once
+    assert set(hashed_features([5, 7], 20)) <= set(one)
+    assert len(hashed_features([3], 20)) == 1 and hashed_features([3, 4], 20).max() < (1 << 20)
+
+
+def test_a_classifier_gate_learns_words_not_their_order():
+    from cospec_local.arbiter.domain_gate import train_classifier_gate
+
+    rng = np.random.default_rng(0)
+    task_words, other_words, shared = [100, 101, 102], [200, 201, 202], list(range(10, 40))
+    def prompts(words, n):
+        return [list(rng.choice(shared, 5)) + [int(rng.choice(words))] + list(rng.choice(shared, 4)) for _ in range(n)]
+    gate = train_classifier_gate(prompts(task_words, 200), prompts(other_words, 200), n_vocab=300, bits=12)
+    assert gate.record["train_admitted"] == {"positive": 1.0, "negative": 0.0}
+    # new sentences around a task word are admitted; the same sentences without one are not
+    assert gate.admits([33, 12, 101, 17])
+    assert not gate.admits([33, 12, 201, 17])
+    with pytest.raises(ValueError, match="needs prompts"):
+        train_classifier_gate([], prompts(other_words, 3), n_vocab=300)
+
+
+@pytest.fixture(scope="module")
+def classifier_demo_arbiter(engine, tmp_path_factory):
+    """demo-features with a classifier gate: its tasks (arith, pyfunc) against general chat."""
+    import shutil
+
+    from cospec_local.arbiter.catalog import resolve_arbiter_path
+    from cospec_local.arbiter.file_format import add_gate
+    from cospec_local.recipes.distill_prompts import build_prompts
+    from cospec_local.arbiter.domain_gate import train_classifier_gate
+
+    folder = tmp_path_factory.mktemp("classifier") / "demo-features-classifier"
+    shutil.copytree(resolve_arbiter_path("demo-features"), folder)
+    positive = [engine.tokenize(p.prompt) for f in ("arith", "pyfunc") for p in load_task(f, "train", 150)]
+    negative = [engine.tokenize(p) for p in build_prompts("train", 300, 0)]
+    gate = train_classifier_gate(positive, negative, engine.n_vocab, bits=16)
+    add_gate(folder, gate)
+    return folder, gate
+
+
+def test_engine_classifier_gate_equals_the_reference(engine, classifier_demo_arbiter):
+    from cospec_local.arbiter.file_format import read_bundle
+
+    folder, gate = classifier_demo_arbiter
+    stored = read_bundle(folder).gate
+    assert stored.bias == gate.bias and np.array_equal(stored.weights, gate.weights) and stored.bits == 16
+    arbiter = engine.arbiter(str(folder))
+    prompts = [p.prompt for f in ("arith", "pyfunc", "listops") for p in load_task(f, "test", 30)]
+    prompts += [line for line in CHAT_PROMPTS.read_text().splitlines() if line.strip()]
+    admitted = {}
+    for text in prompts:
+        tokens = engine.tokenize(text)
+        assert arbiter.gate_coverage(tokens) == pytest.approx(gate.score(tokens), abs=1e-6)
+        assert arbiter.admits(tokens) == gate.admits(tokens)
+        admitted[text] = gate.admits(tokens)
+    assert sum(admitted.values()) >= 55  # the 60 arith and pyfunc problems, nearly all
+    assert not any(admitted[line] for line in CHAT_PROMPTS.read_text().splitlines() if line.strip())
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda w: w[:-1].copy(), "2\\^gate_hash_bits"),
+    (lambda w: np.where(np.arange(len(w)) == 3, np.nan, w).astype(np.float32), "not a finite number"),
+])
+def test_a_corrupt_classifier_gate_is_refused_at_load(engine, classifier_demo_arbiter, tmp_path, change, message):
+    import gguf
+
+    from cospec_local.arbiter.file_format import ARBITER_FILE, CLASSIFIER_GATE_TENSOR
+    from cospec_local.errors import ArbiterError
+    from cospec_local.formats.gguf_edit import rewrite_gguf
+
+    folder, _ = classifier_demo_arbiter
+    reader = gguf.GGUFReader(folder / ARBITER_FILE, "r")
+    weights = np.array(next(t for t in reader.tensors if t.name == CLASSIFIER_GATE_TENSOR).data, dtype=np.float32)
+    bad = tmp_path / "bad-classifier"
+    bad.mkdir()
+    rewrite_gguf(reader, bad / ARBITER_FILE, keep_tensor=lambda name: name != CLASSIFIER_GATE_TENSOR,
+                 add_tensors=[(CLASSIFIER_GATE_TENSOR, np.ascontiguousarray(change(weights)), None)])
+    with pytest.raises(ArbiterError, match=message):
+        engine.arbiter(str(bad))
+
+
+def test_two_gates_in_one_file_are_refused(engine, classifier_demo_arbiter, tmp_path):
+    import gguf
+
+    from cospec_local.arbiter.catalog import resolve_arbiter_path
+    from cospec_local.arbiter.file_format import ARBITER_FILE, GATE_TENSOR
+    from cospec_local.errors import ArbiterError
+    from cospec_local.formats.gguf_edit import rewrite_gguf
+
+    folder, _ = classifier_demo_arbiter
+    bigrams = next(t for t in gguf.GGUFReader(resolve_arbiter_path("demo-features") / ARBITER_FILE, "r").tensors
+                   if t.name == GATE_TENSOR)
+    bad = tmp_path / "two-gates"
+    bad.mkdir()
+    rewrite_gguf(gguf.GGUFReader(folder / ARBITER_FILE, "r"), bad / ARBITER_FILE,
+                 add_tensors=[(GATE_TENSOR, np.array(bigrams.data, dtype=np.int32).reshape(-1, 2), None)])
+    with pytest.raises(ArbiterError, match="two domain gates"):
+        engine.arbiter(str(bad))

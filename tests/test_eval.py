@@ -200,3 +200,22 @@ def test_an_evaluation_takes_more_runs_and_names_what_differs(tmp_path):
     shorter = [("32" if a == "48" else a) for a in base]
     other = subprocess.run([*shorter, "--runs", "sps"], capture_output=True, text=True, timeout=900)
     assert other.returncode != 0 and "other settings: -n/--n-predict (48 there, 32 here)" in other.stderr
+
+
+@pytest.mark.slow
+def test_the_ngram_run_drafts_from_the_ngram_drafter_alone_and_aasd_is_a_run(tmp_path):
+    """`ngram` is sps with the n-gram drafter as its only source (the paper's REST row): the
+    target's answers, its source in the config; `aasd` runs AASD's rule under its builtin name."""
+    problems = load_task("arith", "test", limit=3)
+    runs = parse_runs("target-only,ngram,aasd")
+    assert [(r.mode, r.arbiter, r.spec_type) for r in runs] == [
+        ("target-only", None, None), ("speculative", "target", "ngram"), ("speculative", "aasd", None)]
+    with Engine.open_default(n_threads=1, calibration=None) as engine:
+        summary = evaluate(engine, problems, runs, score, tmp_path, GenerationParams(max_tokens=64))
+    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    texts = {(r["problem_id"], r["run"]): r["completion"] for r in records}
+    assert all(texts[p.id, "ngram"] == texts[p.id, "target-only"] for p in problems)
+    assert summary["runs"]["ngram"]["accuracy"] == summary["runs"]["target-only"]["accuracy"]
+    config = json.loads((tmp_path / "config.json").read_text())["runs"]
+    assert config["ngram"]["spec_type"] == "ngram" and "spec_type" not in config["aasd"]
+    assert config["aasd"]["arbiter"] == {"name": "aasd", "kind": "builtin"}

@@ -3,6 +3,7 @@ the ones `cospec-local arbiter train` installed for the user, and a folder or fi
 
 - `target`: never keeps a mismatch (plain, lossless speculative decoding);
 - `fly`: FLy's training-free rule (window + entropy gate);
+- `aasd`: AASD's conditional verification (an entropy-adaptive threshold on the target's probability);
 - a learned arbiter: a folder holding arbiter.gguf (head weights and the metadata binding it to
   its draft), adapter.gguf for the `lora` kind (a llama.cpp LoRA adapter on the draft) and
   head.onnx (the same head for ONNX Runtime); its format is file_format.py;
@@ -197,4 +198,4 @@ def arbiter_identity(spec, threshold: float | None = None) -> dict:
             "threshold": threshold}
 
 
-BUILTIN_NAMES = ("target", "fly")
+BUILTIN_NAMES = ("target", "fly", "aasd")

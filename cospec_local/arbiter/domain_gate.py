@@ -3,25 +3,26 @@
 An arbiter learns when the draft's token is worth keeping on its training tasks; elsewhere its
 P(keep) means nothing, and keeping the draft's words there costs answers and time (its pass runs
 at every mismatch). The gate decides once per generation, before any block, from the prompt's
-tokens alone: the share of the prompt's adjacent token pairs (bigrams) that occur in the
-training prompts. On a prompt below the arbiter's gate threshold no mismatch is kept and the
-arbiter's pass never runs: the target's own tokens, as plain speculative decoding gives them (the
-block lengths still come from the timing-free tuner of learned-arbiter runs, so nothing depends
-on timing).
+tokens alone. On a prompt it refuses no mismatch is kept and the arbiter's pass never runs: the
+target's own tokens, as plain speculative decoding gives them (the block lengths still come from
+the timing-free tuner of learned-arbiter runs, so nothing depends on timing). Two kinds:
 
-Why bigrams: on the demo pair, every dev prompt of the training tasks has a coverage of 0.93 or
-more, the unseen listops family at most 0.80 and general chat prompts at most 0.56, while a
-unigram likelihood ratio overlapped (listops scored above arithmetic: it shares the training
-tasks' words and digits, not their word order). The threshold is set on dev prompts: their 1st
-percentile minus a margin, so about 99% of in-domain prompts pass.
+- ClassifierGate (what `arbiter train` and fit_gate.py build): logistic regression over the
+  prompt's hashed token unigrams and bigrams, trained on the tasks' prompts against general chat
+  and other task families, each in several formats. It reads the tasks' words, so it admits a
+  task asked in other words or another chat format.
+- DomainGate (the demo arbiters'): the share of the prompt's adjacent token pairs (bigrams) found
+  among the training prompts, its threshold set on dev prompts (their 1st percentile minus a
+  margin). On the demo pair every dev prompt of the training tasks has a coverage of 0.93 or
+  more, the unseen listops family at most 0.80 and general chat at most 0.56; but it admits only
+  the training wording (a reworded question scores like chat).
 
-Stored in arbiter.gguf (file_format.py): the sorted unique bigrams as an I32 tensor
-`gate.bigrams` (n, 2), the vocabulary size `gate_n_vocab` and `gate_threshold`. The engine
-(native/src/learned_arbiter.cpp) computes the same coverage; `coverage` here is its reference.
-Only numpy is imported.
+Stored in arbiter.gguf (file_format.py); the engine (native/src/learned_arbiter.cpp) computes the
+same scores, and `coverage` / `ClassifierGate.score` here are its reference. Only numpy is imported.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -85,3 +86,88 @@ def build_gate(train_prompts: Iterable[Sequence[int]], dev_prompts: Iterable[Seq
     threshold = float(np.float32(max(0.0, low - MARGIN)))  # as stored (F32): Python and the engine agree at the edge
     return DomainGate(bigrams, n_vocab, threshold,
                       {"prompts": len(dev), "min": float(dev.min()), "p01": low, "median": float(np.median(dev))})
+
+
+# ---------------------------------------------------------------- a gate that learns the tasks' words
+
+HASH_BITS = 18            # 262,144 buckets: 1 MiB of F32 weights
+MAX_HASH_BITS = 24        # the engine's limit
+_MUL_FIRST = 0x9E3779B97F4A7C15
+_MUL_SECOND = 0xC2B2AE3D27D4EB4F
+EPOCHS = 60
+LEARNING_RATE = 0.5
+L2 = 1e-4
+
+
+def hashed_features(tokens: Sequence[int], bits: int) -> np.ndarray:
+    """The distinct buckets of a prompt's token unigrams and bigrams, sorted: a unigram t hashes
+    (t + 1) * A, a bigram (s, t) (s + 1) * A + (t + 1) * B, modulo 2^64, keeping the top `bits`
+    bits (native/src/learned_arbiter.cpp computes the same)."""
+    t = np.asarray(tokens, dtype=np.int64).astype(np.uint64) + np.uint64(1)
+    with np.errstate(over="ignore"):
+        keys = np.concatenate([t * np.uint64(_MUL_FIRST), t[:-1] * np.uint64(_MUL_FIRST) + t[1:] * np.uint64(_MUL_SECOND)])
+    return np.unique(keys >> np.uint64(64 - bits)).astype(np.int64)
+
+
+@dataclass
+class ClassifierGate:
+    """A domain gate that reads the prompt's words rather than its exact wording: logistic
+    regression over hashed token unigrams and bigrams, trained on the arbiter's task prompts
+    (positive) against prompts it must stay quiet on (general chat, other tasks), each rendered in
+    several formats so that no format's markers carry the decision. Why: a bigram coverage of the
+    training prompts abstains on every problem once the question is worded otherwise or carries an
+    extra sentence (the Gemma 3 <- SmolLM2 arbiter: 0 of 314 reworded test questions admitted),
+    while the tasks' own words ("capital", "plural", a quoted single word) survive rewording.
+
+    Stored in arbiter.gguf as the tensor `gate.weights` (2^bits F32), `gate_bias`, `gate_hash_bits`,
+    `gate_n_vocab` and `gate_threshold` (a probability)."""
+
+    weights: np.ndarray  # (2^bits,) float32
+    bias: float
+    threshold: float
+    n_vocab: int  # the target's: a gate read with another tokenizer's ids would mean nothing
+    record: dict  # how it was trained and what it admits (for info.json)
+
+    @property
+    def bits(self) -> int:
+        return int(len(self.weights)).bit_length() - 1
+
+    def score(self, tokens: Sequence[int]) -> float:
+        """P(the prompt is one of the arbiter's tasks)."""
+        if len(tokens) == 0:
+            return 1.0
+        z = float(self.bias)
+        for w in self.weights[hashed_features(tokens, self.bits)]:  # in the engine's order: the same bits
+            z += float(w)
+        return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
+
+    def admits(self, tokens: Sequence[int]) -> bool:
+        return self.score(tokens) >= self.threshold
+
+
+def train_classifier_gate(positive: Sequence[Sequence[int]], negative: Sequence[Sequence[int]], n_vocab: int,
+                          bits: int = HASH_BITS, threshold: float = 0.5, seed: int = 0) -> ClassifierGate:
+    """Logistic regression by stochastic gradient descent (fixed order per seed: the same prompts
+    give the same gate), the two classes weighted to count equally."""
+    if not positive or not negative:
+        raise ValueError("a classifier gate needs prompts of the arbiter's tasks and prompts to stay quiet on")
+    if not 1 <= bits <= MAX_HASH_BITS:
+        raise ValueError(f"hash bits must lie in [1, {MAX_HASH_BITS}]")
+    rows = [hashed_features(t, bits) for t in positive] + [hashed_features(t, bits) for t in negative]
+    y = np.array([1.0] * len(positive) + [0.0] * len(negative))
+    sample_weight = np.where(y == 1, len(y) / (2 * len(positive)), len(y) / (2 * len(negative)))
+    w = np.zeros(1 << bits)
+    b = 0.0
+    for epoch in range(EPOCHS):
+        for i in np.random.default_rng(seed + epoch).permutation(len(y)):
+            x = rows[i]
+            z = b + w[x].sum()
+            g = (1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0) - y[i]
+            g *= sample_weight[i]
+            w[x] -= LEARNING_RATE * (g + L2 * w[x])
+            b -= 0.1 * LEARNING_RATE * g
+    gate = ClassifierGate(w.astype(np.float32), float(np.float32(b)), float(np.float32(threshold)), n_vocab, {})
+    gate.record = {"kind": "classifier", "hash_bits": bits, "positive": len(positive), "negative": len(negative),
+                   "train_admitted": {"positive": float(np.mean([gate.admits(t) for t in positive])),
+                                      "negative": float(np.mean([gate.admits(t) for t in negative]))}}
+    return gate

@@ -5,8 +5,9 @@
                    target_fingerprint, target_file (the target its states came from: a record, unchecked),
                    head_layers, n_features, verify_cost, n_embd, adapter, lora_scale, lora_context, info,
                    draft_max, adaptive_draft, draft_cost (what its states were drafted under),
-                   gate_threshold, gate_n_vocab} and, with a domain gate, the tensor gate.bigrams
-                   (domain_gate.py in this package: the arbiter abstains on prompts unlike its training prompts)
+                   gate_threshold, gate_n_vocab, gate_bias, gate_hash_bits} and, with a domain gate, the
+                   tensor gate.bigrams (a coverage gate) or gate.weights (a classifier gate) (domain_gate.py
+                   in this package: the arbiter abstains on prompts unlike its training prompts)
     adapter.gguf   (kind `lora`) the LoRA adapter in llama.cpp's format: general.type = adapter,
                    adapter.type = lora, adapter.lora.alpha, tensors <base tensor>.lora_a / .lora_b
                    (llama.cpp's loader refuses any other tensor, so the head is not in here)
@@ -37,7 +38,7 @@ import numpy as np
 from .. import _cospec
 
 if TYPE_CHECKING:
-    from .domain_gate import DomainGate
+    from .domain_gate import ClassifierGate, DomainGate
 
 FORMAT_VERSION = _cospec.ARBITER_FORMAT_VERSION  # the engine's COSPEC_ARBITER_FORMAT_VERSION: one number
 KEY = "cospec.arbiter."
@@ -54,7 +55,8 @@ REFERENCE_FILE = "reference.jsonl"
 BUNDLE_FILES = (ARBITER_FILE, ADAPTER_FILE, ONNX_FILE, INFO_FILE)  # what a trained arbiter is made of
 # Where a LoRA arbiter's adapter applies (train/arbiter_model.py explains both); arbiter.gguf's `lora_context`.
 LORA_CONTEXTS = ("draft", "adapter")
-GATE_TENSOR = "gate.bigrams"
+GATE_TENSOR = "gate.bigrams"                 # a coverage gate's bigrams
+CLASSIFIER_GATE_TENSOR = "gate.weights"      # a classifier gate's hashed n-gram weights
 # How the training states' blocks were drafted (GenerationParams' names): an arbiter run with
 # another block length meets blocks it never saw, and the engine says so.
 TRAINED_UNDER = ("draft_max", "adaptive_draft", "draft_cost")
@@ -70,7 +72,7 @@ class ArbiterBundle:
     head: dict[str, np.ndarray]
     lora_alpha: float | None = None
     lora: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # base tensor -> (A, B)
-    gate: "DomainGate | None" = None
+    gate: "DomainGate | ClassifierGate | None" = None
 
     @property
     def kind(self) -> str:
@@ -149,11 +151,17 @@ def read_bundle(folder: str | Path, draft_gguf: str | Path | None = None) -> Arb
     head = {t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors if t.name.startswith("head.")}
     bundle = ArbiterBundle(folder, meta, head)
     gate = next((t for t in reader.tensors if t.name == GATE_TENSOR), None)
+    weights = next((t for t in reader.tensors if t.name == CLASSIFIER_GATE_TENSOR), None)
     if gate is not None:
         from .domain_gate import DomainGate
 
         bundle.gate = DomainGate(np.array(gate.data, dtype=np.int32).reshape(-1, 2), int(meta["gate_n_vocab"]),
                                  float(meta["gate_threshold"]), {})
+    elif weights is not None:
+        from .domain_gate import ClassifierGate
+
+        bundle.gate = ClassifierGate(np.array(weights.data, dtype=np.float32).reshape(-1), float(meta["gate_bias"]),
+                                     float(meta["gate_threshold"]), int(meta["gate_n_vocab"]), {})
     if bundle.kind == LORA:
         if draft_gguf is None:
             raise ValueError(f"{folder}: a lora arbiter is read back with the draft it was made for")
@@ -282,9 +290,11 @@ def write_arbiter(out_dir: str | Path, *, kind: str, head, draft_gguf: str | Pat
             writer.add_uint32(KEY + key, int(value))
         else:
             writer.add_float32(KEY + key, float(value))
-    if gate is not None:
-        writer.add_float32(KEY + "gate_threshold", float(gate.threshold))
-        writer.add_uint32(KEY + "gate_n_vocab", int(gate.n_vocab))
+    for key, (value, _) in _gate_keys(gate).items():
+        if isinstance(value, int):
+            writer.add_uint32(key, value)
+        else:
+            writer.add_float32(key, value)
     if kind == LORA:
         if lora is None or lora_alpha is None or n_embd is None:
             raise ValueError("a lora arbiter needs its LoRA weights, alpha and n_embd")
@@ -298,8 +308,8 @@ def write_arbiter(out_dir: str | Path, *, kind: str, head, draft_gguf: str | Pat
     writer.add_string(KEY + "info", json.dumps(info or {}, sort_keys=True))
     for tensor_name, data in tensors:
         writer.add_tensor(tensor_name, np.ascontiguousarray(data))
-    if gate is not None:
-        writer.add_tensor(GATE_TENSOR, np.ascontiguousarray(gate.bigrams, dtype=np.int32))
+    for tensor_name, data, _ in _gate_tensors(gate):
+        writer.add_tensor(tensor_name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -312,9 +322,10 @@ def write_arbiter(out_dir: str | Path, *, kind: str, head, draft_gguf: str | Pat
     return out
 
 
-def _rewrite_arbiter_file(folder: str | Path, add_kv: dict, add_tensors: list, drop_tensors: set[str]) -> Path:
-    """arbiter.gguf again with these keys set (each replacing the key of its name) and these
-    tensors added or replaced; everything else as it was."""
+def _rewrite_arbiter_file(folder: str | Path, add_kv: dict, add_tensors: list, drop_tensors: set[str],
+                          drop_key_prefix: str | None = None) -> Path:
+    """arbiter.gguf again with these keys set (each replacing the key of its name; keys starting
+    with drop_key_prefix dropped) and these tensors added or replaced; everything else as it was."""
     import gguf
 
     from ..formats.gguf_edit import rewrite_gguf
@@ -322,22 +333,42 @@ def _rewrite_arbiter_file(folder: str | Path, add_kv: dict, add_tensors: list, d
     file = Path(folder) / ARBITER_FILE
     reader = gguf.GGUFReader(file, "r")
     tmp = file.with_name(file.name + ".rewrite")
-    rewrite_gguf(reader, tmp, kv_edit=lambda key, value: None if key in add_kv else value,
+    dropped = lambda key: key in add_kv or (drop_key_prefix is not None and key.startswith(drop_key_prefix))  # noqa: E731
+    rewrite_gguf(reader, tmp, kv_edit=lambda key, value: None if dropped(key) else value,
                  keep_tensor=lambda name: name not in drop_tensors, add_kv=add_kv, add_tensors=add_tensors)
     del reader  # the source is memory-mapped until the reader goes
     os.replace(tmp, file)
     return file
 
 
-def add_gate(folder: str | Path, gate: "DomainGate") -> Path:
-    """Write a domain gate into an existing arbiter.gguf (replacing any it had); everything else is
-    kept as it is, so the arbiter decides exactly as before on the prompts the gate admits."""
+def _gate_keys(gate) -> dict:
+    """arbiter.gguf's keys for a gate of either kind: key -> (value, GGUF type)."""
     import gguf
 
-    return _rewrite_arbiter_file(folder, {KEY + "gate_threshold": (float(gate.threshold), gguf.GGUFValueType.FLOAT32),
-                                          KEY + "gate_n_vocab": (int(gate.n_vocab), gguf.GGUFValueType.UINT32)},
-                                 [(GATE_TENSOR, np.ascontiguousarray(gate.bigrams, dtype=np.int32), None)],
-                                 {GATE_TENSOR})
+    if gate is None:
+        return {}
+    keys = {KEY + "gate_threshold": (float(gate.threshold), gguf.GGUFValueType.FLOAT32),
+            KEY + "gate_n_vocab": (int(gate.n_vocab), gguf.GGUFValueType.UINT32)}
+    if not hasattr(gate, "bigrams"):
+        keys[KEY + "gate_bias"] = (float(gate.bias), gguf.GGUFValueType.FLOAT32)
+        keys[KEY + "gate_hash_bits"] = (int(gate.bits), gguf.GGUFValueType.UINT32)
+    return keys
+
+
+def _gate_tensors(gate) -> list:
+    if gate is None:
+        return []
+    if hasattr(gate, "bigrams"):
+        return [(GATE_TENSOR, np.ascontiguousarray(gate.bigrams, dtype=np.int32), None)]
+    return [(CLASSIFIER_GATE_TENSOR, np.ascontiguousarray(gate.weights, dtype=np.float32), None)]
+
+
+def add_gate(folder: str | Path, gate: "DomainGate | ClassifierGate") -> Path:
+    """Write a domain gate into an existing arbiter.gguf (replacing any it had, of either kind);
+    everything else is kept as it is, so the arbiter decides exactly as before on the prompts the
+    gate admits."""
+    return _rewrite_arbiter_file(folder, _gate_keys(gate), _gate_tensors(gate), {GATE_TENSOR, CLASSIFIER_GATE_TENSOR},
+                                 drop_key_prefix=KEY + "gate_")
 
 
 def set_name(folder: str | Path, name: str) -> Path:

@@ -19,7 +19,7 @@ HELP = """Commands:
                      repeat-penalty, repeat-last-n, seed (a number, or random: a new one each reply),
                      max-tokens, draft-max, draft-p-min,
                      mode (speculative, target-only, draft-only), arbiter (target, fly, a learned
-                     arbiter's name or folder), arbiter-threshold, fly-window, fly-entropy,
+                     arbiter's name or folder), arbiter-threshold, fly-window, fly-entropy, aasd-alpha, aasd-beta,
                      adaptive-draft (on/off), sample-arbiter (on/off), color (on/off), system
   /save FILE         write the conversation (system message and turns) as JSON
   /load FILE         read a conversation written by /save
@@ -70,6 +70,8 @@ SETTINGS = {
     "draft-p-min": ("draft_p_min", _number),
     "fly-window": ("fly_window", _whole),
     "fly-entropy": ("fly_entropy", _number),
+    "aasd-alpha": ("aasd_alpha", _number),
+    "aasd-beta": ("aasd_beta", _number),
     "arbiter-threshold": ("arbiter_threshold", _number),
     "adaptive-draft": ("adaptive_draft", _on_off),
     "sample-arbiter": ("sample_arbiter", _on_off),

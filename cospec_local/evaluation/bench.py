@@ -220,8 +220,8 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], runs: S
                        for p in prompts]
 
     def generate(i: int, run: Run, **overrides):
-        return engine.generate(tokenized[i], params, mode=run.mode, arbiter=run.arbiter or "target",
-                               draft_prompt=draft_tokenized[i], **overrides)
+        return engine.generate(tokenized[i], params, draft_prompt=draft_tokenized[i],
+                               **{**run.overrides(), **overrides})
 
     # Warm-up: first calls pay for page faults and thread start-up.
     for run in runs:

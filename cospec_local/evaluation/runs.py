@@ -4,11 +4,13 @@ mode plus, for speculative decoding, the arbiter that settles mismatches.
     target-only, draft-only     plain decoding with one model
     sps                         speculative, target arbiter (lossless)
     fly                         speculative, FLy's rule
+    aasd                        speculative, AASD's conditional verification
+    ngram                       speculative, the n-gram drafter alone (lossless; the REST row)
     cospec                      speculative, the bundled learned arbiter made for this draft
     cospec:NAME_OR_PATH         speculative, that learned arbiter (e.g. cospec:demo-features)
     speculative:ARBITER         speculative with any arbiter (target, fly, a name or a folder)
 
-A label names exactly one (mode, arbiter), and records keep the arbiter's identity beside it.
+A label names exactly one (mode, arbiter, draft sources), and records keep the arbiter's identity beside it.
 """
 from __future__ import annotations
 
@@ -22,6 +24,11 @@ ALIASES = {
     "draft-only": ("draft-only", None),
     "sps": ("speculative", "target"),
     "fly": ("speculative", "fly"),
+    "aasd": ("speculative", "aasd"),
+}
+# Runs that also fix where draft tokens come from (--spec-type); the others take the eval's own.
+SOURCE_ALIASES = {
+    "ngram": ("speculative", "target", "ngram"),
 }
 
 
@@ -30,6 +37,12 @@ class Run:
     label: str
     mode: str
     arbiter: str | None  # None in the plain modes
+    spec_type: str | None = None  # None: the call's own draft sources
+
+    def overrides(self) -> dict:
+        """What this run sets on a generation's parameters."""
+        return {"mode": self.mode, "arbiter": self.arbiter or "target",
+                **({"spec_type": self.spec_type} if self.spec_type else {})}
 
 
 def default_learned_arbiter(draft_path: str | os.PathLike | None) -> str:
@@ -47,6 +60,8 @@ def parse_runs(text: str, draft_path: str | os.PathLike | None = None) -> list[R
             continue
         if label in ALIASES:
             runs.append(Run(label, *ALIASES[label]))
+        elif label in SOURCE_ALIASES:
+            runs.append(Run(label, *SOURCE_ALIASES[label]))
         elif label == "cospec":
             runs.append(Run(label, "speculative", default_learned_arbiter(draft_path)))
         elif label.startswith(("cospec:", "speculative:")):
@@ -57,7 +72,7 @@ def parse_runs(text: str, draft_path: str | os.PathLike | None = None) -> list[R
                 arbiter = resolve_auto(draft_path)
             runs.append(Run(label, "speculative", arbiter))
         else:
-            raise ValueError(f"unknown run {label!r}; use target-only, draft-only, sps, fly, cospec, "
+            raise ValueError(f"unknown run {label!r}; use target-only, draft-only, sps, ngram, fly, aasd, cospec, "
                              f"cospec:NAME_OR_FOLDER or speculative:ARBITER")
     if len({r.label for r in runs}) != len(runs):
         raise ValueError("a run is named twice")

@@ -89,8 +89,7 @@ def run_problem(engine: Engine, problem: Problem, run: Run, params: GenerationPa
     draft_prompt = task_draft_prompt(engine, problem, as_chat)
     engine.reset()
     with OtherLoad() as watch:
-        r = engine.generate(prompt, params, mode=run.mode, arbiter=run.arbiter or "target", stop=stop,
-                            draft_prompt=draft_prompt)
+        r = engine.generate(prompt, params, stop=stop, draft_prompt=draft_prompt, **run.overrides())
     s = r.stats
     load = watch.totals()
     return Record(problem.id, run.label, bool(score(problem, r.text)), r.text, s.predicted_n, s.predicted_ms,
@@ -258,7 +257,8 @@ def run_config(engine: Engine, runs: Sequence[Run], params: GenerationParams) ->
                 identity["trained_under"] = trained
         return identity
 
-    return {r.label: {"mode": r.mode, "arbiter": arbiter_of(r)} for r in runs} | {"settings": settings}
+    return {r.label: {"mode": r.mode, "arbiter": arbiter_of(r), **({"spec_type": r.spec_type} if r.spec_type else {})}
+            for r in runs} | {"settings": settings}
 
 
 _CONFIG_WORDS = {"title": "task or split", "target": "target model", "draft": "draft model",

@@ -18,6 +18,9 @@ was interrupted, which collection and evaluation do problem by problem):
               speculative decoding's first mismatches, so it never learns what follows its own
               keeps: a correction that needs several kept tokens in a row (a two-digit number)
               is credited one token at a time and rarely finished.
+   gate       a classifier domain gate for each trained arbiter (fit_gate.py, its own process): the
+              tasks' words against general chat and the other task families, in several formats,
+              so the arbiter decides its tasks asked in other words and stays quiet elsewhere.
 4. grpo       (--grpo) GRPO from the warm-up LoRA arbiter (grpo.py); reported beside the warm-up,
               never replacing it.
 5. evaluate   target-only, draft-only, sps and every trained arbiter on held-out test problems.
@@ -47,6 +50,7 @@ from ..evaluation.machine import busy_note
 from ..models import prompt_style
 from .collect import CollectConfig
 from ..command_line import config_args
+from .fit_gate import GateConfig
 from .grpo import GRPOConfig
 from .warmup import WarmupConfig
 from .states import TRAINING_SOURCES, LabelledState
@@ -63,6 +67,7 @@ DEFAULT_KINDS = (LORA, FEATURES)  # LoRA first: a tie on dev goes to it (it read
 COLLECT_TARGET_RATIO = 2.0
 # The warm-up's time scale: 6.5 ms per decisive state and epoch for the demo draft (468 kB, Q8_0) on 2 cores.
 DEMO_DRAFT_BYTES = 468_224
+GATE_PROMPTS_PER_TASK = 600  # train prompts per task the classifier gate learns the tasks' words from
 PILOT_PROBLEMS = 6  # dev problems collected once in the headroom stage, to time collection on this pair
 
 
@@ -515,6 +520,22 @@ class RecipeRun:
         return self.stages.finish(name, inputs, {"folder": str(out), "dev": {
             kind: log["arbiters"][kind]["dev"] for kind in self.settings.kinds}})
 
+    def gate_stage(self, warmed: dict) -> dict:
+        """The warm-up's arbiters, copied, each with a classifier domain gate (fit_gate.py): the
+        warm-up's own gate admits only the training wording."""
+        inputs = self.inputs("target", "draft", "tasks", "chat", "chat_template", warmup=warmed)
+        if (done := self.stages.done("gate", inputs)) is not None:
+            return done
+        out = self.stages.folder("gate", inputs)
+        s = self.settings
+        for kind in s.kinds:
+            shutil.rmtree(out / kind, ignore_errors=True)
+            shutil.copytree(Path(warmed["folder"]) / kind, out / kind)
+            gate = GateConfig(arbiter=out / kind, tasks=",".join(s.tasks), model=s.target, model_draft=s.draft,
+                              chat=s.chat, chat_template=s.chat_template, train=GATE_PROMPTS_PER_TASK)
+            self.run_module("cospec_local.train.fit_gate", *config_args(gate))
+        return self.stages.finish("gate", inputs, {**warmed, "folder": str(out)})
+
     def grpo_stage(self, warmed: dict) -> dict | None:
         if not self.settings.grpo:
             return None
@@ -617,6 +638,7 @@ class RecipeRun:
             self._say_states(rounds[-1])
             warmed = self.warmup_stage(rounds)
             self._say_dev(warmed)
+        warmed = self.gate_stage(warmed)
         grpo = self.grpo_stage(warmed)
         with self.open_engine() as engine:
             evaluation = self.evaluate_stage(engine, self.candidates(warmed, grpo), {"warmup": warmed, "grpo": grpo})

@@ -275,6 +275,7 @@ enum cospec_arbiter_kind {
     COSPEC_ARBITER_CALLBACK = 2, // a user function (cospec_arbiter_init_callback[s])
     COSPEC_ARBITER_FEATURES = 3, // learned: a head over cospec_block_features
     COSPEC_ARBITER_LORA     = 4, // learned: a head over the LoRA-adapted draft's hidden states and the features
+    COSPEC_ARBITER_AASD     = 5, // AASD's conditional verification (training-free)
 };
 
 struct cospec_fly_params {
@@ -284,6 +285,16 @@ struct cospec_fly_params {
 };
 struct cospec_fly_params cospec_fly_default_params(void);
 
+// AASD's conditional verification: keep draft[i] where p_target(draft[i]) >= min(beta - alpha * H, max p_target),
+// H the target's entropy there (nats, temperature 1). The paper (arXiv 2505.13204) names an entropy-adaptive
+// threshold; this form and its defaults (alpha = beta = 0.1) are read from a public reimplementation, as the
+// paper's own formula was not available here.
+struct cospec_aasd_params {
+    float alpha; // how fast the threshold falls with the target's entropy (default 0.1)
+    float beta;  // the threshold where the target is certain (default 0.1)
+};
+struct cospec_aasd_params cospec_aasd_default_params(void);
+
 // Never keeps a mismatch: plain, lossless speculative decoding.
 cospec_arbiter * cospec_arbiter_init_target(void);
 // FLy (arXiv 2511.22972, rule as in its reference code): keep a mismatch at i
@@ -291,6 +302,9 @@ cospec_arbiter * cospec_arbiter_init_target(void);
 // i is at least the threshold, and i is not within the last W positions of the
 // block (i <= K - W - 1).
 cospec_arbiter * cospec_arbiter_init_fly(struct cospec_fly_params params);
+// AASD's conditional verification (above): a mismatch is kept where the target found the draft's token
+// likely enough for how unsure it was.
+cospec_arbiter * cospec_arbiter_init_aasd(struct cospec_aasd_params params);
 // A user function, e.g. a Python arbiter for experiments and training.
 cospec_arbiter * cospec_arbiter_init_callback(const char * name, cospec_arbiter_fn fn, void * user_data);
 cospec_arbiter * cospec_arbiter_init_callbacks(const char * name, const struct cospec_arbiter_callbacks * callbacks,
@@ -299,7 +313,7 @@ void             cospec_arbiter_free(cospec_arbiter * arbiter);
 const char *     cospec_arbiter_name(const cospec_arbiter * arbiter);
 // enum cospec_arbiter_kind (-1 for NULL)
 int32_t          cospec_arbiter_get_kind(const cospec_arbiter * arbiter);
-// "target", "fly", "callback", "features", "lora"; NULL for a value that is no kind.
+// "target", "fly", "callback", "features", "lora", "aasd"; NULL for a value that is no kind.
 const char *     cospec_arbiter_kind_name(int32_t kind);
 // Keep a mismatch when P(keep) >= this (unless decisions are sampled). 0.5 for fixed rules.
 float            cospec_arbiter_threshold(const cospec_arbiter * arbiter);
@@ -363,15 +377,17 @@ int32_t cospec_arbiter_load(cospec_engine * engine, const struct cospec_learned_
 // A learned arbiter's metadata (string values of its arbiter.gguf: "kind",
 // "draft_fingerprint", ...); NULL if absent or not a learned arbiter. A LoRA
 // arbiter also answers "adapter_use": "folded" or "decode" (fold_adapter).
-// The domain gate (arbiters that have one: "gate_threshold"): the share of a prompt's
-// adjacent token pairs seen in the arbiter's training prompts; below the threshold
-// the arbiter abstains for that generation.
+// The domain gate (arbiters that have one: "gate_threshold") scores a prompt in [0, 1]: a
+// coverage gate, the share of its adjacent token pairs seen in the training prompts; a
+// classifier gate, the probability that it is one of the arbiter's tasks (logistic regression
+// over its hashed token unigrams and bigrams). Below the threshold the arbiter abstains for
+// that generation.
 const char * cospec_arbiter_meta(const cospec_arbiter * arbiter, const char * key);
 // The head's input rows of a block (what `head` would receive), one per
 // position of the block, for parity checks: n_draft * cols floats; returns
 // cols, or a negative status.
 int32_t cospec_arbiter_head_inputs(cospec_arbiter * arbiter, const cospec_block * block, float * out, size_t out_size);
-// The domain gate's coverage of a prompt, in [0, 1]; a negative status for an arbiter without a gate.
+// The domain gate's score of a prompt (above), in [0, 1]; a negative status for an arbiter without a gate.
 float   cospec_arbiter_gate_coverage(const cospec_arbiter * arbiter, const cospec_token * prompt, int32_t n_prompt);
 // Whether the arbiter decides this prompt's mismatches (false: its gate refuses the prompt).
 bool    cospec_arbiter_admits(const cospec_arbiter * arbiter, const cospec_token * prompt, int32_t n_prompt);

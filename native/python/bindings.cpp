@@ -361,6 +361,12 @@ class Arbiter {
         p.entropy_top_k = entropy_top_k;
         return wrap(cospec_arbiter_init_fly(p));
     }
+    static std::shared_ptr<Arbiter> aasd(float alpha, float beta) {
+        cospec_aasd_params p = cospec_aasd_default_params();
+        p.alpha = alpha;
+        p.beta = beta;
+        return wrap(cospec_arbiter_init_aasd(p));
+    }
     static std::shared_ptr<Arbiter> callback(const std::string & name, py::object fn, py::object begin, py::object taken,
                                              py::object reset, bool needs_draft_logits) {
         auto state = std::make_unique<arbiter_state>();
@@ -976,6 +982,7 @@ PYBIND11_MODULE(_cospec, m) {
     m.attr("ARBITER_CALLBACK") = (int) COSPEC_ARBITER_CALLBACK;
     m.attr("ARBITER_FEATURES") = (int) COSPEC_ARBITER_FEATURES;
     m.attr("ARBITER_LORA") = (int) COSPEC_ARBITER_LORA;
+    m.attr("ARBITER_AASD") = (int) COSPEC_ARBITER_AASD;
     m.def("arbiter_kind_name", [](int32_t kind) { return opt_str(cospec_arbiter_kind_name(kind)); }, py::arg("kind"),
           "The kind's name (arbiter.gguf's spelling of a learned one); None for a value that is no kind.");
     py::list feature_names;
@@ -991,6 +998,11 @@ PYBIND11_MODULE(_cospec, m) {
     fly_defaults["entropy_threshold"] = fly.entropy_threshold;
     fly_defaults["entropy_top_k"] = fly.entropy_top_k;
     m.attr("FLY_DEFAULTS") = fly_defaults;
+    const cospec_aasd_params aasd = cospec_aasd_default_params();
+    py::dict aasd_defaults;
+    aasd_defaults["alpha"] = aasd.alpha;
+    aasd_defaults["beta"] = aasd.beta;
+    m.attr("AASD_DEFAULTS") = aasd_defaults;
     m.attr("DEFAULT_VERIFY_COST") = COSPEC_DEFAULT_VERIFY_COST;
     m.attr("DEFAULT_N_CTX") = COSPEC_DEFAULT_N_CTX;
     m.attr("CALIBRATION_VERSION") = COSPEC_CALIBRATION_VERSION;
@@ -1066,6 +1078,7 @@ PYBIND11_MODULE(_cospec, m) {
         .def_static("target", &Arbiter::target)
         .def_static("fly", &Arbiter::fly, py::arg("window") = fly.window, py::arg("entropy_threshold") = fly.entropy_threshold,
                     py::arg("entropy_top_k") = fly.entropy_top_k)
+        .def_static("aasd", &Arbiter::aasd, py::arg("alpha") = aasd.alpha, py::arg("beta") = aasd.beta)
         .def_static("callback", &Arbiter::callback, py::arg("name"), py::arg("fn"), py::arg("begin") = py::none(),
                     py::arg("taken") = py::none(), py::arg("reset") = py::none(), py::arg("needs_draft_logits") = true)
         .def_static("load", [](py::object engine, const std::string & path, float threshold, py::object head, int32_t n_threads,

@@ -1,9 +1,10 @@
-// Built-in arbiters (target, FLy) and user callback arbiters.
+// Built-in arbiters (target, FLy, AASD) and user callback arbiters.
 #include "engine.h"
 #include "internal.h"
 #include "sampling.h"
 
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <new>
 #include <string>
@@ -56,6 +57,40 @@ struct fly_arbiter final : cospec_arbiter {
     }
 };
 
+// AASD's conditional verification: a draft token the target finds likely enough stands, where
+// "enough" falls as the target grows unsure (its entropy H); the target's own choice always passes.
+struct aasd_arbiter final : cospec_arbiter {
+    cospec_aasd_params params;
+    explicit aasd_arbiter(cospec_aasd_params p) : params(p) {}
+    const char * name() const override { return "aasd"; }
+    int32_t kind() const override { return COSPEC_ARBITER_AASD; }
+    int32_t score(const cospec_block & block, float * p_keep) override {
+        const int32_t n_vocab = block.n_vocab_target;
+        for (int32_t i = 0; i < block.n_draft; ++i) {
+            p_keep[i] = 0.0f;
+            const cospec_token d = block.draft[i];
+            if (!block.mismatch[i] || d < 0 || d >= n_vocab) {
+                continue;
+            }
+            const float * row = block.target_logits + (size_t) i * n_vocab;
+            const float top = *std::max_element(row, row + n_vocab);
+            double sum = 0.0, weighted = 0.0;  // sum of e^(l - top) and of (l - top) e^(l - top)
+            for (int32_t v = 0; v < n_vocab; ++v) {
+                const double z = (double) row[v] - top;
+                const double e = std::exp(z);
+                sum += e;
+                weighted += z * e;
+            }
+            const double entropy = std::log(sum) - weighted / sum;
+            const double p_draft = std::exp((double) row[d] - top) / sum;  // as p_top: a tied top passes exactly
+            const double p_top = 1.0 / sum;
+            const double threshold = std::min((double) params.beta - (double) params.alpha * entropy, p_top);
+            p_keep[i] = p_draft >= threshold ? 1.0f : 0.0f;
+        }
+        return 0;
+    }
+};
+
 struct callback_arbiter final : cospec_arbiter {
     std::string label;
     cospec_arbiter_callbacks cb;
@@ -93,6 +128,13 @@ cospec_fly_params cospec_fly_default_params(void) {
     return p;
 }
 
+cospec_aasd_params cospec_aasd_default_params(void) {
+    cospec_aasd_params p;
+    p.alpha = 0.1f;
+    p.beta = 0.1f;
+    return p;
+}
+
 cospec_arbiter * cospec_arbiter_init_target(void) {
     cospec::clear_error();
     return new (std::nothrow) target_arbiter();
@@ -113,6 +155,15 @@ cospec_arbiter * cospec_arbiter_init_fly(cospec_fly_params params) {
         return nullptr;
     }
     return new (std::nothrow) fly_arbiter(params);
+}
+
+cospec_arbiter * cospec_arbiter_init_aasd(cospec_aasd_params params) {
+    cospec::clear_error();
+    if (!(params.alpha >= 0.0f && params.alpha < 1e30f) || !(params.beta >= 0.0f && params.beta <= 1.0f)) {
+        cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "aasd: alpha must be a finite non-negative number and beta lie in [0, 1]");
+        return nullptr;
+    }
+    return new (std::nothrow) aasd_arbiter(params);
 }
 
 cospec_arbiter * cospec_arbiter_init_callbacks(const char * name, const cospec_arbiter_callbacks * callbacks, void * user_data) {
@@ -150,6 +201,7 @@ const char * cospec_arbiter_kind_name(int32_t kind) {
         case COSPEC_ARBITER_CALLBACK: return "callback";
         case COSPEC_ARBITER_FEATURES: return "features";
         case COSPEC_ARBITER_LORA:     return "lora";
+        case COSPEC_ARBITER_AASD:     return "aasd";
         default:                      return nullptr;
     }
 }

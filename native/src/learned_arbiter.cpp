@@ -46,6 +46,12 @@ constexpr uint32_t FORMAT_VERSION = COSPEC_ARBITER_FORMAT_VERSION;
 // The domain gate's bigrams (cospec_local/arbiter/domain_gate.py): a tensor (n, 2) of token ids.
 constexpr const char * GATE_TENSOR = "gate.bigrams";
 constexpr int64_t MAX_GATE_BIGRAMS = 1 << 24; // 128 MiB of keys: far past any training set's prompts
+// A classifier gate's weights over hashed token unigrams and bigrams: a tensor (2^bits) of F32.
+constexpr const char * CLASSIFIER_GATE_TENSOR = "gate.weights";
+constexpr int32_t MAX_GATE_HASH_BITS = 24;
+// domain_gate.hashed_features: a unigram t hashes (t + 1) * A, a bigram (s, t) (s + 1) * A + (t + 1) * B.
+constexpr uint64_t GATE_HASH_FIRST = 0x9E3779B97F4A7C15ull;
+constexpr uint64_t GATE_HASH_SECOND = 0xC2B2AE3D27D4EB4Full;
 // The region holds a draft and a target token per block position.
 constexpr int32_t MAX_REGION = 2 * cospec::MAX_BLOCK_BATCH;
 // Bounds on a head read from an untrusted file.
@@ -162,6 +168,12 @@ struct bundle {
     std::vector<uint64_t> gate_keys;
     int64_t gate_n_vocab = 0;
     float gate_threshold = 0.0f;
+    // Or a classifier gate: logistic regression over the prompt's hashed unigrams and bigrams.
+    std::vector<float> gate_weights;
+    float gate_bias = 0.0f;
+    int32_t gate_hash_bits = 0;
+
+    bool has_gate() const { return !gate_keys.empty() || !gate_weights.empty(); }
 };
 
 // The share of the prompt's adjacent token pairs among the gate's (1 for a prompt of one token).
@@ -180,25 +192,84 @@ double gate_coverage(const bundle & b, const cospec_token * prompt, int32_t n_pr
     return (double) found / (double) (n_prompt - 1);
 }
 
+// A classifier gate's P(the prompt is one of the arbiter's tasks) (1 for an empty prompt): the
+// weights of the prompt's distinct buckets, summed in increasing bucket order as domain_gate.py does.
+double gate_probability(const bundle & b, const cospec_token * prompt, int32_t n_prompt) {
+    if (n_prompt < 1) {
+        return 1.0;
+    }
+    const int shift = 64 - b.gate_hash_bits;
+    std::vector<uint64_t> buckets;
+    buckets.reserve(2 * (size_t) n_prompt);
+    for (int32_t i = 0; i < n_prompt; ++i) {
+        const uint64_t first = (uint64_t) (int64_t) prompt[i] + 1;  // as numpy's int64 -> uint64
+        buckets.push_back((first * GATE_HASH_FIRST) >> shift);
+        if (i + 1 < n_prompt) {
+            const uint64_t second = (uint64_t) (int64_t) prompt[i + 1] + 1;
+            buckets.push_back((first * GATE_HASH_FIRST + second * GATE_HASH_SECOND) >> shift);
+        }
+    }
+    std::sort(buckets.begin(), buckets.end());
+    buckets.erase(std::unique(buckets.begin(), buckets.end()), buckets.end());
+    double z = (double) b.gate_bias;
+    for (const uint64_t k : buckets) {
+        z += (double) b.gate_weights[(size_t) k];
+    }
+    return z > -700.0 ? 1.0 / (1.0 + std::exp(-z)) : 0.0;
+}
+
+// What the gate compares with its threshold: the coverage or the classifier's probability.
+double gate_score(const bundle & b, const cospec_token * prompt, int32_t n_prompt) {
+    return b.gate_keys.empty() ? gate_probability(b, prompt, n_prompt) : gate_coverage(b, prompt, n_prompt);
+}
+
+// gate.weights, gate_bias and gate_hash_bits, checked before use: 2^bits finite weights.
+int32_t read_classifier_gate(const ggml_tensor * t, const std::string & who, bundle & b) {
+    const auto bias = b.meta.find("gate_bias");
+    const auto bits = b.meta.find("gate_hash_bits");
+    if (bias == b.meta.end() || bits == b.meta.end()) {
+        return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + CLASSIFIER_GATE_TENSOR + "' without gate_bias and gate_hash_bits");
+    }
+    char * end = nullptr;
+    const long n_bits = std::strtol(bits->second.c_str(), &end, 10);
+    if (*end != '\0' || n_bits < 1 || n_bits > MAX_GATE_HASH_BITS) {
+        return fail(COSPEC_ERR_ARBITER, who + ": gate_hash_bits must lie in [1, " + std::to_string(MAX_GATE_HASH_BITS) + "]");
+    }
+    b.gate_hash_bits = (int32_t) n_bits;
+    b.gate_bias = std::strtof(bias->second.c_str(), &end);
+    if (end == bias->second.c_str() || *end != '\0' || !std::isfinite(b.gate_bias)) {
+        return fail(COSPEC_ERR_ARBITER, who + ": gate_bias must be a finite number");
+    }
+    if (t->type != GGML_TYPE_F32 || t->ne[0] != ((int64_t) 1 << n_bits) || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1) {
+        return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + CLASSIFIER_GATE_TENSOR + "' must hold 2^gate_hash_bits F32 weights");
+    }
+    const float * w = (const float *) t->data;
+    b.gate_weights.assign(w, w + t->ne[0]);
+    if (!std::all_of(b.gate_weights.begin(), b.gate_weights.end(), [](float x) { return std::isfinite(x) && std::fabs(x) < 1e6f; })) {
+        return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + CLASSIFIER_GATE_TENSOR + "' holds a weight that is not a finite number");
+    }
+    return COSPEC_OK;
+}
+
 // gate.bigrams and its two keys, checked before use: ids inside the vocabulary, keys strictly
 // increasing (what binary search needs), a threshold in [0, 1].
 int32_t read_gate(ggml_context * ctx, const std::string & who, bundle & b) {
     const ggml_tensor * t = ggml_get_tensor(ctx, GATE_TENSOR);
+    const ggml_tensor * weights = ggml_get_tensor(ctx, CLASSIFIER_GATE_TENSOR);
     const auto threshold = b.meta.find("gate_threshold");
     const auto n_vocab = b.meta.find("gate_n_vocab");
-    if (t == nullptr) {
+    if (t != nullptr && weights != nullptr) {
+        return fail(COSPEC_ERR_ARBITER, who + ": two domain gates ('" + GATE_TENSOR + "' and '" + CLASSIFIER_GATE_TENSOR + "')");
+    }
+    if (t == nullptr && weights == nullptr) {
         if (threshold != b.meta.end() || n_vocab != b.meta.end()) {
-            return fail(COSPEC_ERR_ARBITER, who + ": gate keys without the tensor '" + GATE_TENSOR + "'");
+            return fail(COSPEC_ERR_ARBITER, who + ": gate keys without a gate tensor");
         }
         return COSPEC_OK;
     }
+    const char * tensor_name = t != nullptr ? GATE_TENSOR : CLASSIFIER_GATE_TENSOR;
     if (threshold == b.meta.end() || n_vocab == b.meta.end()) {
-        return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + GATE_TENSOR + "' without gate_threshold and gate_n_vocab");
-    }
-    if (t->type != GGML_TYPE_I32 || t->ne[0] != 2 || t->ne[1] < 1 || t->ne[1] > MAX_GATE_BIGRAMS || t->ne[2] != 1 ||
-        t->ne[3] != 1) {
-        return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + GATE_TENSOR + "' must be I32 pairs (n, 2), n in [1, " +
-                                            std::to_string(MAX_GATE_BIGRAMS) + "]");
+        return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + tensor_name + "' without gate_threshold and gate_n_vocab");
     }
     char * end = nullptr;
     b.gate_threshold = std::strtof(threshold->second.c_str(), &end);
@@ -208,6 +279,14 @@ int32_t read_gate(ggml_context * ctx, const std::string & who, bundle & b) {
     b.gate_n_vocab = std::strtoll(n_vocab->second.c_str(), &end, 10);
     if (*end != '\0' || b.gate_n_vocab < 1 || b.gate_n_vocab > INT32_MAX) {
         return fail(COSPEC_ERR_ARBITER, who + ": gate_n_vocab out of range");
+    }
+    if (weights != nullptr) {
+        return read_classifier_gate(weights, who, b);
+    }
+    if (t->type != GGML_TYPE_I32 || t->ne[0] != 2 || t->ne[1] < 1 || t->ne[1] > MAX_GATE_BIGRAMS || t->ne[2] != 1 ||
+        t->ne[3] != 1) {
+        return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + GATE_TENSOR + "' must be I32 pairs (n, 2), n in [1, " +
+                                            std::to_string(MAX_GATE_BIGRAMS) + "]");
     }
     const int32_t * ids = (const int32_t *) t->data;
     b.gate_keys.resize((size_t) t->ne[1]);
@@ -700,7 +779,7 @@ struct learned_arbiter final : cospec_arbiter {
     const cospec_engine * engine() const override { return eng; }
     bool uses_engine_draft() const override { return b.context_from_draft; }
     bool admits(const cospec_token * prompt, int32_t n_prompt) const override {
-        return !gate_on || gate_coverage(b, prompt, n_prompt) >= (double) b.gate_threshold;
+        return !gate_on || gate_score(b, prompt, n_prompt) >= (double) b.gate_threshold;
     }
     std::optional<double> trained_verify_cost() const override { return b.verify_cost; }
     std::optional<double> trained_draft_cost() const override {
@@ -1056,12 +1135,12 @@ int32_t cospec_arbiter_load(cospec_engine * engine, const cospec_learned_arbiter
             return fail(COSPEC_ERR_ARBITER, "arbiter '" + a->b.path + "': the head reads " + std::to_string(a->b.head.n_in()) +
                                                 " inputs, a " + kind_name + " arbiter gives " + std::to_string(expected));
         }
-        if (!a->b.gate_keys.empty() && a->b.gate_n_vocab != engine->target.n_vocab) {
+        if (a->b.has_gate() && a->b.gate_n_vocab != engine->target.n_vocab) {
             return fail(COSPEC_ERR_ARBITER, "arbiter '" + a->b.path + "': its domain gate was built for a vocabulary of " +
                                                 std::to_string(a->b.gate_n_vocab) + " tokens, the target has " +
                                                 std::to_string(engine->target.n_vocab));
         }
-        a->gate_on = params->use_gate && !a->b.gate_keys.empty();
+        a->gate_on = params->use_gate && a->b.has_gate();
         a->keep_threshold = params->threshold >= 0.0f ? params->threshold : a->b.threshold;
         a->head_fn = params->head;
         a->head_user_data = params->head_user_data;
@@ -1081,11 +1160,11 @@ int32_t cospec_arbiter_load(cospec_engine * engine, const cospec_learned_arbiter
 float cospec_arbiter_gate_coverage(const cospec_arbiter * arbiter, const cospec_token * prompt, int32_t n_prompt) {
     cospec::clear_error();
     const auto * a = dynamic_cast<const learned_arbiter *>(arbiter);
-    if (a == nullptr || a->b.gate_keys.empty() || (prompt == nullptr && n_prompt > 0) || n_prompt < 0) {
+    if (a == nullptr || !a->b.has_gate() || (prompt == nullptr && n_prompt > 0) || n_prompt < 0) {
         return (float) fail(COSPEC_ERR_INVALID_ARGUMENT, "gate coverage: a learned arbiter with a domain gate and a "
                                                           "prompt are needed");
     }
-    return (float) gate_coverage(a->b, prompt, n_prompt);
+    return (float) gate_score(a->b, prompt, n_prompt);
 }
 
 bool cospec_arbiter_admits(const cospec_arbiter * arbiter, const cospec_token * prompt, int32_t n_prompt) {
