@@ -158,6 +158,7 @@ def main(argv=None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--limit", type=int, default=None, help="problems per task (default: all)")
     ap.add_argument("--chat-prompts", type=int, default=100)
+    ap.add_argument("--arbiter", default=None, help="another learned arbiter for the pair's CoSpec row (name or folder)")
     a = ap.parse_args(argv)
     cmd = command("paper_table.py", argv)
     lines = ["# The CoSpec paper's table on this project's pairs", "", f"`{' '.join(cmd)}`", "",
@@ -169,7 +170,7 @@ def main(argv=None) -> int:
              "blocks as the other rows, not its own retrieval and draft tree.", ""]
     summary, loads = {}, []
     for name in a.pair or list(PAIRS):
-        pair = PAIRS[name]
+        pair = {**PAIRS[name], **({"arbiter": a.arbiter} if a.arbiter else {})}
         tasks = {k: v for k, v in pair["tasks"].items() if a.tasks is None or k in a.tasks.split(",")}
         lines += [f"## {name}: {pair['target']} <- {pair['draft']}, arbiter {pair['arbiter']}", ""]
         fields, verdicts = {}, []

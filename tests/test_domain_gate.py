@@ -257,3 +257,23 @@ def test_two_gates_in_one_file_are_refused(engine, classifier_demo_arbiter, tmp_
                  add_tensors=[(GATE_TENSOR, np.array(bigrams.data, dtype=np.int32).reshape(-1, 2), None)])
     with pytest.raises(ArbiterError, match="two domain gates"):
         engine.arbiter(str(bad))
+
+
+def test_the_gemma_arbiter_admits_its_tasks_asked_otherwise_and_refuses_listops_and_chat():
+    """The shipped gemma3-smollm2-words gate, through the engine, in Gemma 3's own turn format (its
+    training rendered none of it): the test questions reworded apart from its training prompts
+    (bench/headroom/make_reworded_tasks.py) pass; listops and general chat do not."""
+    from cospec_local.tasks.benchmarks import read_jsonl
+
+    tasks = Path(__file__).resolve().parent.parent / "bench" / "headroom" / "tasks"
+    with Engine("gemma3-270m", "smollm2-135m", n_ctx=1024, n_threads=1, calibration=None) as gemma:
+        arbiter = gemma.arbiter("gemma3-smollm2-words")
+
+        def admitted(prompts):
+            return sum(arbiter.admits(gemma.render_chat([{"role": "user", "content": p}])) for p in prompts) / len(prompts)
+
+        for task in ("capitals", "antonyms", "plurals"):
+            reworded = [row["prompt"] for row in read_jsonl(tasks / f"{task}-reworded-test.jsonl", 36)]
+            assert admitted(reworded) >= 0.9, task
+        assert admitted([p.prompt for p in load_task("listops", "test", 40)]) == 0.0
+        assert admitted([line for line in CHAT_PROMPTS.read_text().splitlines() if line.strip()]) == 0.0

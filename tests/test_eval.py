@@ -219,3 +219,21 @@ def test_the_ngram_run_drafts_from_the_ngram_drafter_alone_and_aasd_is_a_run(tmp
     config = json.loads((tmp_path / "config.json").read_text())["runs"]
     assert config["ngram"]["spec_type"] == "ngram" and "spec_type" not in config["aasd"]
     assert config["aasd"]["arbiter"] == {"name": "aasd", "kind": "builtin"}
+
+
+def test_a_folder_written_before_a_setting_existed_takes_more_runs_under_its_default(tmp_path):
+    """An eval folder's config lacks a setting added later (e.g. aasd_alpha): it ran under that
+    setting's default, so more runs at the default join it, and a run at another value is refused."""
+    from dataclasses import asdict
+
+    from cospec_local.evaluation.task_eval import merged_config
+
+    settings = {k: v for k, v in asdict(GenerationParams()).items() if k not in ("mode", "arbiter", "stop")}
+    old = {"title": "eval", "runs": {"sps": {"mode": "speculative"},
+                                     "settings": {k: v for k, v in settings.items() if not k.startswith("aasd_")}}}
+    new = {"title": "eval", "runs": {"aasd": {"mode": "speculative"}, "settings": settings}}
+    merged = merged_config(old, new, tmp_path)
+    assert set(merged["runs"]) == {"sps", "aasd", "settings"}
+    other = {"title": "eval", "runs": {"aasd": {"mode": "speculative"}, "settings": {**settings, "aasd_alpha": 0.3}}}
+    with pytest.raises(ValueError, match="aasd-alpha"):
+        merged_config(old, other, tmp_path)

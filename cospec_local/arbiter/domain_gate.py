@@ -94,6 +94,11 @@ HASH_BITS = 18            # 262,144 buckets: 1 MiB of F32 weights
 MAX_HASH_BITS = 24        # the engine's limit
 _MUL_FIRST = 0x9E3779B97F4A7C15
 _MUL_SECOND = 0xC2B2AE3D27D4EB4F
+# The threshold sits this far (in log-odds) below the dev task prompts' 1st percentile, and never
+# below even odds: where the tasks are told apart with room to spare (arithmetic questions score
+# 0.999 and more), a family never seen in training that merely resembles them (listops, scored
+# 0.1-0.998 by an arithmetic gate) is refused too.
+DEV_LOGIT_MARGIN = 1.0
 EPOCHS = 60
 LEARNING_RATE = 0.5
 L2 = 1e-4
@@ -132,13 +137,17 @@ class ClassifierGate:
     def bits(self) -> int:
         return int(len(self.weights)).bit_length() - 1
 
+    def logit(self, tokens: Sequence[int]) -> float:
+        z = float(self.bias)
+        for w in self.weights[hashed_features(tokens, self.bits)]:  # in the engine's order: the same bits
+            z += float(w)
+        return z
+
     def score(self, tokens: Sequence[int]) -> float:
         """P(the prompt is one of the arbiter's tasks)."""
         if len(tokens) == 0:
             return 1.0
-        z = float(self.bias)
-        for w in self.weights[hashed_features(tokens, self.bits)]:  # in the engine's order: the same bits
-            z += float(w)
+        z = self.logit(tokens)
         return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
 
     def admits(self, tokens: Sequence[int]) -> bool:
@@ -146,9 +155,10 @@ class ClassifierGate:
 
 
 def train_classifier_gate(positive: Sequence[Sequence[int]], negative: Sequence[Sequence[int]], n_vocab: int,
-                          bits: int = HASH_BITS, threshold: float = 0.5, seed: int = 0) -> ClassifierGate:
+                          bits: int = HASH_BITS, dev: Sequence[Sequence[int]] = (), seed: int = 0) -> ClassifierGate:
     """Logistic regression by stochastic gradient descent (fixed order per seed: the same prompts
-    give the same gate), the two classes weighted to count equally."""
+    give the same gate), the two classes weighted to count equally; its threshold from the dev task
+    prompts (DEV_LOGIT_MARGIN below their 1st percentile, at least 0.5), 0.5 without any."""
     if not positive or not negative:
         raise ValueError("a classifier gate needs prompts of the arbiter's tasks and prompts to stay quiet on")
     if not 1 <= bits <= MAX_HASH_BITS:
@@ -166,8 +176,12 @@ def train_classifier_gate(positive: Sequence[Sequence[int]], negative: Sequence[
             g *= sample_weight[i]
             w[x] -= LEARNING_RATE * (g + L2 * w[x])
             b -= 0.1 * LEARNING_RATE * g
-    gate = ClassifierGate(w.astype(np.float32), float(np.float32(b)), float(np.float32(threshold)), n_vocab, {})
-    gate.record = {"kind": "classifier", "hash_bits": bits, "positive": len(positive), "negative": len(negative),
+    gate = ClassifierGate(w.astype(np.float32), float(np.float32(b)), 0.5, n_vocab, {})
+    if len(dev):
+        low = float(np.quantile([gate.logit(t) for t in dev], DEV_QUANTILE)) - DEV_LOGIT_MARGIN
+        gate.threshold = float(np.float32(max(0.5, 1.0 / (1.0 + math.exp(-min(max(low, -700.0), 700.0))))))
+    gate.record = {"kind": "classifier", "hash_bits": bits, "threshold": gate.threshold, "positive": len(positive),
+                   "negative": len(negative),
                    "train_admitted": {"positive": float(np.mean([gate.admits(t) for t in positive])),
                                       "negative": float(np.mean([gate.admits(t) for t in negative]))}}
     return gate

@@ -171,6 +171,7 @@ def describe_arbiter(folder: str | os.PathLike, name: str | None = None, where: 
         "draft_file": meta.get("draft_file"), "draft_fingerprint": meta.get("draft_fingerprint"),
         "target_file": meta.get("target_file"), "target_fingerprint": meta.get("target_fingerprint"),
         "trained_under": trained, "lora_context": meta.get("lora_context"), "gate_threshold": meta.get("gate_threshold"),
+        "gate_hash_bits": meta.get("gate_hash_bits"),
         "files": {f: (folder / f).stat().st_size for f in (*BUNDLE_FILES, REFERENCE_FILE, EVALUATION_FILE)
                   if (folder / f).is_file()},
         "warmup_dev": (info.get("warmup") or {}).get("dev"),
@@ -212,8 +213,14 @@ def details_text(row: dict) -> str:
              else "block length not recorded (arbiters trained before it was recorded: 8)")
     cost = (f"verify cost {float(trained['verify_cost']):.3g} target steps a token" if "verify_cost" in trained
             else "the default cost model")
-    gate = (f"abstains on prompts whose token pairs are less than {100 * float(row['gate_threshold']):.1f}% "
-            f"ones its training prompts had" if row.get("gate_threshold") is not None else "none: decides on every prompt")
+    if row.get("gate_threshold") is None:
+        gate = "none: decides on every prompt"
+    elif row.get("gate_hash_bits") is not None:
+        gate = (f"a classifier of its tasks' words: abstains on prompts it gives less than "
+                f"{float(row['gate_threshold']):.4f} of being one of its tasks")
+    else:
+        gate = (f"abstains on prompts whose token pairs are less than {100 * float(row['gate_threshold']):.1f}% "
+                f"ones its training prompts had")
     lines = [f"{row['name']} ({row['where']}, {row['kind']}): {row['description']}",
              f"  folder      {row['path']}",
              f"  draft       {row['draft_file']} (fingerprint {str(row['draft_fingerprint'])[:16]})",

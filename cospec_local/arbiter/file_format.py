@@ -150,18 +150,7 @@ def read_bundle(folder: str | Path, draft_gguf: str | Path | None = None) -> Arb
     reader = gguf.GGUFReader(folder / ARBITER_FILE, "r")
     head = {t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors if t.name.startswith("head.")}
     bundle = ArbiterBundle(folder, meta, head)
-    gate = next((t for t in reader.tensors if t.name == GATE_TENSOR), None)
-    weights = next((t for t in reader.tensors if t.name == CLASSIFIER_GATE_TENSOR), None)
-    if gate is not None:
-        from .domain_gate import DomainGate
-
-        bundle.gate = DomainGate(np.array(gate.data, dtype=np.int32).reshape(-1, 2), int(meta["gate_n_vocab"]),
-                                 float(meta["gate_threshold"]), {})
-    elif weights is not None:
-        from .domain_gate import ClassifierGate
-
-        bundle.gate = ClassifierGate(np.array(weights.data, dtype=np.float32).reshape(-1), float(meta["gate_bias"]),
-                                     float(meta["gate_threshold"]), int(meta["gate_n_vocab"]), {})
+    bundle.gate = _gate_of(reader, meta, folder)
     if bundle.kind == LORA:
         if draft_gguf is None:
             raise ValueError(f"{folder}: a lora arbiter is read back with the draft it was made for")
@@ -339,6 +328,36 @@ def _rewrite_arbiter_file(folder: str | Path, add_kv: dict, add_tensors: list, d
     del reader  # the source is memory-mapped until the reader goes
     os.replace(tmp, file)
     return file
+
+
+def _gate_of(reader, meta: dict, folder: Path):
+    """The domain gate an arbiter.gguf holds (None: it has none), checked as the engine checks it."""
+    gate = next((t for t in reader.tensors if t.name == GATE_TENSOR), None)
+    weights = next((t for t in reader.tensors if t.name == CLASSIFIER_GATE_TENSOR), None)
+    if gate is None and weights is None:
+        return None
+    needed = ("gate_threshold", "gate_n_vocab") + (("gate_bias", "gate_hash_bits") if weights is not None else ())
+    if gate is not None and weights is not None or any(key not in meta for key in needed):
+        raise ValueError(f"{folder}: its domain gate is incomplete or doubled (the engine refuses it too)")
+    if gate is not None:
+        from .domain_gate import DomainGate
+
+        return DomainGate(np.array(gate.data, dtype=np.int32).reshape(-1, 2), int(meta["gate_n_vocab"]),
+                          float(meta["gate_threshold"]), {})
+    from .domain_gate import ClassifierGate
+
+    w = np.array(weights.data, dtype=np.float32).reshape(-1)
+    if len(w) != 1 << int(meta["gate_hash_bits"]):
+        raise ValueError(f"{folder}: its classifier gate holds {len(w)} weights, not 2^gate_hash_bits")
+    return ClassifierGate(w, float(meta["gate_bias"]), float(meta["gate_threshold"]), int(meta["gate_n_vocab"]), {})
+
+
+def read_gate(folder: str | Path):
+    """Only an arbiter's domain gate (None: it has none), e.g. to carry it to a retrained head."""
+    import gguf
+
+    folder = Path(folder)
+    return _gate_of(gguf.GGUFReader(folder / ARBITER_FILE, "r"), read_meta(folder), folder)
 
 
 def _gate_keys(gate) -> dict:

@@ -13,7 +13,7 @@ import json
 import math
 import os
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -278,7 +278,11 @@ def merged_config(saved: dict, new: dict, out_dir: Path) -> dict:
     differ = [_CONFIG_WORDS.get(key, key) for key in new
               if key not in ("runs", "machines") and saved.get(key) != new[key]]
     old_runs, new_runs = saved.get("runs", {}), new["runs"]
-    old_settings, new_settings = old_runs.get("settings", {}), new_runs["settings"]
+    # A setting added since the folder was written is compared as its default: the folder ran under it.
+    defaults = {f.name: f.default for f in fields(GenerationParams) if f.default is not MISSING}
+    old_settings = {**{key: defaults[key] for key in new_runs["settings"] if key in defaults},
+                    **old_runs.get("settings", {})}
+    new_settings = new_runs["settings"]
     differ += [f"{_flag(key)} ({old_settings.get(key)!r} there, {new_settings.get(key)!r} here)"
                for key in sorted(set(old_settings) | set(new_settings)) if old_settings.get(key) != new_settings.get(key)]
     differ += [f"run {label} (another arbiter or mode)" for label in new_runs

@@ -59,8 +59,7 @@ class GateConfig:
                                                 "left out; listops never enters, so it stays a held-out check).")
     negatives: int = option(600, "Classifier: prompts of each kind in --quiet-on.")
     train: int = option(3000, "Train problems per task whose prompts the gate admits.")
-    dev: int = option(300, "Dev problems per task: the coverage gate's threshold is set on them; the "
-                           "classifier's admission rate is reported on them.")
+    dev: int = option(300, "Dev problems per task: the gate's threshold is set on them.")
     chat: bool = option(False, "Prompts go through the target's chat template.")
     chat_template: str | None = option(None, "The target's chat template instead of its own (Jinja text or a "
                                              "name; with --chat).")
@@ -95,10 +94,11 @@ def main(argv: list[str] | None = None) -> None:
             said = f"{len(gate.bigrams)} bigrams, threshold {gate.threshold:.3f} (dev coverage {json.dumps(gate.dev_coverage)})"
         else:
             quiet = negative_prompts(comma_list(args.quiet_on), tasks, args.negatives)
+            dev_tokens = in_formats(engine, dev, args.chat)
             gate = train_classifier_gate(in_formats(engine, train, args.chat), in_formats(engine, quiet, args.chat),
-                                         engine.n_vocab)
+                                         engine.n_vocab, dev=dev_tokens)
             if dev:
-                gate.record["dev_admitted"] = float(np.mean([gate.admits(t) for t in in_formats(engine, dev, args.chat)]))
+                gate.record["dev_admitted"] = float(np.mean([gate.admits(t) for t in dev_tokens]))
             gate.record["quiet_on"] = comma_list(args.quiet_on)
             said = f"classifier over {gate.record['positive']} task and {gate.record['negative']} other prompts: {json.dumps(gate.record)}"
     add_gate(args.arbiter, gate)

@@ -36,7 +36,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..arbiter.file_format import FEATURES, LORA
+from ..arbiter.file_format import FEATURES, LORA, read_gate
 from ..tasks import load_task
 from ..tasks.base import stable_int
 from ..command_line import comma_list, option, parse_config
@@ -325,7 +325,8 @@ class Distributed:
 
 
 def export_policy(model, kind: str, folder: Path, draft_gguf: Path, threshold: float, info: dict,
-                  onnx: bool, target: dict | None = None) -> Path:
+                  onnx: bool, target: dict | None = None, gate=None) -> Path:
+    """The policy as an arbiter folder, with the domain gate of the arbiter it started from."""
     from cospec_local.arbiter.file_format import write_arbiter
 
     tmp = folder.with_name(folder.name + ".tmp")
@@ -338,7 +339,7 @@ def export_policy(model, kind: str, folder: Path, draft_gguf: Path, threshold: f
                            "CoSpec rollouts"}[kind]
     write_arbiter(tmp, kind=kind, head=model.head, draft_gguf=draft_gguf, threshold=threshold,
                   name=f"{draft_gguf.stem.split('-q')[0]}-{kind}", description=description, info=info, onnx=onnx,
-                  verify_cost=getattr(model, "verify_cost", None), target=target, **extra)
+                  verify_cost=getattr(model, "verify_cost", None), target=target, gate=gate, **extra)
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
     return folder
@@ -432,6 +433,7 @@ class GRPOTrainer:
         for name, p in self.model.named_parameters():
             p.requires_grad_(self.kind == FEATURES or "lora_" in name or name.startswith("head."))
         self.ref = load_arbiter(init, self.draft)
+        self.gate = read_gate(init)
         for p in self.ref.parameters():
             p.requires_grad_(False)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
@@ -551,7 +553,7 @@ class GRPOTrainer:
         self.ddp.barrier()  # rank 0 wrote best/
         best = load_arbiter(self.out / "best", self.draft)
         candidate = export_policy(best, self.kind, self.policies / "best", self.draft, self.cfg.threshold, {},
-                                  onnx=False, target=self.target_record)
+                                  onnx=False, target=self.target_record, gate=self.gate)
         dev = {t: self.dev_accuracy(candidate, t) for t in thresholds}
         chosen = max(thresholds, key=lambda t: (dev[t]["dev_accuracy"], t))
         self.run.sweep = {"thresholds": thresholds, "best_step": self.run.best["step"], "chosen": chosen,
@@ -560,7 +562,7 @@ class GRPOTrainer:
             best_info = json.loads((self.out / "best" / "info.json").read_text())
             export_policy(best, self.kind, self.out / "best", self.draft, chosen,
                           {k: best_info[k] for k in ("grpo", "config", "models")} | {"sweep": self.run.sweep},
-                          onnx=True, target=self.target_record)
+                          onnx=True, target=self.target_record, gate=self.gate)
             self.save_checkpoint()
 
     def write_summary(self) -> None:
@@ -638,7 +640,7 @@ class GRPOTrainer:
         """The policy as the workers load it, in a new folder (a worker reloads only a new path)."""
         shutil.rmtree(self.policies, ignore_errors=True)
         return export_policy(self.model, self.kind, self.policies / f"step-{step:05d}", self.draft, self.cfg.threshold,
-                             self.arbiter_info(step, None), onnx=False, target=self.target_record)
+                             self.arbiter_info(step, None), onnx=False, target=self.target_record, gate=self.gate)
 
     def arbiter_info(self, step: int, dev: dict | None) -> dict:
         return {"grpo": {"step": step, "dev": dev, "target_dev_accuracy": self.run.target_dev},
@@ -661,7 +663,7 @@ class GRPOTrainer:
             self.run.best = {"step": step, "dev_accuracy": dev["dev_accuracy"]}
             if self.rank == 0:
                 export_policy(self.model, self.kind, self.out / "best", self.draft, self.cfg.threshold,
-                              self.arbiter_info(step, dev), onnx=True, target=self.target_record)
+                              self.arbiter_info(step, dev), onnx=True, target=self.target_record, gate=self.gate)
 
     # ------------------------------------------------------------ checkpoint and log
 

@@ -28,6 +28,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from ..arbiter.callbacks import arbiter_from_function
+from ..arbiter.catalog import BUILTIN_NAMES
 from ..child_processes import die_with_parent
 from ..engine import Engine
 from ..params import GenerationParams
@@ -290,7 +291,7 @@ class RolloutWorker:
 
     def greedy(self, problem: Problem, arbiter: str, threshold: float | None = None) -> GreedyOutcome:
         """Decisions by threshold (the arbiter's own, or `threshold`)."""
-        spec = self._policy(arbiter, threshold) if arbiter not in ("target", "fly") else arbiter
+        spec = self._policy(arbiter, threshold) if arbiter not in BUILTIN_NAMES else arbiter
         run = self._generate(problem, arbiter=spec)
         return GreedyOutcome(problem.id, problem.family, bool(score(problem, run.text)), len(run.tokens),
                              kept=run.stats.arbiter_keeps, decisions=len(run.decisions))

@@ -1096,7 +1096,8 @@ PYBIND11_MODULE(_cospec, m) {
                 raise_status((int32_t) c);
             }
             return c;
-        }, py::arg("prompt"), "The domain gate's coverage of a prompt (its bigrams seen in training prompts).")
+        }, py::arg("prompt"), "The domain gate's score of a prompt in [0, 1], compared with its gate_threshold: a coverage gate's share of "
+           "bigrams seen in training prompts, a classifier gate's probability that it is one of the tasks.")
         .def_property_readonly("name", &Arbiter::name)
         .def_property_readonly("kind", [](const Arbiter & a) { return cospec_arbiter_get_kind(a.get()); })
         .def_property_readonly("threshold", [](const Arbiter & a) { return cospec_arbiter_threshold(a.get()); })

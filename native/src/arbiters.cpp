@@ -59,6 +59,8 @@ struct fly_arbiter final : cospec_arbiter {
 
 // AASD's conditional verification: a draft token the target finds likely enough stands, where
 // "enough" falls as the target grows unsure (its entropy H); the target's own choice always passes.
+// Past H = beta / alpha nats (1 at the defaults) the threshold is below zero: every draft token
+// stands there, as the rule is written.
 struct aasd_arbiter final : cospec_arbiter {
     cospec_aasd_params params;
     explicit aasd_arbiter(cospec_aasd_params p) : params(p) {}
@@ -78,8 +80,10 @@ struct aasd_arbiter final : cospec_arbiter {
             for (int32_t v = 0; v < n_vocab; ++v) {
                 const double z = (double) row[v] - top;
                 const double e = std::exp(z);
-                sum += e;
-                weighted += z * e;
+                if (e > 0.0) {  // a token the target excludes (-inf) adds nothing, not -inf * 0
+                    sum += e;
+                    weighted += z * e;
+                }
             }
             const double entropy = std::log(sum) - weighted / sum;
             const double p_draft = std::exp((double) row[d] - top) / sum;  // as p_top: a tied top passes exactly

@@ -261,11 +261,15 @@ int32_t read_gate(ggml_context * ctx, const std::string & who, bundle & b) {
     if (t != nullptr && weights != nullptr) {
         return fail(COSPEC_ERR_ARBITER, who + ": two domain gates ('" + GATE_TENSOR + "' and '" + CLASSIFIER_GATE_TENSOR + "')");
     }
+    const bool classifier_keys = b.meta.count("gate_bias") != 0 || b.meta.count("gate_hash_bits") != 0;
     if (t == nullptr && weights == nullptr) {
-        if (threshold != b.meta.end() || n_vocab != b.meta.end()) {
+        if (threshold != b.meta.end() || n_vocab != b.meta.end() || classifier_keys) {
             return fail(COSPEC_ERR_ARBITER, who + ": gate keys without a gate tensor");
         }
         return COSPEC_OK;
+    }
+    if (t != nullptr && classifier_keys) {
+        return fail(COSPEC_ERR_ARBITER, who + ": a classifier gate's keys beside the tensor '" + GATE_TENSOR + "'");
     }
     const char * tensor_name = t != nullptr ? GATE_TENSOR : CLASSIFIER_GATE_TENSOR;
     if (threshold == b.meta.end() || n_vocab == b.meta.end()) {
