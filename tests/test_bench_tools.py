@@ -395,6 +395,16 @@ def test_paper_table_gives_every_row_of_the_papers_comparison(tmp_path):
 
 
 @pytest.mark.slow
+def test_gate_admission_counts_what_the_engines_gate_admits(tmp_path):
+    out = tmp_path / "gate.json"
+    bench("gate_admission.py", "-m", "demo-target", "-md", "demo-draft", "--arbiter", "demo-features",
+          "--formats", "raw", "--prompts", "arith,listops,chat", "-n", 20, "--out", out)
+    rows = {r["prompts"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["arith"]["admitted"] >= 19 and rows["listops"]["admitted"] == 0 and rows["chat"]["admitted"] == 0
+    assert all(r["n"] == 20 and 0 <= r["min_score"] <= r["median_score"] <= 1 for r in rows.values())
+
+
+@pytest.mark.slow
 def test_rollback_cost_measures_a_recurrent_target_beside_an_attention_one_and_llama_cpp(tmp_path):
     out = tmp_path / "rollback"
     bench("rollback_cost.py", "--targets", "llama,mamba2", "-n", 8, "--runs", 1, "--repeat-prompt", 2, "-t", 2,
