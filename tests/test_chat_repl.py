@@ -153,7 +153,7 @@ def test_a_bad_target_or_arbiter_is_the_first_thing_said(tmp_path):
     out = run_cli("generate", "-m", "smollm2-135m", "-md", "smollm2-135m-first4", "--arbiter", "demo-lora",
                   "-p", "Hello there")
     assert out.returncode == 1 and "made for another draft model" in out.stderr
-    assert "\nfix: --arbiter auto, target, fly (those fit this draft)" in out.stderr
+    assert "\nfix: --arbiter auto, target, fly, aasd (those fit this draft)" in out.stderr
     assert "Hello there" not in out.stdout  # the prompt is not echoed before the error
     out = run_cli("chat", "--help")
     help_text = " ".join(out.stdout.split())  # click wraps the help

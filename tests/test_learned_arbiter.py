@@ -566,7 +566,7 @@ def test_bad_arbiter_files_are_clear_errors(demo_engine, f32_draft, tmp_path):
         with pytest.raises(ArbiterDraftError, match="made for another draft") as error:
             other.arbiter(str(good))
         assert error.value.status_name == "arbiter_draft"  # the native status name, not a text match
-        with pytest.raises(ArbiterError, match=r"made for another draft(.|\n)*\nfix: --arbiter auto, target, fly "
+        with pytest.raises(ArbiterError, match=r"made for another draft(.|\n)*\nfix: --arbiter auto, target, fly, aasd "
                                                r"\(those fit this draft\), or train one for this pair"):
             other.arbiter("demo-lora")
         assert other.generate("Hi", max_tokens=3, ignore_eos=True).tokens
@@ -584,7 +584,7 @@ def test_bad_arbiter_files_are_clear_errors(demo_engine, f32_draft, tmp_path):
     for path, pattern in [(truncated, "truncated|corrupt"), (garbage, "corrupt|truncated"),
                           (no_adapter, "file not found"), (cut_adapter, "truncated|corrupt"),
                           (str(tmp_path / "missing"), r"no arbiter .*missing.*a name that fits this draft \(auto, target, fly, "
-                                                      r"demo-lora, demo-features;"),
+                                                      r"aasd, demo-lora, demo-features;"),
                           (str(tmp_path), "holds arbiters in .*no-adapter/.*: pass one of those folders"),
                           (demo_model("draft"), "not an arbiter")]:
         with pytest.raises(ArbiterError, match=pattern):
