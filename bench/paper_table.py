@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
+from cross_vocab_arbiter import interval  # noqa: E402
+from headroom import run_checked  # noqa: E402
 from results_report import command, report  # noqa: E402
 
 TASKS_DIR = REPO / "bench" / "headroom" / "tasks"
@@ -57,13 +58,6 @@ BARS = {"points": 3.0, "tasks_with_points": 2, "speed_over_target": 1.5, "speed_
         "recovered_share": 0.5, "losses_per_recovery": 1 / 3, "chat_identical": 0.95}
 
 
-def run_checked(cmd: list[str]) -> str:
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
-    return done.stdout
-
-
 def eval_task(pair: dict, task_file: Path, split: str | None, out: Path, limit: int | None, threads: int) -> dict:
     runs = ",".join(label.format(arbiter=pair["arbiter"]) for label in ROWS.values())
     cmd = [sys.executable, "-m", "cospec_local.cli", "eval", "-m", pair["target"], "-md", pair["draft"], "-t",
@@ -82,11 +76,6 @@ def chat_identity(pair: dict, out: Path, prompts: int, threads: int) -> dict:
                      pair["draft"], "--arbiter", pair["arbiter"], "--prompts", str(prompts), "-n", "64", "-t",
                      str(threads), *pair["chat_format"], "--out", str(file)])
     return json.loads(file.read_text())
-
-
-def interval(run: dict) -> str:
-    low, high = run["accuracy_ci95"]
-    return f"{run['accuracy']:.1%} ({low:.0%}-{high:.0%})"
 
 
 def task_table(task: str, s: dict, arbiter: str) -> tuple[list[str], dict]:

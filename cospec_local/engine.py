@@ -594,16 +594,13 @@ class Engine:
             spec = resolve_auto(self.draft_path)
         if spec in (None, "target"):
             return Arbiter.target(), "target"
-        if spec == "fly":
+        if spec in ("fly", "aasd"):  # the training-free rules, from their settings
             try:
-                return Arbiter.fly(params.fly_window, params.fly_entropy, params.fly_top_k), "fly"
+                rule = (Arbiter.fly(params.fly_window, params.fly_entropy, params.fly_top_k) if spec == "fly"
+                        else Arbiter.aasd(params.aasd_alpha, params.aasd_beta))
             except _cospec.CospecError as exc:
                 raise from_native(exc) from None
-        if spec == "aasd":
-            try:
-                return Arbiter.aasd(params.aasd_alpha, params.aasd_beta), "aasd"
-            except _cospec.CospecError as exc:
-                raise from_native(exc) from None
+            return rule, spec
         path = resolve_arbiter_path(spec)
         threshold = -1.0 if params.arbiter_threshold is None else params.arbiter_threshold
         key = (os.path.abspath(path), threshold, params.arbiter_head, params.arbiter_gate)

@@ -58,6 +58,30 @@ def test_demo_gate_admits_its_tasks_and_refuses_others(demo_gate):
     assert admitted["listops"] == 0.0 and admitted["chat"] == 0.0
 
 
+def gate_tensor(folder: Path, name: str) -> np.ndarray | None:
+    """An arbiter.gguf's tensor `name` as stored (None where it has none)."""
+    import gguf
+
+    from cospec_local.arbiter.file_format import ARBITER_FILE
+
+    found = next((t for t in gguf.GGUFReader(folder / ARBITER_FILE, "r").tensors if t.name == name), None)
+    return None if found is None else np.array(found.data)
+
+
+def with_gate_tensor(source: Path, out: Path, name: str, data: np.ndarray) -> Path:
+    """A copy of the arbiter.gguf in `source`, in the folder `out`, whose tensor `name` (added or
+    replacing its own) holds `data`: a crafted gate, for the load checks."""
+    import gguf
+
+    from cospec_local.arbiter.file_format import ARBITER_FILE
+    from cospec_local.formats.gguf_edit import rewrite_gguf
+
+    out.mkdir()
+    rewrite_gguf(gguf.GGUFReader(source / ARBITER_FILE, "r"), out / ARBITER_FILE, keep_tensor=lambda t: t != name,
+                 add_tensors=[(name, np.ascontiguousarray(data), None)])
+    return out
+
+
 # ---------------------------------------------------------------- the engine's gate
 
 @pytest.fixture(scope="module")
@@ -135,20 +159,13 @@ def test_out_of_domain_keep_rate_is_not_above_the_in_domain_one(engine, name):
     (lambda ids: ids[:, :1].copy(), "must be I32 pairs"),
 ])
 def test_a_corrupt_gate_is_refused_at_load(engine, tmp_path, change, message):
-    import gguf
-
-    from cospec_local.arbiter.file_format import ARBITER_FILE, GATE_TENSOR
+    from cospec_local.arbiter.file_format import GATE_TENSOR
     from cospec_local.arbiter.catalog import resolve_arbiter_path
     from cospec_local.errors import ArbiterError
-    from cospec_local.formats.gguf_edit import rewrite_gguf
 
-    source = resolve_arbiter_path("demo-features") / ARBITER_FILE
-    reader = gguf.GGUFReader(source, "r")
-    ids = np.array(next(t for t in reader.tensors if t.name == GATE_TENSOR).data, dtype=np.int32).reshape(-1, 2)
-    folder = tmp_path / "bad-gate"
-    folder.mkdir()
-    rewrite_gguf(reader, folder / ARBITER_FILE, keep_tensor=lambda name: name != GATE_TENSOR,
-                 add_tensors=[(GATE_TENSOR, np.ascontiguousarray(change(ids)), None)])
+    source = resolve_arbiter_path("demo-features")
+    ids = gate_tensor(source, GATE_TENSOR).astype(np.int32).reshape(-1, 2)
+    folder = with_gate_tensor(source, tmp_path / "bad-gate", GATE_TENSOR, change(ids))
     with pytest.raises(ArbiterError, match=message):
         engine.arbiter(str(folder))
 
@@ -223,38 +240,24 @@ def test_engine_classifier_gate_equals_the_reference(engine, classifier_demo_arb
     (lambda w: np.where(np.arange(len(w)) == 3, np.nan, w).astype(np.float32), "not a finite number"),
 ])
 def test_a_corrupt_classifier_gate_is_refused_at_load(engine, classifier_demo_arbiter, tmp_path, change, message):
-    import gguf
-
-    from cospec_local.arbiter.file_format import ARBITER_FILE, CLASSIFIER_GATE_TENSOR
+    from cospec_local.arbiter.file_format import CLASSIFIER_GATE_TENSOR
     from cospec_local.errors import ArbiterError
-    from cospec_local.formats.gguf_edit import rewrite_gguf
 
     folder, _ = classifier_demo_arbiter
-    reader = gguf.GGUFReader(folder / ARBITER_FILE, "r")
-    weights = np.array(next(t for t in reader.tensors if t.name == CLASSIFIER_GATE_TENSOR).data, dtype=np.float32)
-    bad = tmp_path / "bad-classifier"
-    bad.mkdir()
-    rewrite_gguf(reader, bad / ARBITER_FILE, keep_tensor=lambda name: name != CLASSIFIER_GATE_TENSOR,
-                 add_tensors=[(CLASSIFIER_GATE_TENSOR, np.ascontiguousarray(change(weights)), None)])
+    weights = gate_tensor(folder, CLASSIFIER_GATE_TENSOR).astype(np.float32)
+    bad = with_gate_tensor(folder, tmp_path / "bad-classifier", CLASSIFIER_GATE_TENSOR, change(weights))
     with pytest.raises(ArbiterError, match=message):
         engine.arbiter(str(bad))
 
 
 def test_two_gates_in_one_file_are_refused(engine, classifier_demo_arbiter, tmp_path):
-    import gguf
-
     from cospec_local.arbiter.catalog import resolve_arbiter_path
-    from cospec_local.arbiter.file_format import ARBITER_FILE, GATE_TENSOR
+    from cospec_local.arbiter.file_format import GATE_TENSOR
     from cospec_local.errors import ArbiterError
-    from cospec_local.formats.gguf_edit import rewrite_gguf
 
     folder, _ = classifier_demo_arbiter
-    bigrams = next(t for t in gguf.GGUFReader(resolve_arbiter_path("demo-features") / ARBITER_FILE, "r").tensors
-                   if t.name == GATE_TENSOR)
-    bad = tmp_path / "two-gates"
-    bad.mkdir()
-    rewrite_gguf(gguf.GGUFReader(folder / ARBITER_FILE, "r"), bad / ARBITER_FILE,
-                 add_tensors=[(GATE_TENSOR, np.array(bigrams.data, dtype=np.int32).reshape(-1, 2), None)])
+    bigrams = gate_tensor(resolve_arbiter_path("demo-features"), GATE_TENSOR).astype(np.int32).reshape(-1, 2)
+    bad = with_gate_tensor(folder, tmp_path / "two-gates", GATE_TENSOR, bigrams)
     with pytest.raises(ArbiterError, match="two domain gates"):
         engine.arbiter(str(bad))
 

@@ -104,6 +104,10 @@ LEARNING_RATE = 0.5
 L2 = 1e-4
 
 
+def _sigmoid(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0  # exp(700) is near the double's limit
+
+
 def hashed_features(tokens: Sequence[int], bits: int) -> np.ndarray:
     """The distinct buckets of a prompt's token unigrams and bigrams, sorted: a unigram t hashes
     (t + 1) * A, a bigram (s, t) (s + 1) * A + (t + 1) * B, modulo 2^64, keeping the top `bits`
@@ -147,8 +151,7 @@ class ClassifierGate:
         """P(the prompt is one of the arbiter's tasks)."""
         if len(tokens) == 0:
             return 1.0
-        z = self.logit(tokens)
-        return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
+        return _sigmoid(self.logit(tokens))
 
     def admits(self, tokens: Sequence[int]) -> bool:
         return self.score(tokens) >= self.threshold
@@ -172,14 +175,14 @@ def train_classifier_gate(positive: Sequence[Sequence[int]], negative: Sequence[
         for i in np.random.default_rng(seed + epoch).permutation(len(y)):
             x = rows[i]
             z = b + w[x].sum()
-            g = (1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0) - y[i]
+            g = _sigmoid(z) - y[i]
             g *= sample_weight[i]
             w[x] -= LEARNING_RATE * (g + L2 * w[x])
             b -= 0.1 * LEARNING_RATE * g
     gate = ClassifierGate(w.astype(np.float32), float(np.float32(b)), 0.5, n_vocab, {})
     if len(dev):
         low = float(np.quantile([gate.logit(t) for t in dev], DEV_QUANTILE)) - DEV_LOGIT_MARGIN
-        gate.threshold = float(np.float32(max(0.5, 1.0 / (1.0 + math.exp(-min(max(low, -700.0), 700.0))))))
+        gate.threshold = float(np.float32(max(0.5, _sigmoid(low))))
     gate.record = {"kind": "classifier", "hash_bits": bits, "threshold": gate.threshold, "positive": len(positive),
                    "negative": len(negative),
                    "train_admitted": {"positive": float(np.mean([gate.admits(t) for t in positive])),

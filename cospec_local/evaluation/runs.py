@@ -19,16 +19,14 @@ from dataclasses import dataclass
 
 from ..arbiter.catalog import AUTO, bundled_arbiter_for, resolve_auto
 
+# label: (mode, arbiter, draft sources (--spec-type; None: the eval's own))
 ALIASES = {
-    "target-only": ("target-only", None),
-    "draft-only": ("draft-only", None),
-    "sps": ("speculative", "target"),
-    "fly": ("speculative", "fly"),
-    "aasd": ("speculative", "aasd"),
-}
-# Runs that also fix where draft tokens come from (--spec-type); the others take the eval's own.
-SOURCE_ALIASES = {
+    "target-only": ("target-only", None, None),
+    "draft-only": ("draft-only", None, None),
+    "sps": ("speculative", "target", None),
     "ngram": ("speculative", "target", "ngram"),
+    "fly": ("speculative", "fly", None),
+    "aasd": ("speculative", "aasd", None),
 }
 
 
@@ -60,8 +58,6 @@ def parse_runs(text: str, draft_path: str | os.PathLike | None = None) -> list[R
             continue
         if label in ALIASES:
             runs.append(Run(label, *ALIASES[label]))
-        elif label in SOURCE_ALIASES:
-            runs.append(Run(label, *SOURCE_ALIASES[label]))
         elif label == "cospec":
             runs.append(Run(label, "speculative", default_learned_arbiter(draft_path)))
         elif label.startswith(("cospec:", "speculative:")):
