@@ -211,10 +211,10 @@ def test_train_interrupted_then_resumed_installs_a_working_arbiter(trained):
     # Its domain gate is the classifier: it admits the task in other words and refuses chat and listops.
     from cospec_local import Engine
     from cospec_local.arbiter.domain_gate import ClassifierGate
-    from cospec_local.arbiter.file_format import read_bundle
+    from cospec_local.arbiter.file_format import read_gate
     from cospec_local.tasks import load_task
 
-    gate = read_bundle(folder).gate
+    gate = read_gate(folder)
     assert isinstance(gate, ClassifierGate)
     with Engine("demo-target", None, n_ctx=512, n_threads=1, calibration=None) as engine:
         def admitted(prompts):
