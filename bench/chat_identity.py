@@ -1,7 +1,10 @@
 """Does a learned arbiter stay quiet on general chat? Greedy replies to held-out chat prompts,
 target-only against speculative decoding with the arbiter, through the target's chat template:
 the share of replies that are token for token the same, and where they differ, how many draft
-tokens the arbiter kept and whether its domain gate had admitted the prompt.
+tokens the arbiter kept and whether its domain gate had admitted the prompt. Plain speculative
+decoding (the target as arbiter) runs beside them: where the arbiter keeps nothing, the replies
+that differ from target-only differ because the target's batched verification rounds otherwise
+than its one-token steps (docs/lossless-output.md), and SpS's share says how many that is.
 
     python bench/chat_identity.py -m smollm2-135m -md smollm2-135m-arith-draft --arbiter smollm2-arith \\
         --prompts 100 -n 128 -t 2 --out OUT.json
@@ -43,11 +46,17 @@ def compare(engine: Engine, prompts: list[str], arbiter: str, max_tokens: int) -
         engine.reset()
         cospec = engine.generate(tokens, params, mode="speculative", arbiter=arbiter,
                                  draft_prompt=engine.render_draft_chat(messages))
+        engine.reset()
+        sps = engine.generate(tokens, params, mode="speculative", arbiter="target",
+                              draft_prompt=engine.render_draft_chat(messages))
         rows.append({"prompt": prompt, "identical": list(target.tokens) == list(cospec.tokens),
+                     "sps_identical": list(target.tokens) == list(sps.tokens),
+                     "same_as_sps": list(sps.tokens) == list(cospec.tokens),
                      "kept": cospec.stats.arbiter_keeps,
                      "abstained": cospec.stats.arbiter_abstained, "target_tokens": len(target.tokens)})
     same = sum(r["identical"] for r in rows)
     return {"prompts": len(rows), "identical": same, "identical_share": same / len(rows) if rows else 0.0,
+            "sps_identical": sum(r["sps_identical"] for r in rows), "same_as_sps": sum(r["same_as_sps"] for r in rows),
             "abstained": sum(r["abstained"] for r in rows), "kept_tokens": sum(r["kept"] for r in rows),
             "differing": [r for r in rows if not r["identical"]], "rows": rows}
 
@@ -74,7 +83,8 @@ def main(argv=None) -> None:
         args.out.write_text(json.dumps(result, indent=1, ensure_ascii=False))
     print(f"{result['identical']}/{result['prompts']} replies identical to target-only "
           f"({100 * result['identical_share']:.1f}%); gate abstained on {result['abstained']}; "
-          f"{result['kept_tokens']} draft tokens kept in all")
+          f"{result['kept_tokens']} draft tokens kept in all; SpS: {result['sps_identical']}/{result['prompts']} identical "
+          f"to target-only, {result['same_as_sps']} the same as the arbiter's")
     for r in result["differing"]:
         print(f"  differs: {r['prompt'][:70]!r} (kept {r['kept']}, abstained {r['abstained']})")
 

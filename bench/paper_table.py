@@ -78,6 +78,14 @@ def chat_identity(pair: dict, out: Path, prompts: int, threads: int) -> dict:
     return json.loads(file.read_text())
 
 
+def sps_chat(chat: dict) -> str:
+    """What plain speculative decoding does on the same prompts (files written before it was measured lack it)."""
+    if chat.get("sps_identical") is None:
+        return ""
+    return (f" SpS (the target as arbiter): {chat['sps_identical']}/{chat['prompts']} identical to target-only; "
+            f"the arbiter's replies equal SpS's on {chat['same_as_sps']}.")
+
+
 def task_table(task: str, s: dict, arbiter: str) -> tuple[list[str], dict]:
     runs = {name: s["runs"][label.format(arbiter=arbiter)] for name, label in ROWS.items()}
     wins = s["non_nested"]  # problems only the draft solves: what an arbiter can recover
@@ -173,13 +181,14 @@ def main(argv=None) -> int:
         chat = chat_identity(pair, a.out / name, a.chat_prompts, a.threads)
         lines += [f"General chat: {chat['identical']}/{chat['prompts']} greedy replies (64 tokens) identical to "
                   f"target-only ({chat['identical_share']:.0%}); the domain gate abstained on {chat['abstained']}, "
-                  f"{chat['kept_tokens']} draft tokens kept in all.", "", "Verdict:", *verdicts, ""]
+                  f"{chat['kept_tokens']} draft tokens kept in all.{sps_chat(chat)}", "", "Verdict:", *verdicts, ""]
         if name == "gemma3-as-2b":
             lines += ["Bars:", "", *bars(fields, chat["identical_share"]), ""]
         summary[name] = {"pair": {k: pair[k] for k in ("target", "draft", "arbiter", "max_tokens")},
-                         "tasks": fields, "chat_identity": {k: chat[k] for k in ("prompts", "identical",
-                                                                                "identical_share", "abstained",
-                                                                                "kept_tokens")}}
+                         "tasks": fields, "chat_identity": {k: chat.get(k) for k in ("prompts", "identical",
+                                                                                    "identical_share", "abstained",
+                                                                                    "kept_tokens", "sps_identical",
+                                                                                    "same_as_sps")}}
     report(lines, cmd, a.out, max(loads) if loads else 0.0, summary=summary, bars=BARS, at=time.strftime("%Y-%m-%d"))
     return 0
 

@@ -304,6 +304,8 @@ def test_chat_identity_compares_a_cross_vocabulary_arbiter_with_target_only(tmp_
     assert result["prompts"] == len(result["rows"]) == 3
     assert result["identical"] == sum(r["identical"] for r in result["rows"])
     assert all(r["identical"] for r in result["rows"] if r["abstained"] and r["kept"] == 0)
+    assert result["sps_identical"] == sum(r["sps_identical"] for r in result["rows"])
+    assert result["same_as_sps"] == sum(r["same_as_sps"] for r in result["rows"])
     assert result["command"]["chat_template_file"] == str(qa)
 
 

@@ -99,6 +99,56 @@ def test_a_hybrid_rollback_decodes_only_the_accepted_tokens(zoo):
     assert s.target_decoded <= 2 * (s.draft_n + s.blocks) + s.plain < n_prompt
 
 
+def test_head_drafters_carry_llama_cpps_mtp_layer_and_eagle3_head():
+    """qwen35-mtp is qwen35 plus one multi-token-prediction layer under the names llama.cpp's MTP
+    drafter loads; as a plain target the layer is skipped and it is qwen35, logit for logit.
+    llama-eagle3 is an EAGLE-3 head for llama: three of llama's layers in, llama's vocabulary."""
+    import gguf
+    import numpy as np
+
+    names = ["qwen35", "llama", *tiny_models.HEAD_DRAFTERS]
+    models = tiny_models.build(names, tiny_models.cache_dir(REPO))  # the zoo fixture reuses qwen35 and llama
+    readers = {n: gguf.GGUFReader(models[n]) for n in names}
+
+    def key(name, k):
+        return readers[name].fields[k].contents()
+
+    def tensors(name):
+        return {t.name: t for t in readers[name].tensors}
+
+    n, h = tiny_models.LAYERS, tiny_models.HIDDEN
+    mtp, trunk = tensors("qwen35-mtp"), tensors("qwen35")
+    assert key("qwen35-mtp", "general.architecture") == "qwen35"
+    assert key("qwen35-mtp", "qwen35.nextn_predict_layers") == 1
+    assert key("qwen35-mtp", "qwen35.block_count") == n + 1
+    assert key("qwen35-mtp", "qwen35.attention.recurrent_layers")[n] is False  # the MTP layer attends
+    assert list(mtp[f"blk.{n}.nextn.eh_proj.weight"].shape) == [2 * h, h]
+    assert {f"blk.{n}.nextn.{t}.weight" for t in ("enorm", "hnorm", "shared_head_norm")} | \
+        {f"blk.{n}.{t}.weight" for t in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_up")} <= set(mtp)
+    assert set(mtp) - set(trunk) == {t for t in mtp if t.startswith(f"blk.{n}.")}
+    assert all(np.array_equal(mtp[t].data, trunk[t].data) for t in trunk)
+
+    head, target = tensors("llama-eagle3"), tensors("llama")
+    assert key("llama-eagle3", "general.architecture") == "eagle3"
+    assert key("llama-eagle3", "eagle3.block_count") == 1
+    assert key("llama-eagle3", "eagle3.target_layers") == tiny_models.EAGLE3_TARGET_LAYERS
+    assert len(set(tiny_models.EAGLE3_TARGET_LAYERS)) == 3 and max(tiny_models.EAGLE3_TARGET_LAYERS) < n
+    assert key("llama-eagle3", "eagle3.target_hidden_size") == key("llama", "llama.embedding_length")
+    assert list(head["fc.weight"].shape) == [3 * h, h]
+    assert list(head["blk.0.attn_q.weight"].shape) == [2 * h, h]  # [token embedding, fused state]
+    assert "blk.0.attn_norm_2.weight" in head and "d2t" not in head
+    assert list(head["output.weight"].shape) == list(target["output.weight"].shape)
+    assert key("llama-eagle3", "tokenizer.ggml.tokens") == key("llama", "tokenizer.ggml.tokens")
+
+    with Engine(models["qwen35-mtp"], None, n_ctx=512, n_threads=1, calibration=None) as with_mtp, \
+            Engine(models["qwen35"], None, n_ctx=512, n_threads=1, calibration=None) as plain:
+        prompt = with_mtp.tokenize(PROMPT)
+        assert np.array_equal(with_mtp.score(prompt), plain.score(prompt))
+        result = generate(with_mtp, mode="target-only")
+        assert result.stats.predicted_n == N_PREDICT and len(set(result.tokens)) > 5
+        assert result.tokens == generate(plain, mode="target-only").tokens
+
+
 def first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
 

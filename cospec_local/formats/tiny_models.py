@@ -7,6 +7,10 @@ vocabulary step), so any two of them, and SmolLM2 itself, make a draft/target pa
 random: outputs are noise, but each architecture's real graph, memory kind (attention, sliding
 window, recurrent, hybrid) and rollback path run. The zoo test and the rollback benchmark use them.
 
+Two more names are llama.cpp's own speculative heads, tiny and random the same way: `qwen35-mtp`
+(the zoo's qwen35 with one multi-token-prediction layer, for llama.cpp's MTP drafter) and
+`llama-eagle3` (an EAGLE-3 head for the zoo's llama, which llama.cpp loads as its own `eagle3` model).
+
     python -m cospec_local.formats.tiny_models --out DIR [NAME ...]     # default: every name
 
 Runs torch: keep it out of a process that decodes with llama.cpp (call `build` from elsewhere;
@@ -144,6 +148,17 @@ ARCHITECTURES = {
 }
 
 
+# name: (the zoo model it drafts for, what it is)
+HEAD_DRAFTERS = {
+    "qwen35-mtp": ("qwen35", "qwen35 (the same trunk, byte for byte) with one multi-token-prediction layer"),
+    "llama-eagle3": ("llama", "an EAGLE-3 head for llama: one decoder layer fed by three of llama's layers"),
+}
+# The target layers whose inputs an EAGLE-3 head reads: llama.cpp takes exactly three, each below the
+# target's layer count (the count itself would mean its last hidden state). Low, middle and high, as
+# trained heads pick them; the converter's default for 4 layers, [2, 2, 1], repeats one.
+EAGLE3_TARGET_LAYERS = [1, 2, 3]
+
+
 def vocabulary_source() -> Path:
     """The GGUF whose tokenizer every zoo model gets: SmolLM2's."""
     from cospec_local.model_paths import find_smollm2_gguf
@@ -199,6 +214,72 @@ def _copy_vocabulary(writer, source: Path) -> None:
             writer.add_key_value(field.name, field.contents(), vtype)
 
 
+def _random(shape: tuple[int, ...], generator):
+    import torch
+
+    return torch.randn(shape, generator=generator) * INIT_STD
+
+
+def _add_mtp_layer(hf_dir: Path, seed: int) -> None:
+    """Add one multi-token-prediction layer to a saved Qwen3.5 checkpoint, under the names Qwen's
+    releases use (transformers has no MTP module and drops mtp.* on load). The converter maps them
+    to blk.{n_layer}: a full-attention decoder layer plus nextn.eh_proj, enorm, hnorm and
+    shared_head.norm."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = hf_dir / "model.safetensors"
+    tensors = load_file(path)
+    last = f"model.layers.{LAYERS - 1}."  # a full-attention layer: the MTP layer has its shapes
+    shapes = {"mtp.layers.0." + k.removeprefix(last): tuple(t.shape) for k, t in tensors.items() if k.startswith(last)}
+    shapes |= {"mtp.fc.weight": (HIDDEN, 2 * HIDDEN),  # [token embedding, target hidden state] -> hidden
+               "mtp.pre_fc_norm_embedding.weight": (HIDDEN,), "mtp.pre_fc_norm_hidden.weight": (HIDDEN,),
+               "mtp.norm.weight": (HIDDEN,)}
+    generator = torch.Generator().manual_seed(seed)
+    for key in sorted(shapes):
+        # Qwen3.5's norms scale by 1 + weight (the converter adds the 1): zero, as transformers initialises them.
+        tensors[key] = torch.zeros(shapes[key]) if len(shapes[key]) == 1 else _random(shapes[key], generator)
+    save_file(tensors, path, metadata={"format": "pt"})
+    config = json.loads((hf_dir / "config.json").read_text())
+    config["mtp_num_hidden_layers"] = 1  # what the converter reads to count the layers as nextn
+    (hf_dir / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def _write_eagle3_head(hf_dir: Path, n_vocab: int, seed: int) -> None:
+    """An EAGLE-3 head checkpoint in the layout of the published ones (transformers has no EAGLE-3
+    model): fc fuses three target hidden states, and one Llama decoder layer ("midlayer") attends
+    over [token embedding, fused state], so its q/k/v read twice the hidden width. The draft
+    vocabulary is the whole target's, so there is no d2t mapping."""
+    import torch
+    import transformers as tf
+    from safetensors.torch import save_file
+
+    hf_dir.mkdir(parents=True, exist_ok=True)
+    config = tf.LlamaConfig(**{**_common(n_vocab), "num_hidden_layers": 1}).to_dict()
+    config.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=n_vocab,
+                  eagle_aux_hidden_state_layer_ids=EAGLE3_TARGET_LAYERS)
+    (hf_dir / "config.json").write_text(json.dumps(config, indent=2))
+    q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    shapes = {
+        "fc.weight": (HIDDEN, len(EAGLE3_TARGET_LAYERS) * HIDDEN),
+        "midlayer.input_layernorm.weight": (HIDDEN,),
+        "midlayer.hidden_norm.weight": (HIDDEN,),
+        "midlayer.self_attn.q_proj.weight": (q, 2 * HIDDEN),
+        "midlayer.self_attn.k_proj.weight": (kv, 2 * HIDDEN),
+        "midlayer.self_attn.v_proj.weight": (kv, 2 * HIDDEN),
+        "midlayer.self_attn.o_proj.weight": (HIDDEN, q),
+        "midlayer.post_attention_layernorm.weight": (HIDDEN,),
+        "midlayer.mlp.gate_proj.weight": (FFN, HIDDEN),
+        "midlayer.mlp.up_proj.weight": (FFN, HIDDEN),
+        "midlayer.mlp.down_proj.weight": (HIDDEN, FFN),
+        "norm.weight": (HIDDEN,),
+        "lm_head.weight": (n_vocab, HIDDEN),  # its own, as trained heads have (else llama.cpp uses the target's)
+    }
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {k: torch.ones(s) if len(s) == 1 else _random(s, generator) for k, s in shapes.items()}
+    save_file(tensors, hf_dir / "model.safetensors", metadata={"format": "pt"})
+
+
 def _convert(name: str, out: Path, vocab_source: Path, n_vocab: int) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
@@ -206,11 +287,21 @@ def _convert(name: str, out: Path, vocab_source: Path, n_vocab: int) -> Path:
     import conversion  # llama.cpp's converter package (sys.path set by main)
     import gguf
 
-    torch.manual_seed(sum(map(ord, name)))
-    config = _config(name, n_vocab)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     hf_dir = out / f".{name}-hf"
-    model.save_pretrained(hf_dir)
+    target_dir = None
+    if name == "llama-eagle3":
+        # The converter reads the target's sizes and layer count from its config.json; no weights needed.
+        target_dir = out / f".{name}-target"
+        _config(HEAD_DRAFTERS[name][0], n_vocab).save_pretrained(target_dir)
+        _write_eagle3_head(hf_dir, n_vocab, sum(map(ord, name)))
+    else:
+        base = HEAD_DRAFTERS[name][0] if name in HEAD_DRAFTERS else name
+        torch.manual_seed(sum(map(ord, base)))  # qwen35-mtp's trunk is qwen35's
+        config = _config(base, n_vocab)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.save_pretrained(hf_dir)
+        if name == "qwen35-mtp":
+            _add_mtp_layer(hf_dir, sum(map(ord, name)))
     if name == "gemma3":
         # Gemma's converter cuts the embedding to the tokenizer's size, which it counts in tokenizer.json.
         (hf_dir / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {f"t{i}": i for i in range(n_vocab)}},
@@ -218,16 +309,21 @@ def _convert(name: str, out: Path, vocab_source: Path, n_vocab: int) -> Path:
     hparams = _older_layer_names(name, conversion.ModelBase.load_hparams(hf_dir, False))
     model_class = conversion.get_model_class(conversion.get_model_architecture(hparams, conversion.ModelType.TEXT))
     if getattr(model_class, "supports_mtp_export", False):
-        model_class.no_mtp = True  # the tiny model has no multi-token-prediction layers
+        # A class setting, kept between models: only qwen35-mtp has multi-token-prediction layers.
+        model_class.no_mtp = name != "qwen35-mtp"
     target = out / f"{name}.gguf"
     partial = out / f".{name}.gguf.partial"
-    instance = model_class(hf_dir, gguf.LlamaFileType.MOSTLY_F16, partial, hparams=hparams, model_name="tiny random model")  # a name with "phi3" in it changes how llama.cpp reads the vocabulary
+    # A model name with "phi3" in it changes how llama.cpp reads the vocabulary.
+    instance = model_class(hf_dir, gguf.LlamaFileType.MOSTLY_F16, partial, hparams=hparams, model_name="tiny random model",
+                           target_model_dir=target_dir)
     # SmolLM2's vocabulary in place of the converter's tokenizer step: no tokenizer files needed,
     # and every zoo model pairs with every other.
     instance.set_vocab = lambda: _copy_vocabulary(instance.gguf_writer, vocab_source)
     instance.write()
     partial.replace(target)
     shutil.rmtree(hf_dir)
+    if target_dir is not None:
+        shutil.rmtree(target_dir)
     return target
 
 
@@ -235,15 +331,17 @@ def _convert(name: str, out: Path, vocab_source: Path, n_vocab: int) -> Path:
 class TinyModelsConfig:
     out: Path = option(REQUIRED, "folder of the models")
     vocab: Path | None = option(None, "the GGUF whose tokenizer the models get (default: SmolLM2's)")
-    names: list[str] = option([], f"architectures (default: all of {', '.join(ARCHITECTURES)})", positional=True)
+    names: list[str] = option([], f"models (default: all of {', '.join([*ARCHITECTURES, *HEAD_DRAFTERS])})",
+                              positional=True)
 
 
 def main(argv=None) -> None:
     a = parse_config(TinyModelsConfig, argv, __doc__.split("\n\n")[0])
-    names = a.names or list(ARCHITECTURES)
-    unknown = [n for n in names if n not in ARCHITECTURES]
+    known = [*ARCHITECTURES, *HEAD_DRAFTERS]
+    names = a.names or known
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise SystemExit(f"unknown: {', '.join(unknown)}; known: {', '.join(ARCHITECTURES)}")
+        raise SystemExit(f"unknown: {', '.join(unknown)}; known: {', '.join(known)}")
     src = llama_cpp_source()
     sys.path.insert(0, str(src / "gguf-py"))  # the converter's own gguf-py, before any installed one
     sys.path.insert(0, str(src))
