@@ -51,9 +51,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     stored = calibration_store.read(a.calibration)
     numbers = stored.numbers
-    if numbers["draft_step"] <= 0:
-        sys.exit(f"{a.calibration}: no draft model was calibrated")
     pair = stored.pair
+    if not pair.get("draft"):
+        sys.exit(f"{a.calibration}: no draft model was calibrated")
     print(f"{pair['target']['file']} <- {pair['draft']['file']} on {stored.machine.get('cpu', '?')}, "
           f"{stored.machine.get('n_threads')} threads (calibration {stored.id}, {stored.measured_at})")
     print(f"a target step {numbers['target_step_ms']:.1f} ms; verifying 2 / 4 / 8 tokens "

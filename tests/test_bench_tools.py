@@ -419,3 +419,31 @@ def test_rollback_cost_measures_a_recurrent_target_beside_an_attention_one_and_l
         assert row["sps_over_target_only"] > 0 and row["sps_over_llama"] > 0
     assert rows["llama"]["over_attention"] == pytest.approx(1.0)  # the only attention target is the median
     assert rows["mamba2"]["restored"] > 0  # a recurrent memory is restored from saved states, not cut
+
+
+def test_speed_ceiling_finds_the_best_block_against_the_calibrated_costs(tmp_path):
+    """bench/speed_ceiling.py on two calibrations whose answers are known in closed form."""
+    from cospec_local import calibration as calibration_store
+
+    def stored(name: str, verify: list[float], draft: float) -> Path:
+        numbers = {"version": calibration_store._cospec.CALIBRATION_VERSION, "target_step_ms": 10.0,
+                   "verify": verify, "draft_first": draft, "draft_step": draft, "catch_up": 0.0,
+                   "draft_acceptance": -1.0, "ngram_acceptance": [-1.0] * calibration_store._cospec.N_NGRAM_BUCKETS}
+        pair = {"target": {"file": "t.gguf"}, "draft": {"file": "d.gguf"}}
+        path = tmp_path / f"{name}.json"
+        calibration_store.write(calibration_store.Calibration(numbers, pair, {"cpu": "test", "n_threads": 2}), path)
+        return path
+
+    n = calibration_store._cospec.N_DRAFT_MAX + 1
+    # Each verified token a full step, each draft token a tenth: no acceptance below 1 pays.
+    linear = stored("linear", [float(i + 1) for i in range(n)], 0.1)
+    out = bench("speed_ceiling.py", linear, "--acceptance", "0.5,0.99", "--goal", 1.0)
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert result["acceptance_for_goal"] is None and "out of reach" in out.stdout
+    assert all(row["speed"] < 1.0 and row["best_k"] == 1 for row in result["rows"])
+    assert result["rows"][0]["speed"] == pytest.approx(1.5 / (0.1 + 2.0))
+    # Free drafts and free verification: the longest block wins, and 1.5x needs 1 + a + a^2 + ... >= 1.5.
+    free = stored("free", [1.0] * n, 0.0)
+    result = json.loads(bench("speed_ceiling.py", free, "--acceptance", "0.5", "--goal", 1.5).stdout.splitlines()[-1])
+    assert result["rows"][0]["best_k"] == n - 1 and result["rows"][0]["speed"] == pytest.approx(2.0, abs=1e-6)
+    assert result["acceptance_for_goal"] == pytest.approx(0.335)
