@@ -34,7 +34,7 @@ from .errors import (ArbiterDraftError, ArbiterError, ArbiterSettingsWarning, Co
                      GenerationError, InvalidArgumentError, from_native)
 from .evaluation.machine import machine_identity
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
-from .params import DEFAULTS, UNTIL_CONTEXT_ENDS, GenerationParams, spec_type_uses_model
+from .params import DEFAULTS, HEAD_SPEC_TYPES, UNTIL_CONTEXT_ENDS, GenerationParams, spec_type_uses_model
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ PROVENANCE = {
     _cospec.PROV_TARGET: "target",
     _cospec.PROV_DRAFT: "draft",
     _cospec.PROV_NGRAM: "ngram",
+    _cospec.PROV_HEAD: "head",
 }
 STOP_REASONS = {
     _cospec.STOP_EOG: "eog",
@@ -106,6 +107,9 @@ NATIVE_STATS_NAMES = {
     "n_blocks_ngram": "blocks_ngram",
     "n_drafted_ngram": "draft_n_ngram",
     "n_accepted_ngram": "draft_n_matched_ngram",
+    "n_blocks_head": "blocks_head",
+    "n_drafted_head": "draft_n_head",
+    "n_accepted_head": "draft_n_matched_head",
 }
 
 
@@ -138,6 +142,9 @@ class Stats:
     blocks_ngram: int = 0        # of blocks: drafted by the n-gram drafter
     draft_n_ngram: int = 0       # of draft_n: proposed by the n-gram drafter
     draft_n_matched_ngram: int = 0  # of draft_n_matched: n-gram tokens the target agreed with
+    blocks_head: int = 0         # of blocks: drafted by the head drafter (EAGLE-3, MTP)
+    draft_n_head: int = 0        # of draft_n: proposed by the head drafter
+    draft_n_matched_head: int = 0  # of draft_n_matched: head tokens the target agreed with
 
     # The derived values to_json() gives, each after the field named here.
     _JSON_DERIVED: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -460,6 +467,14 @@ class Engine:
             return self._native.has_draft
 
     @property
+    def head(self) -> str | None:
+        """The head drafter llama.cpp runs for this target: "eagle3" (an EAGLE-3 head opened as
+        the draft, which is then no draft model), "mtp" (the target's multi-token-prediction
+        layers) or None."""
+        with _native_errors():
+            return self._native.head
+
+    @property
     def vocab_difference(self) -> str | None:
         """None where the draft shares the target's vocabulary (or there is none); else how the two
         differ: the draft's proposals then reach the target as text, re-encoded into its tokens."""
@@ -515,6 +530,14 @@ class Engine:
                                          "tokens, whose log-probabilities are not reported; use speculative or "
                                          "target-only mode")
             error.field = "logprobs"
+            raise error
+        wanted = {HEAD_SPEC_TYPES[n.strip()] for n in str(params.spec_type).split(",") if n.strip() in HEAD_SPEC_TYPES}
+        if params.mode == "speculative" and wanted and wanted != {self.head}:
+            error = InvalidArgumentError(
+                f"spec_type: {params.spec_type!r} asks for the {'/'.join(sorted(wanted))} head drafter, but this engine "
+                f"has {'the ' + self.head + ' one' if self.head else 'none'} (an EAGLE-3 head is opened as the draft, "
+                f"-md HEAD.gguf; MTP comes with a target that carries its layers)")
+            error.field = "spec_type"
             raise error
         if params.grammar:
             try:

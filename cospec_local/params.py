@@ -28,10 +28,13 @@ _NATIVE_MODE = {"speculative": _cospec.MODE_SPECULATIVE, "target-only": _cospec.
 # --spec-type: where draft tokens come from (cospec.h's enum cospec_draft_source), spelled as
 # llama.cpp spells it where the meaning is the same (its draft-simple is the draft model).
 SPEC_TYPES = {"ngram": _cospec.DRAFT_NGRAM, "draft": _cospec.DRAFT_MODEL, "draft-simple": _cospec.DRAFT_MODEL,
+              "head": _cospec.DRAFT_HEAD, "draft-eagle3": _cospec.DRAFT_HEAD, "draft-mtp": _cospec.DRAFT_HEAD,
               "auto": _cospec.DRAFT_AUTO, "none": _cospec.DRAFT_NONE}
+# The head drafter each of llama.cpp's head spellings asks for (Engine.head must be it).
+HEAD_SPEC_TYPES = {"draft-eagle3": "eagle3", "draft-mtp": "mtp"}
 # llama.cpp's other kinds, which this engine does not have: each names what to use instead.
-_FOREIGN_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-eagle3",
-                       "draft-mtp", "draft-dflash", "draft-dspark")
+_FOREIGN_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-dflash",
+                       "draft-dspark")
 
 
 def parse_spec_type(text: str) -> list[int]:
@@ -45,9 +48,10 @@ def parse_spec_type(text: str) -> list[int]:
                              "n-gram drafter (longest earlier match of the text's end, over the prompt, the reply "
                              "and earlier requests), draft the draft model")
         if name not in SPEC_TYPES:
-            raise ValueError(f"unknown {name!r}: use ngram, draft, a comma list of them (ngram,draft), auto or none")
+            raise ValueError(f"unknown {name!r}: use ngram, draft, head (draft-eagle3, draft-mtp), a comma list of "
+                             "two of them (ngram,draft), auto or none")
         if SPEC_TYPES[name] in sources or ((name in ("auto", "none")) and len(names) > 1):
-            raise ValueError(f"{text!r}: each of ngram and draft at most once; auto and none stand alone")
+            raise ValueError(f"{text!r}: each of ngram, draft and head at most once; auto and none stand alone")
         sources.append(SPEC_TYPES[name])
     return sources
 
@@ -74,9 +78,12 @@ class GenerationParams:
                       ("--arbiter",))
     spec_type: str = _f("auto", "Where draft tokens come from, in order of precedence: ngram (the n-gram drafter: what "
                                 "followed the longest earlier match of the text's end, in the prompt, the reply or "
-                                "earlier requests), draft (the draft model), ngram,draft (the n-gram proposal where "
-                                "there is one, else the draft model's), none. auto: ngram,draft, the draft model "
-                                "alone with an arbiter that keeps mismatches (it decides the draft model's).",
+                                "earlier requests), draft (the draft model), head (llama.cpp's head drafter: an EAGLE-3 "
+                                "head given as the draft, or the target's MTP layers; also spelled draft-eagle3, "
+                                "draft-mtp), ngram,draft (the n-gram proposal where there is one, else the draft "
+                                "model's), none. auto: ngram, then the head where the engine has one, then the draft "
+                                "model; the draft model alone with an arbiter that keeps mismatches (it decides the "
+                                "draft model's).",
                         ("--spec-type",))
     max_tokens: int = _f(_NATIVE.n_predict, "Most tokens to generate (-1: until the end of text or of the context).",
                          ("-n", "--n-predict"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..engine import Generation
 
 # ANSI colours for --color: which tokens came from the draft.
-COLORS = {"match": "\x1b[32m", "kept": "\x1b[35;1m", "ngram": "\x1b[36m"}
+COLORS = {"match": "\x1b[32m", "kept": "\x1b[35;1m", "ngram": "\x1b[36m", "head": "\x1b[34m"}
 RESET = "\x1b[0m"
 
 
@@ -25,6 +25,8 @@ def stats_line(result: Generation) -> str:
                  f" arbiter keeps {s.arbiter_keeps}, {s.mean_accepted_per_block:.2f} per block")
         if s.blocks_ngram:
             line += f"; n-gram drafted {s.draft_n_ngram}, accepted {s.draft_n_matched_ngram}"
+        if s.blocks_head:
+            line += f"; head drafted {s.draft_n_head}, accepted {s.draft_n_matched_head}"
     return line + f", stop: {result.stop_reason}]"
 
 

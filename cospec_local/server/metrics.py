@@ -22,10 +22,10 @@ class ServerMetrics:
         self.accepted = Counter("cospec_draft_accepted_tokens", "Drafted tokens that reached the output "
                                                                 "(matched or kept).", registry=r)
         # Per draft source: of the counts above, the n-gram drafter's and the draft model's.
-        self.drafted_by = Counter("cospec_draft_tokens_by_source", "Tokens proposed, by draft source (ngram, model).",
+        self.drafted_by = Counter("cospec_draft_tokens_by_source", "Tokens proposed, by draft source (ngram, head, model).",
                                   ["source"], registry=r)
         self.accepted_by = Counter("cospec_draft_accepted_tokens_by_source", "Proposed tokens that reached the "
-                                   "output, by draft source (ngram, model).", ["source"], registry=r)
+                                   "output, by draft source (ngram, head, model).", ["source"], registry=r)
         self.kept = Counter("cospec_arbiter_kept_tokens", "Mismatched draft tokens the arbiter kept.", registry=r)
         self.fallbacks = Counter("cospec_target_fallback_tokens", "Mismatches settled with the target's token.",
                                  registry=r)
@@ -50,8 +50,10 @@ class ServerMetrics:
         self.accepted.inc(s.draft_n_accepted)
         self.drafted_by.labels("ngram").inc(s.draft_n_ngram)
         self.accepted_by.labels("ngram").inc(s.draft_n_matched_ngram)
-        self.drafted_by.labels("model").inc(s.draft_n - s.draft_n_ngram)
-        self.accepted_by.labels("model").inc(s.draft_n_accepted - s.draft_n_matched_ngram)
+        self.drafted_by.labels("head").inc(s.draft_n_head)
+        self.accepted_by.labels("head").inc(s.draft_n_matched_head)
+        self.drafted_by.labels("model").inc(s.draft_n - s.draft_n_ngram - s.draft_n_head)
+        self.accepted_by.labels("model").inc(s.draft_n_accepted - s.draft_n_matched_ngram - s.draft_n_matched_head)
         self.kept.inc(s.arbiter_keeps)
         self.fallbacks.inc(s.target_fallbacks)
         if result.stop_reason == "aborted":

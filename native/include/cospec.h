@@ -144,6 +144,9 @@ void    cospec_engine_free(cospec_engine * engine);
 void cospec_engine_abort(cospec_engine * engine);
 
 bool    cospec_engine_has_draft(const cospec_engine * engine);
+// The engine's head drafter: "eagle3" (draft_path was an EAGLE-3 head, which is then no draft
+// model), "mtp" (the target carries multi-token-prediction layers) or NULL (none).
+const char * cospec_engine_head(const cospec_engine * engine);
 // NULL where the draft shares the target's vocabulary (or there is no draft); else how the two
 // vocabularies differ: the draft's proposals then reach the target as text. Valid while the engine lives.
 const char * cospec_engine_vocab_difference(const cospec_engine * engine);
@@ -409,6 +412,7 @@ enum cospec_provenance {
     COSPEC_PROV_TARGET   = 4, // a plain target step (target-only mode, or a step that drafted nothing)
     COSPEC_PROV_DRAFT    = 5, // draft-only decoding
     COSPEC_PROV_NGRAM    = 6, // n-gram drafter token the target agreed with
+    COSPEC_PROV_HEAD     = 7, // head drafter token (EAGLE-3, MTP) the target agreed with
 };
 
 enum cospec_stop_reason {
@@ -475,6 +479,10 @@ enum cospec_draft_source {
     // draft model drafts that position next, so the arbiter meets the mismatches it would meet
     // without the n-gram drafter, and the n-gram drafter's matched spans cost it nothing.
     COSPEC_DRAFT_AUTO  = 3,
+    // The engine's head drafter (cospec_engine_head): an EAGLE-3 head opened as the draft, or the
+    // target's own multi-token-prediction layers, run by llama.cpp's common/speculative.cpp. Its
+    // blocks are verified losslessly; a call whose arbiter keeps mismatches does not take it.
+    COSPEC_DRAFT_HEAD  = 4,
 };
 #define COSPEC_N_DRAFT_SOURCES 2
 
@@ -592,6 +600,9 @@ struct cospec_stats {
     int32_t n_blocks_ngram;    // of n_blocks: drafted by the n-gram drafter
     int32_t n_drafted_ngram;   // of n_drafted: proposed by the n-gram drafter
     int32_t n_accepted_ngram;  // of n_accepted: n-gram tokens that matched the target (provenance NGRAM)
+    int32_t n_blocks_head;     // of n_blocks: drafted by the head drafter
+    int32_t n_drafted_head;    // of n_drafted: proposed by the head drafter
+    int32_t n_accepted_head;   // of n_accepted: head tokens that matched the target (provenance HEAD)
 };
 
 typedef struct cospec_result cospec_result;

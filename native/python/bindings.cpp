@@ -142,6 +142,9 @@ py::dict stats_to_dict(const cospec_stats & s) {
     d["n_blocks_ngram"] = s.n_blocks_ngram;
     d["n_drafted_ngram"] = s.n_drafted_ngram;
     d["n_accepted_ngram"] = s.n_accepted_ngram;
+    d["n_blocks_head"] = s.n_blocks_head;
+    d["n_drafted_head"] = s.n_drafted_head;
+    d["n_accepted_head"] = s.n_accepted_head;
     return d;
 }
 
@@ -953,10 +956,12 @@ PYBIND11_MODULE(_cospec, m) {
     m.attr("PROV_TARGET") = (int) COSPEC_PROV_TARGET;
     m.attr("PROV_DRAFT") = (int) COSPEC_PROV_DRAFT;
     m.attr("PROV_NGRAM") = (int) COSPEC_PROV_NGRAM;
+    m.attr("PROV_HEAD") = (int) COSPEC_PROV_HEAD;
     m.attr("DRAFT_NONE") = (int) COSPEC_DRAFT_NONE;
     m.attr("DRAFT_MODEL") = (int) COSPEC_DRAFT_MODEL;
     m.attr("DRAFT_NGRAM") = (int) COSPEC_DRAFT_NGRAM;
     m.attr("DRAFT_AUTO") = (int) COSPEC_DRAFT_AUTO;
+    m.attr("DRAFT_HEAD") = (int) COSPEC_DRAFT_HEAD;
     m.attr("FLASH_ATTN_AUTO") = (int) COSPEC_FLASH_ATTN_AUTO;
     m.attr("FLASH_ATTN_CPU_OFF_MAX_PARAMS") = (unsigned long long) COSPEC_FLASH_ATTN_CPU_OFF_MAX_PARAMS;
     m.attr("FLASH_ATTN_OFF") = (int) COSPEC_FLASH_ATTN_OFF;
@@ -1134,6 +1139,10 @@ PYBIND11_MODULE(_cospec, m) {
         })
         .def_property_readonly("closed", [](const Engine & e) { return e.handle == nullptr; })
         .def_property_readonly("has_draft", [](const Engine & e) { return cospec_engine_has_draft(e.get()); })
+        .def_property_readonly("head", [](const Engine & e) -> py::object {
+            const char * kind = cospec_engine_head(e.get());
+            return kind != nullptr ? py::object(py::str(kind)) : py::object(py::none());
+        })
         .def_property_readonly("n_ctx", [](const Engine & e) { return cospec_engine_n_ctx(e.get()); })
         .def_property_readonly("n_vocab", [](const Engine & e) { return cospec_engine_n_vocab(e.get()); })
         .def_property_readonly("bos", [](const Engine & e) { return cospec_token_bos(e.get()); })

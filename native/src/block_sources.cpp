@@ -375,4 +375,66 @@ void ngram_source::walked(const std::optional<tuner_samples::block_outcome> & ou
     }
 }
 
+// ------------------------------------------------------------ llama.cpp's head drafters
+
+namespace {
+// The fixed cost model's price of a head's draft step, in target steps: one decoder layer (and
+// an EAGLE-3 head's fusion of three hidden states) against the target's whole stack. Timed
+// calls measure it; calls whose lengths may not depend on timing take this.
+constexpr double HEAD_DRAFT_COST = 0.1;
+} // namespace
+
+head_source::head_source(const source_env & env, const cost_model * fixed_costs) : env(env) {
+    if (fixed_costs != nullptr) {
+        cost_model costs = *fixed_costs;
+        costs.first_draft = costs.draft_step = HEAD_DRAFT_COST;
+        costs.catch_up = 0.0; // the head reads every target decode as it happens
+        call_tuner.use_fixed_costs(costs);
+        length_tuner = &call_tuner;
+    } else {
+        length_tuner = &env.e.head_tuner;
+    }
+}
+
+bool head_source::offer(const draft_context & ctx, proposal & /*out*/, std::optional<tuner_samples::draft_calls> & /*timing*/) {
+    if (!env.e.head.ready() || env.e.head.stale() || env.e.head.n_seen() != ctx.n_past) {
+        return false;
+    }
+    k = std::min(env.p.n_draft, ctx.room);
+    if (env.p.adaptive_draft && k > 0) {
+        k = std::min(k, length_tuner->choose(env.p.n_draft, 0));
+    }
+    k = std::max(k, 0);
+    return k > 0;
+}
+
+double head_source::expected_rate(const draft_context & ctx) const {
+    const int32_t k_max = std::min(env.p.n_draft, ctx.room);
+    if (!env.e.head.ready() || !env.p.adaptive_draft || k_max <= 0) {
+        return 0.0;
+    }
+    return length_tuner->expected_rate(k_max, 0);
+}
+
+int32_t head_source::draft(const draft_context & ctx, proposal & out, std::optional<tuner_samples::draft_calls> & timing) {
+    const auto t0 = clock_type::now();
+    const double draft_ms_before = env.st.t_draft_ms;
+    if (const int32_t status = env.e.head.draft(ctx.seq, ctx.n_past, k, out.tokens); status != COSPEC_OK) {
+        return status;
+    }
+    const double ms = ms_since(t0);
+    env.st.t_draft_ms = draft_ms_before + ms;
+    env.chooser.trim(out.tokens, env.e.target.vocab);
+    out.declined = (int32_t) out.tokens.size() < k;
+    const int32_t n = std::max<int32_t>(1, (int32_t) out.tokens.size());
+    // One call drafted them all: each draft step's share of it.
+    timing = tuner_samples::draft_calls {ms / n, ms / n, n - 1};
+    return COSPEC_OK;
+}
+
+void head_source::verified(int32_t n_drafted) {
+    env.st.n_blocks_head += 1;
+    env.st.n_drafted_head += n_drafted;
+}
+
 } // namespace cospec

@@ -10,6 +10,7 @@
 #include "decoder.h"
 #include "draft_tuner.h"
 #include "engine.h"
+#include "head_drafter.h"
 #include "ngram_drafter.h"
 #include "text_bridge.h"
 #include "token_choice.h"
@@ -247,6 +248,29 @@ class ngram_source : public block_source {
     ngram_drafter * drafter;
     draft_tuner * length_tuner;
     int32_t n_proposed = 0; // the block verified
+};
+
+// llama.cpp's head drafters (head_drafter.h): an EAGLE-3 head or the target's MTP layers draft
+// from the target's own hidden states, so their blocks imitate the target. They are proposed with
+// certainty (llama.cpp's drafters return tokens, top-1), verified losslessly: an arbiter that
+// keeps mismatches does not decide them. fixed_costs: as for the n-gram drafter.
+class head_source : public block_source {
+  public:
+    head_source(const source_env & env, const cost_model * fixed_costs);
+
+    bool offer(const draft_context & ctx, proposal & out, std::optional<tuner_samples::draft_calls> & timing) override;
+    int32_t draft(const draft_context & ctx, proposal & out, std::optional<tuner_samples::draft_calls> & timing) override;
+    double expected_rate(const draft_context & ctx) const override;
+    int32_t match_provenance() const override { return COSPEC_PROV_HEAD; }
+    bool arbiter_may_decide() const override { return false; }
+    void verified(int32_t n_drafted) override;
+    draft_tuner & tuner() override { return *length_tuner; }
+
+  private:
+    source_env env;
+    draft_tuner call_tuner;
+    draft_tuner * length_tuner;
+    int32_t k = 0; // the block length offered
 };
 
 } // namespace cospec

@@ -18,6 +18,15 @@ int32_t decoder::decode(model_slot & s, double & t_acc, llama_pos pos0) {
     t_acc += ms_since(t0);
     (&s == &e.target ? st.n_target_decoded : st.n_draft_decoded) += s.batch.n_tokens;
     if (ret == 0) {
+        if (&s == &e.target && e.head.ready()) {
+            // The head drafts from the target's hidden states: it hears each of its decodes in a
+            // call that drafts with it; any other decode leaves it behind the target's cache.
+            if (!e.head.listening) {
+                e.head.mark_stale();
+            } else if (const int32_t status = e.head.heard(s.batch); status != COSPEC_OK) {
+                return status;
+            }
+        }
         return COSPEC_OK;
     }
     if (!llama_memory_seq_rm(llama_get_memory(s.ctx), 0, pos0, -1)) {
@@ -45,6 +54,19 @@ int32_t decoder::sync_to(model_slot & s, const std::vector<llama_token> & tokens
     if (want_logits && keep_n == n && n > 0) {
         keep_n = n - 1;
     }
+    const bool heard = &s == &e.target && e.head.ready() && e.head.listening;
+    if (heard) {
+        e.head.replay_end(tokens, keep_n, n); // stale where the text differs from what it heard
+    }
+    if (heard && e.head.stale()) {
+        // The head cannot follow this cache (another call decoded on it, or the text it heard
+        // differs from what comes): both start over from the first token.
+        s.clear_cache();
+        keep_n = 0;
+        if (const int32_t status = e.head.clear(); status != COSPEC_OK) {
+            return status;
+        }
+    }
     if (keep_n < s.cached.size()) {
         if (llama_memory_seq_rm(llama_get_memory(s.ctx), 0, (llama_pos) keep_n, -1)) {
             s.cached.resize(keep_n);
@@ -63,7 +85,14 @@ int32_t decoder::sync_to(model_slot & s, const std::vector<llama_token> & tokens
         *n_reused = keep_n;
     }
     while (keep_n < n) {
-        const int32_t chunk = (int32_t) std::min((size_t) e.n_batch, n - keep_n);
+        size_t end = std::min(keep_n + (size_t) e.n_batch, n);
+        if (heard) {
+            // A recurrent target restored from a saved state decodes text the head heard again:
+            // that part goes in batches of its own, which the head skips.
+            const size_t replayed = e.head.replay_end(tokens, keep_n, end);
+            end = replayed > keep_n ? replayed : end;
+        }
+        const int32_t chunk = (int32_t) (end - keep_n);
         fill_batch(s, tokens.data() + keep_n, chunk, (llama_pos) keep_n, false);
         s.batch.logits[chunk - 1] = want_logits && keep_n + chunk == n;
         if (const int32_t status = decode(s, t_acc, (llama_pos) keep_n); status != COSPEC_OK || stopped()) {

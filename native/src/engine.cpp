@@ -297,8 +297,37 @@ static bool on_load_progress(float progress, void * data) {
     return go_on;
 }
 
+// What a GGUF's header says of head drafters: its architecture ("eagle3": an EAGLE-3 head) and
+// the multi-token-prediction layers it carries ({arch}.nextn_predict_layers). A header that
+// cannot be read says nothing here (loading the file reports what is wrong with it).
+struct head_info {
+    std::string arch;
+    uint32_t n_nextn = 0;
+};
+
+static head_info read_head_info(const char * path) {
+    head_info info;
+    gguf_init_params gp {};
+    gp.no_alloc = true;
+    gp.ctx = nullptr;
+    gguf_context * g = gguf_init_from_file(path, gp);
+    if (g == nullptr) {
+        return info;
+    }
+    const int64_t key = gguf_find_key(g, "general.architecture");
+    if (key >= 0 && gguf_get_kv_type(g, key) == GGUF_TYPE_STRING) {
+        info.arch = gguf_get_val_str(g, key);
+        const int64_t nextn = gguf_find_key(g, (info.arch + ".nextn_predict_layers").c_str());
+        if (nextn >= 0 && gguf_get_kv_type(g, nextn) == GGUF_TYPE_UINT32) {
+            info.n_nextn = gguf_get_val_u32(g, nextn);
+        }
+    }
+    gguf_free(g);
+    return info;
+}
+
 static int32_t load_model(const cospec_engine_params & p, int32_t which, model_slot & slot,
-                          cospec::rpc_connections & rpc) {
+                          cospec::rpc_connections & rpc, bool load_mtp = false) {
     const char * path = which == 0 ? p.target_path : p.draft_path;
     const char * role = which == 0 ? "target" : "draft";
     const std::string what = std::string(role) + " model";
@@ -313,6 +342,7 @@ static int32_t load_model(const cospec_engine_params & p, int32_t which, model_s
     // Weight repacking into extra buffer types: its AMX kernels crash on some
     // CPUs in this llama.cpp version, so it is opt-in.
     mp.use_extra_bufts = p.use_extra_buffers;
+    mp.load_mtp = load_mtp; // the target's multi-token-prediction layers, for its head drafter
     progress_bridge bridge {p.progress_callback, p.progress_user_data, which, false};
     if (p.progress_callback != nullptr) {
         mp.progress_callback = on_load_progress;
@@ -377,11 +407,9 @@ static llama_flash_attn_type flash_attn_type(int32_t setting, int32_t gpu_layers
     }
 }
 
-static int32_t create_context(const cospec_engine_params & p, cospec_engine & e, model_slot & slot, const char * role,
-                              llama_flash_attn_type flash_attn) {
+static llama_context_params context_params(const cospec_engine_params & p, cospec_engine & e, llama_flash_attn_type flash_attn) {
     llama_context_params cp = llama_context_default_params();
     cp.flash_attn_type = flash_attn;
-    slot.flash_attn = flash_attn;
     cp.n_ctx = (uint32_t) e.n_ctx;
     cp.n_batch = (uint32_t) e.n_batch;
     cp.n_ubatch = (uint32_t) e.n_batch;
@@ -395,6 +423,13 @@ static int32_t create_context(const cospec_engine_params & p, cospec_engine & e,
     cp.swa_full = true; // sliding-window models (Gemma 3) need the full cache to roll back rejected tokens
     cp.abort_callback = [](void * data) { return static_cast<std::atomic<bool> *>(data)->load(); };
     cp.abort_callback_data = &e.abort_flag;
+    return cp;
+}
+
+static int32_t create_context(const cospec_engine_params & p, cospec_engine & e, model_slot & slot, const char * role,
+                              llama_flash_attn_type flash_attn) {
+    const llama_context_params cp = context_params(p, e, flash_attn);
+    slot.flash_attn = flash_attn;
     slot.ctx = llama_init_from_model(slot.model, cp);
     if (slot.ctx == nullptr) {
         std::string why = take_llama_errors();
@@ -579,10 +614,20 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
     init_backend();
     try {
         auto e = std::make_unique<cospec_engine>();
-        if (int32_t st = load_model(*params, 0, e->target, e->rpc); st != COSPEC_OK) {
+        const head_info target_heads = read_head_info(params->target_path);
+        if (int32_t st = load_model(*params, 0, e->target, e->rpc, target_heads.n_nextn > 0); st != COSPEC_OK) {
             return st;
         }
-        e->has_draft = params->draft_path != nullptr && params->draft_path[0] != '\0';
+        const bool draft_given = params->draft_path != nullptr && params->draft_path[0] != '\0';
+        // An EAGLE-3 head given as the draft drafts from the target's hidden states: no draft model.
+        const bool eagle3 = draft_given && read_head_info(params->draft_path).arch == "eagle3";
+        model_slot head_model;
+        if (eagle3) {
+            if (int32_t st = load_model(*params, 1, head_model, e->rpc); st != COSPEC_OK) {
+                return st;
+            }
+        }
+        e->has_draft = draft_given && !eagle3;
         if (e->has_draft) {
             if (int32_t st = load_model(*params, 1, e->draft, e->rpc); st != COSPEC_OK) {
                 return st;
@@ -620,6 +665,20 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
                 return st;
             }
         }
+        if (eagle3 || target_heads.n_nextn > 0) {
+            const llama_context_params cp = context_params(*params, *e, e->target.flash_attn);
+            llama_model * own = head_model.model;
+            head_model.model = nullptr; // the head drafter frees it from here
+            const int32_t st = e->head.open(e->target.model, e->target.ctx, own, cp);
+            if (st != COSPEC_OK && eagle3) {
+                return st;
+            }
+            if (st != COSPEC_OK) {
+                // A target whose MTP layers llama.cpp cannot run still runs as a target.
+                cospec::clear_error();
+                e->head.close();
+            }
+        }
         *out = e.release();
         return COSPEC_OK;
     } catch (const std::exception & ex) {
@@ -647,12 +706,17 @@ void cospec_engine_reset(cospec_engine * engine) {
         }
     }
     engine->ngram.clear(); // the texts it has seen go too: a reset engine proposes from the next prompt alone
+    engine->head.clear();
     // A reset may follow an abort of the generation it replaced: the engine is ready again.
     engine->abort_flag.store(false);
 }
 
 bool cospec_engine_has_draft(const cospec_engine * engine) {
     return engine != nullptr && engine->has_draft;
+}
+
+const char * cospec_engine_head(const cospec_engine * engine) {
+    return engine != nullptr && engine->head.ready() ? cospec::head_kind_name(engine->head.kind()) : nullptr;
 }
 
 const char * cospec_engine_vocab_difference(const cospec_engine * engine) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "draft_tuner.h"
+#include "head_drafter.h"
 #include "ngram_drafter.h"
 #include "internal.h"
 #include "llama.h"
@@ -65,6 +66,10 @@ struct cospec_engine {
     model_slot target;
     model_slot draft;
     bool has_draft = false;
+    // llama.cpp's head drafter, where the engine has one (declared after the target: its context
+    // reads the target's and goes first). Its block lengths learn across calls as the draft's do.
+    cospec::head_drafter head;
+    cospec::draft_tuner head_tuner;
     // Where the draft's vocabulary is not the target's, how they differ: its proposals then go
     // to the target as text (text_bridge.h). Empty: the draft drafts the target's own tokens.
     std::string vocab_difference;

@@ -96,6 +96,10 @@ class generation {
         choose_sources(timing_free, keep_draft_logits);
     }
 
+    ~generation() {
+        e.head.listening = false; // the next call's target decodes are heard only if it drafts with the head
+    }
+
     int32_t run(const cospec_token * prompt, int32_t n_prompt) {
         if (p.grammar != nullptr && p.grammar[0] != '\0') {
             // The grammar reads the tokens of the model that emits: the draft's in draft-only mode.
@@ -216,13 +220,21 @@ class generation {
             return;
         }
         const cospec::source_env env {e, p, st, chooser, calls};
-        bool has_model = false, has_ngram = false;
+        bool has_model = false, has_ngram = false, has_head = false;
         for (int32_t i = 0; i < COSPEC_N_DRAFT_SOURCES && p.draft_sources[i] != COSPEC_DRAFT_NONE; ++i) {
             const int32_t src = p.draft_sources[i];
             if ((src == COSPEC_DRAFT_NGRAM || src == COSPEC_DRAFT_AUTO) && !has_ngram) {
                 has_ngram = true;
                 const cospec::cost_model lookup = cospec::lookup_costs(e, p);
                 sources.push_back(std::make_unique<cospec::ngram_source>(env, timing_free ? &lookup : nullptr));
+            }
+            // The head drafts before the draft model: it reads the target itself. A call whose
+            // arbiter keeps mismatches leaves it out (its blocks would only be verified losslessly).
+            if ((src == COSPEC_DRAFT_HEAD || src == COSPEC_DRAFT_AUTO) && !has_head && e.head.ready() && !arbiter_can_keep) {
+                has_head = true;
+                const cospec::cost_model fixed = cospec::lookup_costs(e, p);
+                sources.push_back(std::make_unique<cospec::head_source>(env, timing_free ? &fixed : nullptr));
+                e.head.listening = true;
             }
             if ((src == COSPEC_DRAFT_MODEL || src == COSPEC_DRAFT_AUTO) && !has_model) {
                 has_model = true;
@@ -284,6 +296,7 @@ class generation {
         switch (provenance) {
             case COSPEC_PROV_MATCH:    st.n_accepted += 1; break;
             case COSPEC_PROV_NGRAM:    st.n_accepted += 1; st.n_accepted_ngram += 1; break;
+            case COSPEC_PROV_HEAD:     st.n_accepted += 1; st.n_accepted_head += 1; break;
             case COSPEC_PROV_KEPT:     st.n_kept += 1; break;
             case COSPEC_PROV_FALLBACK: st.n_fallback += 1; break;
             case COSPEC_PROV_BONUS:    st.n_bonus += 1; break;
@@ -597,6 +610,16 @@ class generation {
         for (const auto & source : sources) {
             source->stepped(current, (int32_t) (r.tokens.size() - n_before));
         }
+        if (e.head.listening) {
+            // The head keeps what the target's cache keeps of the output: the rows of the step's
+            // batch the output took (the cache before n_past already was the output's).
+            const std::vector<llama_token> & cached = e.target.cached;
+            size_t n_valid = std::min(n_past, cached.size());
+            while (n_valid < cached.size() && n_valid < seq.size() && cached[n_valid] == seq[n_valid]) {
+                n_valid += 1;
+            }
+            e.head.kept(n_valid);
+        }
         return status;
     }
 
@@ -670,8 +693,12 @@ int32_t check_params(const cospec_engine * e, const cospec_token * prompt, int32
     bool names_model = false, names_ngram = false;
     for (int32_t i = 0; i < COSPEC_N_DRAFT_SOURCES && p->draft_sources[i] != COSPEC_DRAFT_NONE; ++i) {
         const int32_t src = p->draft_sources[i];
-        if (src < COSPEC_DRAFT_NONE || src > COSPEC_DRAFT_AUTO) {
+        if (src < COSPEC_DRAFT_NONE || src > COSPEC_DRAFT_HEAD) {
             return fail(COSPEC_ERR_INVALID_ARGUMENT, "unknown draft source " + std::to_string(src));
+        }
+        if (src == COSPEC_DRAFT_HEAD && p->mode == COSPEC_MODE_SPECULATIVE && !e->head.ready()) {
+            return fail(COSPEC_ERR_NO_DRAFT, "the draft sources name the head drafter, but the engine has none (an "
+                                             "EAGLE-3 head opened as the draft, or a target with multi-token-prediction layers)");
         }
         names_model = names_model || src == COSPEC_DRAFT_MODEL || src == COSPEC_DRAFT_AUTO;
         names_ngram = names_ngram || src == COSPEC_DRAFT_NGRAM || src == COSPEC_DRAFT_AUTO;

@@ -42,6 +42,9 @@ int32_t cospec_score(cospec_engine * engine, int32_t which, const cospec_token *
     model_slot & s = which == 0 ? engine->target : engine->draft;
     // Start from an empty cache: every position's logits must be computed now.
     s.clear_cache();
+    if (which == 0) {
+        engine->head.mark_stale(); // the head heard a text the target's cache no longer holds
+    }
     for (int32_t done = 0; done < n_tokens;) {
         const int32_t chunk = std::min(engine->n_batch, n_tokens - done);
         cospec::fill_batch(s, tokens + done, chunk, done, true);

@@ -1,0 +1,278 @@
+#include "head_drafter.h"
+
+#include "internal.h"
+
+// llama.cpp's common library (libllama-common, built and installed with the llama.cpp this
+// engine links) and its staging API for the hidden states the heads read.
+#include "common.h"
+#include "llama-ext.h"
+#include "speculative.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <string>
+
+namespace cospec {
+
+const char * head_kind_name(head_kind kind) {
+    switch (kind) {
+        case head_kind::eagle3: return "eagle3";
+        case head_kind::mtp:    return "mtp";
+        default:                return "none";
+    }
+}
+
+// Target architectures whose graphs expose the layer inputs an EAGLE-3 head reads (llama.cpp
+// asserts, and so ends the process, where a graph does not: src/models/*.cpp set t_layer_inp).
+static bool exposes_layer_inputs(const std::string & arch) {
+    static const char * const known[] = {"llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "gemma4",
+                                         "gpt-oss", "lfm2", "nemotron_h", "minimax-m2", "bailingmoe3", "deepseek4"};
+    return std::find(std::begin(known), std::end(known), arch) != std::end(known);
+}
+
+static std::string architecture(const llama_model * model) {
+    char buf[128] = {0};
+    return llama_model_meta_val_str(model, "general.architecture", buf, sizeof(buf)) > 0 ? std::string(buf) : std::string();
+}
+
+void head_drafter::close() {
+    free_spec();
+    delete mirror;
+    mirror = nullptr;
+    if (ctx != nullptr) {
+        llama_free(ctx);
+        ctx = nullptr;
+    }
+    if (own_model != nullptr) {
+        llama_model_free(own_model);
+        own_model = nullptr;
+    }
+    kind_ = head_kind::none;
+    seen.clear();
+    stale_ = false;
+    listening = false;
+}
+
+void head_drafter::free_spec() {
+    if (spec != nullptr) {
+        common_speculative_free(spec);
+        spec = nullptr;
+    }
+}
+
+int32_t head_drafter::open(llama_model * target_model, llama_context * target, llama_model * head_model,
+                           const llama_context_params & base) {
+    own_model = head_model;
+    target_ctx = target;
+    kind_ = head_model != nullptr ? head_kind::eagle3 : head_kind::mtp;
+    if (kind_ == head_kind::eagle3) {
+        const std::string arch = architecture(target_model);
+        if (!exposes_layer_inputs(arch)) {
+            return fail(COSPEC_ERR_INVALID_ARGUMENT, "an EAGLE-3 head reads the target's layer inputs, which llama.cpp's " +
+                                                         arch + " graph does not expose");
+        }
+        if (llama_model_is_recurrent(target_model) || llama_model_is_hybrid(target_model)) {
+            return fail(COSPEC_ERR_INVALID_ARGUMENT, "an EAGLE-3 head on a recurrent or hybrid target is not supported yet");
+        }
+        const uint32_t n_ids = llama_model_target_layer_ids_n(head_model);
+        const int32_t * ids = llama_model_target_layer_ids(head_model);
+        const int32_t n_layer = llama_model_n_layer(target_model);
+        if (n_ids != 3 || ids == nullptr) {
+            return fail(COSPEC_ERR_MODEL_LOAD, "the EAGLE-3 head names " + std::to_string(n_ids) +
+                                                   " target layers to read, not 3");
+        }
+        for (uint32_t i = 0; i < n_ids; ++i) {
+            if (ids[i] < 0 || ids[i] > n_layer) {
+                return fail(COSPEC_ERR_MODEL_LOAD, "the EAGLE-3 head reads target layer " + std::to_string(ids[i]) +
+                                                       ", but the target has " + std::to_string(n_layer));
+            }
+        }
+        if (llama_vocab_n_tokens(llama_model_get_vocab(head_model)) != llama_vocab_n_tokens(llama_model_get_vocab(target_model))) {
+            return fail(COSPEC_ERR_VOCAB_MISMATCH, "the EAGLE-3 head's vocabulary is not the target's");
+        }
+    } else if (llama_model_n_layer_nextn(target_model) <= 0) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "the target carries no multi-token-prediction layers");
+    }
+    // As llama.cpp's common_speculative_init_from_params makes the draft context: as long as the
+    // target's, one output at a time, reading the target's context (ctx_other).
+    llama_context_params cp = base;
+    cp.n_outputs_max = 1;
+    cp.n_outputs_max_per_seq = 1;
+    cp.n_rs_seq = 0;
+    cp.ctx_other = target;
+    cp.embeddings = false;
+    if (kind_ == head_kind::mtp) {
+        cp.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
+    }
+    ctx = llama_init_from_model(head_model != nullptr ? head_model : target_model, cp);
+    if (ctx == nullptr) {
+        std::string why = take_llama_errors();
+        return fail(COSPEC_ERR_MODEL_LOAD, std::string("could not create the ") + head_kind_name(kind_) +
+                                               " drafter's context" + (why.empty() ? "" : ": " + why));
+    }
+    mirror = new common_batch(target);
+    return start_spec();
+}
+
+int32_t head_drafter::start_spec() {
+    free_spec();
+    primed = false;
+    common_params_speculative sp;
+    sp.types = {kind_ == head_kind::eagle3 ? COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3 : COMMON_SPECULATIVE_TYPE_DRAFT_MTP};
+    sp.draft.n_max = COSPEC_N_DRAFT_MAX;
+    sp.draft.n_min = 0;
+    sp.draft.p_min = 0.0f;
+    sp.draft.backend_sampling = false; // its top-1 on the CPU: no sampler in the draft's graph
+    sp.draft.ctx_tgt = target_ctx;
+    sp.draft.ctx_dft = ctx;
+    try {
+        spec = common_speculative_init(sp, 1);
+    } catch (const std::exception & ex) {
+        return fail(COSPEC_ERR_MODEL_LOAD, std::string("llama.cpp's ") + head_kind_name(kind_) + " drafter refused: " + ex.what());
+    }
+    if (spec == nullptr) {
+        return fail(COSPEC_ERR_MODEL_LOAD, std::string("llama.cpp's ") + head_kind_name(kind_) + " drafter did not start");
+    }
+    return COSPEC_OK;
+}
+
+size_t head_drafter::replay_end(const std::vector<llama_token> & tokens, size_t from, size_t to) {
+    const size_t end = std::min(to, seen.size());
+    for (size_t i = from; i < end; ++i) {
+        if (tokens[i] != seen[i]) {
+            stale_ = true;
+            return from;
+        }
+    }
+    return std::max(from, end);
+}
+
+int32_t head_drafter::heard(const llama_batch & batch) {
+    if (spec == nullptr || stale_ || batch.n_tokens <= 0) {
+        return COSPEC_OK;
+    }
+    const size_t pos0 = (size_t) batch.pos[0];
+    const size_t n = (size_t) batch.n_tokens;
+    if (pos0 + n <= seen.size()) {
+        for (size_t i = 0; i < n; ++i) {
+            if (batch.token[i] != seen[pos0 + i]) {
+                stale_ = true;
+                return COSPEC_OK;
+            }
+        }
+        return COSPEC_OK; // a replay: the head heard these tokens, in this order, already
+    }
+    if (pos0 != seen.size()) {
+        stale_ = true; // a gap, or a batch mixing heard and new tokens
+        return COSPEC_OK;
+    }
+    mirror->clear();
+    for (size_t i = 0; i < n; ++i) {
+        mirror->add(batch.token[i], batch.pos[i], 0, batch.logits[i] != 0);
+    }
+    bool ok = false;
+    try {
+        ok = common_speculative_process(spec, *mirror);
+    } catch (const std::exception & ex) {
+        return fail(COSPEC_ERR_DECODE, std::string("the ") + head_kind_name(kind_) + " drafter failed: " + ex.what());
+    }
+    if (!ok) {
+        stale_ = true; // its context could not take the batch: it starts over with the target's cache
+        return COSPEC_OK;
+    }
+    seen.insert(seen.end(), batch.token, batch.token + n);
+    last_batch_pos0 = pos0;
+    last_batch_end = pos0 + n;
+    return primed ? COSPEC_OK : prime();
+}
+
+// llama.cpp's accept() goes to the drafter that drafted last, and asserts where none has: a
+// drafter that has only heard blocks of other sources (the n-gram drafter's, the draft model's)
+// could not be told which of their rows stood. One throwaway draft token after its first batch
+// makes it the one that drafted; what that draft wrote to its cache is dropped again, so the
+// drafter is as it was (EAGLE-3's pending boundary position is rewritten by its next decode).
+int32_t head_drafter::prime() {
+    std::vector<llama_token> scratch;
+    prefix.assign(seen.begin(), seen.end() - 1);
+    const size_t pos0 = seen.size();
+    common_speculative_get_draft_params(spec, 0) = {true, 1, (llama_pos) pos0, seen.back(), &prefix, &scratch};
+    try {
+        common_speculative_draft(spec);
+    } catch (const std::exception & ex) {
+        return fail(COSPEC_ERR_DECODE, std::string("the ") + head_kind_name(kind_) + " drafter failed: " + ex.what());
+    }
+    // EAGLE-3 drafts from its deferred boundary, one position before the text's end.
+    const size_t keep = kind_ == head_kind::eagle3 ? pos0 - 1 : pos0;
+    llama_memory_seq_rm(llama_get_memory(ctx), 0, (llama_pos) keep, -1);
+    primed = !scratch.empty();
+    return COSPEC_OK;
+}
+
+void head_drafter::kept(size_t n_valid) {
+    if (spec == nullptr || stale_) {
+        last_batch_end = 0;
+        return;
+    }
+    if (last_batch_end == 0) {
+        if (n_valid < seen.size()) {
+            stale_ = true; // the output left text the head heard before this step
+        }
+        return;
+    }
+    n_valid = std::min(n_valid, last_batch_end);
+    if (n_valid <= last_batch_pos0) {
+        stale_ = true; // rows before the last batch were rejected: its state no longer fits
+        last_batch_end = 0;
+        return;
+    }
+    // llama.cpp's accept: the last batch's first rows stand (its first input and the draft
+    // tokens the target took after it), the rest are dropped from the head's cache too.
+    common_speculative_accept(spec, 0, (uint16_t) std::min<size_t>(n_valid - last_batch_pos0 - 1, UINT16_MAX));
+    llama_memory_seq_rm(llama_get_memory(ctx), 0, (llama_pos) n_valid, -1);
+    seen.resize(n_valid);
+    last_batch_end = 0;
+}
+
+int32_t head_drafter::clear() {
+    seen.clear();
+    last_batch_pos0 = last_batch_end = 0;
+    stale_ = false;
+    primed = false;
+    if (ctx != nullptr) {
+        llama_memory_clear(llama_get_memory(ctx), true);
+    }
+    // A fresh drafter: its carried-over hidden states described the text just forgotten.
+    return spec != nullptr ? start_spec() : COSPEC_OK;
+}
+
+int32_t head_drafter::draft(const std::vector<llama_token> & seq, size_t n_past, int32_t n_max,
+                            std::vector<llama_token> & out) {
+    out.clear();
+    if (spec == nullptr || stale_ || n_max <= 0 || seen.size() != n_past) {
+        return COSPEC_OK;
+    }
+    prefix.assign(seq.begin(), seq.begin() + (std::ptrdiff_t) n_past);
+    common_speculative_get_draft_params(spec, 0) = {
+        /* .drafting = */ true,
+        /* .n_max    = */ n_max,
+        /* .pos0     = */ (llama_pos) n_past,
+        /* .id_last  = */ seq[n_past],
+        /* .prompt   = */ &prefix,
+        /* .result   = */ &out,
+    };
+    try {
+        common_speculative_draft(spec);
+    } catch (const std::exception & ex) {
+        out.clear();
+        return fail(COSPEC_ERR_DECODE, std::string("the ") + head_kind_name(kind_) + " drafter failed: " + ex.what());
+    }
+    // Its own decodes past the text go: the target's verify batch is what it hears next.
+    llama_memory_seq_rm(llama_get_memory(ctx), 0, (llama_pos) n_past, -1);
+    if ((int32_t) out.size() > n_max) {
+        out.resize((size_t) n_max);
+    }
+    return COSPEC_OK;
+}
+
+} // namespace cospec

@@ -1,0 +1,87 @@
+// llama.cpp's own head drafters, run through its common/speculative.cpp (libllama-common): an
+// EAGLE-3 head, a one-layer model of its own that reads three of the target's layers, and the
+// multi-token-prediction (MTP) layers some targets carry (Qwen3.5, Qwen3-Next), run in a second
+// context on the target's own weights. Both draft from the target's hidden states, so the head
+// must hear every target decode, in order: `seen` is the text it has heard, position by position.
+// A decode of tokens it already heard (a recurrent target catching up after restoring a saved
+// state) is a replay it skips; anything else that breaks the order leaves it stale, and the
+// target's cache starts over with it.
+#pragma once
+
+#include "llama.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+struct common_speculative;
+struct common_batch;
+
+namespace cospec {
+
+enum class head_kind { none, eagle3, mtp };
+
+const char * head_kind_name(head_kind kind);
+
+class head_drafter {
+  public:
+    head_drafter() = default;
+    head_drafter(const head_drafter &) = delete;
+    head_drafter & operator=(const head_drafter &) = delete;
+    ~head_drafter() { close(); }
+    // Free the drafter, its context and an EAGLE-3 head's model: no head from here.
+    void close();
+
+    // Open llama.cpp's drafter beside the target's context: with head_model an EAGLE-3 head
+    // (loaded by the caller, freed here), else the target's own MTP layers. base: the target
+    // context's parameters (threads, batch, flash attention). A status and fail()'s message.
+    int32_t open(llama_model * target_model, llama_context * target_ctx, llama_model * head_model,
+                 const llama_context_params & base);
+    head_kind kind() const { return kind_; }
+    bool ready() const { return spec != nullptr; }
+
+    // Whether this call's target decodes are heard (a call that drafts with the head).
+    bool listening = false;
+
+    // Before the target decodes tokens[from..to) at those positions: the part the head already
+    // heard (a replay) ends at the returned position, where a decode should be split so that no
+    // batch mixes replayed and new tokens; where tokens differ from what it heard, it is stale.
+    size_t replay_end(const std::vector<llama_token> & tokens, size_t from, size_t to);
+    // The target decoded `batch` (sequence 0, positions in order): new tokens go to llama.cpp's
+    // drafter, a replay is skipped, a batch that breaks the order makes the head stale.
+    int32_t heard(const llama_batch & batch);
+    // After a step: the target's cache holds the output's tokens up to n_valid (the rest of its
+    // last batch was rejected); the head keeps the same.
+    void kept(size_t n_valid);
+    // The head cannot follow the target's cache any more: it starts over with it.
+    bool stale() const { return stale_; }
+    void mark_stale() { stale_ = true; }
+    // Forget everything heard (the target's cache was emptied too).
+    int32_t clear();
+
+    // Draft up to n_max tokens after seq[0..n_past] (seq[n_past], the step's first input, is not
+    // decoded yet; the head has heard seq[0..n_past)). Tokens in the target's vocabulary.
+    int32_t draft(const std::vector<llama_token> & seq, size_t n_past, int32_t n_max, std::vector<llama_token> & out);
+
+    size_t n_seen() const { return seen.size(); }
+
+  private:
+    int32_t start_spec();
+    void free_spec();
+    int32_t prime();
+
+    head_kind kind_ = head_kind::none;
+    llama_model * own_model = nullptr; // an EAGLE-3 head's (MTP runs on the target's)
+    llama_context * target_ctx = nullptr;
+    llama_context * ctx = nullptr; // the drafter's context
+    common_speculative * spec = nullptr;
+    common_batch * mirror = nullptr; // the target's batch as llama.cpp's drafters read it
+    std::vector<llama_token> seen;
+    size_t last_batch_pos0 = 0;   // where the last batch the drafter processed began
+    size_t last_batch_end = 0;    // and ended (0: none since the last kept())
+    bool stale_ = false;
+    bool primed = false; // the drafter drafted once since it started (llama.cpp's accept needs that)
+    std::vector<llama_token> prefix; // scratch: the text before the step's first input
+};
+
+} // namespace cospec

@@ -1,0 +1,84 @@
+"""llama.cpp's head drafters in the loop: an EAGLE-3 head opened as the draft and the MTP layers a
+Qwen3.5 target carries (tiny random ones from cospec_local/formats/tiny_models.py, converted by
+llama.cpp's own converter). Their blocks are verified losslessly: greedy output is target-only's
+whatever the head proposes, across block lengths, prompts that reuse the cache, and a hybrid
+target's rollbacks."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cospec_local import Engine
+from cospec_local.errors import InvalidArgumentError
+from cospec_local.formats import tiny_models
+
+REPO = Path(__file__).resolve().parents[1]
+# test_model_zoo.py's prompt: batched verification meets no near tie on it with these models.
+ZOO_PROMPT = ("Speculative decoding lets a small draft model propose a block of tokens that the large target "
+              "model checks in one batched pass; where they disagree, the target's token is taken and the block "
+              "ends. The text here only has to be long enough to pass a short sliding window.")
+# The zoo's prompt, then one that extends it (the head's cache is reused), one that leaves it (both
+# start over) and one after a call without the head (which the head did not hear).
+PROMPTS = [ZOO_PROMPT, ZOO_PROMPT + " It", ZOO_PROMPT[:80], ZOO_PROMPT + " It then goes on."]
+N_PREDICT = 40
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, Path]:
+    return tiny_models.build(["llama", "llama-eagle3", "qwen35", "qwen35-mtp"], tiny_models.cache_dir(REPO))
+
+
+def check_lossless(engine: Engine, control: Engine, spec_type: str, restores: bool) -> None:
+    """Greedy output with the head is target-only's for every prompt and block length. `control`
+    (the same target with a draft model) shows first that batched verification meets no near tie
+    on these prompts, so a difference is the head's doing."""
+    for i, prompt in enumerate(PROMPTS):
+        reference = control.generate(prompt, max_tokens=N_PREDICT, mode="target-only")
+        assert len(set(reference.tokens)) > 5
+        assert control.generate(prompt, max_tokens=N_PREDICT, spec_type="draft", draft_max=4,
+                                adaptive_draft=False).tokens == reference.tokens, "a near tie: pick another prompt"
+        if i == len(PROMPTS) - 1:
+            engine.generate(prompt, max_tokens=8, mode="target-only")  # a call the head does not hear
+        for k in (1, 4, 8):
+            result = engine.generate(prompt, max_tokens=N_PREDICT, spec_type=spec_type, draft_max=k,
+                                     adaptive_draft=False)
+            assert result.tokens == reference.tokens, f"prompt {i}, K={k}"
+            s = result.stats
+            assert s.blocks_head > 0 and s.draft_n_head > 0 and s.blocks_head == s.blocks, f"prompt {i}, K={k}"
+            assert s.draft_n_matched_head <= s.draft_n_head
+            assert set(result.provenance) <= {"head", "fallback", "bonus", "target"}
+            if restores:
+                assert s.restored > 0, f"prompt {i}, K={k}"
+
+
+def test_an_eagle3_head_drafts_for_its_target_losslessly(models):
+    with Engine(models["llama"], models["llama-eagle3"], n_ctx=512, n_threads=1, calibration=None) as engine, \
+            Engine(models["llama"], models["qwen35"], n_ctx=512, n_threads=1, calibration=None) as control:
+        assert engine.head == "eagle3" and not engine.has_draft and control.head is None
+        check_lossless(engine, control, "draft-eagle3", restores=False)
+        # Sampled, a call's block lengths come from fixed costs and its own counts: its seed gives its tokens.
+        sampled = [engine.generate(ZOO_PROMPT, max_tokens=N_PREDICT, spec_type="draft-eagle3", temperature=0.8,
+                                   draft_max=4, adaptive_draft=False, seed=7) for _ in range(2)]
+        assert sampled[0].tokens == sampled[1].tokens and sampled[0].stats.blocks_head > 0
+        # auto takes the head where the engine has one
+        auto = engine.generate(ZOO_PROMPT, max_tokens=N_PREDICT, draft_max=4, adaptive_draft=False)
+        assert auto.stats.blocks_head > 0
+        with pytest.raises(InvalidArgumentError, match="mtp head drafter, but this engine has the eagle3 one"):
+            engine.generate(ZOO_PROMPT, max_tokens=8, spec_type="draft-mtp")
+
+
+def test_the_mtp_layers_of_a_hybrid_target_draft_losslessly(models):
+    with Engine(models["qwen35-mtp"], None, n_ctx=512, n_threads=1, calibration=None) as engine, \
+            Engine(models["qwen35-mtp"], models["llama"], n_ctx=512, n_threads=1, calibration=None) as control:
+        assert engine.head == "mtp" and not engine.has_draft and control.head == "mtp"
+        check_lossless(engine, control, "draft-mtp", restores=True)
+
+
+def test_an_engine_without_a_head_refuses_one(models):
+    with Engine(models["llama"], None, n_ctx=512, n_threads=1, calibration=None) as engine:
+        assert engine.head is None
+        with pytest.raises(InvalidArgumentError, match="has none"):
+            engine.generate(ZOO_PROMPT, max_tokens=8, spec_type="draft-eagle3")
+        with pytest.raises(Exception, match="head drafter, but the engine has none"):
+            engine.generate(ZOO_PROMPT, max_tokens=8, spec_type="head")
