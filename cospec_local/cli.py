@@ -251,6 +251,8 @@ def draft_for_mode(target: str, draft: str | None, params: GenerationParams,
 
     if params.mode == "target-only":
         return None, params
+    if params.mode == "speculative" and draft is not None and "draft-eagle3" in str(params.spec_type):
+        return draft, params  # -md is the EAGLE-3 head the engine drafts with
     if params.mode == "speculative" and not spec_type_uses_model(params.spec_type):
         if draft is not None and not quiet:
             click.echo(f"note: --spec-type {params.spec_type} leaves the draft model out: -md {draft} not loaded",
