@@ -247,11 +247,11 @@ def draft_for_mode(target: str, draft: str | None, params: GenerationParams,
     it out), and the settings; said once on stderr. Without a draft model the n-gram drafter
     drafts alone; where --spec-type asks for the draft model and none is to be had, that is an
     error, and where nothing can draft the mode is target-only."""
-    from .params import spec_type_uses_model
+    from .params import spec_type_heads, spec_type_uses_model
 
     if params.mode == "target-only":
         return None, params
-    if params.mode == "speculative" and draft is not None and "draft-eagle3" in str(params.spec_type):
+    if params.mode == "speculative" and draft is not None and "eagle3" in spec_type_heads(params.spec_type):
         return draft, params  # -md is the EAGLE-3 head the engine drafts with
     if params.mode == "speculative" and not spec_type_uses_model(params.spec_type):
         if draft is not None and not quiet:

@@ -34,7 +34,7 @@ from .errors import (ArbiterDraftError, ArbiterError, ArbiterSettingsWarning, Co
                      GenerationError, InvalidArgumentError, from_native)
 from .evaluation.machine import machine_identity
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
-from .params import DEFAULTS, HEAD_SPEC_TYPES, UNTIL_CONTEXT_ENDS, GenerationParams, spec_type_uses_model
+from .params import DEFAULTS, UNTIL_CONTEXT_ENDS, GenerationParams, spec_type_heads, spec_type_uses_model
 
 log = logging.getLogger(__name__)
 
@@ -531,7 +531,7 @@ class Engine:
                                          "target-only mode")
             error.field = "logprobs"
             raise error
-        wanted = {HEAD_SPEC_TYPES[n.strip()] for n in str(params.spec_type).split(",") if n.strip() in HEAD_SPEC_TYPES}
+        wanted = spec_type_heads(params.spec_type)
         if params.mode == "speculative" and wanted and wanted != {self.head}:
             error = InvalidArgumentError(
                 f"spec_type: {params.spec_type!r} asks for the {'/'.join(sorted(wanted))} head drafter, but this engine "

@@ -56,6 +56,11 @@ def parse_spec_type(text: str) -> list[int]:
     return sources
 
 
+def spec_type_heads(text: str) -> set[str]:
+    """The head drafters these draft sources ask for by llama.cpp's names ("eagle3", "mtp")."""
+    return {HEAD_SPEC_TYPES[n.strip()] for n in str(text).split(",") if n.strip() in HEAD_SPEC_TYPES}
+
+
 def spec_type_uses_model(text: str) -> bool:
     """Whether these draft sources can draft with the draft model (auto can)."""
     return any(s in (_cospec.DRAFT_MODEL, _cospec.DRAFT_AUTO) for s in parse_spec_type(text))

@@ -13,6 +13,22 @@ namespace {
 // The fixed cost model's price of an n-gram proposal, in target steps: a table lookup.
 constexpr double NGRAM_DRAFT_COST = 0.001;
 
+// The block a drafting source offers: at most --draft-max and the step's room; with adaptive
+// drafting, what its tuner expects to pay (n_unread: tokens its first call catches up on).
+int32_t offered_length(const source_env & env, draft_tuner & tuner, int32_t room, int32_t n_unread) {
+    int32_t k = std::min(env.p.n_draft, room);
+    if (env.p.adaptive_draft && k > 0) { // (a step the budget makes plain asks nothing, starts no probe)
+        k = std::min(k, tuner.choose(env.p.n_draft, n_unread));
+    }
+    return std::max(k, 0);
+}
+
+// What that block promises per unit of its tuner's costs (0: it would not draft, or cannot say).
+double promised_rate(const source_env & env, const draft_tuner & tuner, int32_t room, int32_t n_unread) {
+    const int32_t k = std::min(env.p.n_draft, room);
+    return env.p.adaptive_draft && k > 0 ? tuner.expected_rate(k, n_unread) : 0.0;
+}
+
 } // namespace
 
 std::vector<llama_token> draft_prompt(const cospec_engine & e, const cospec_generate_params & p, const cospec_token * prompt,
@@ -45,20 +61,12 @@ bool draft_model_base::offer(const draft_context & ctx, proposal & /*out*/,
     if (!can_read()) {
         return false;
     }
-    k = std::min(env.p.n_draft, ctx.room);
-    if (env.p.adaptive_draft && k > 0) { // (a step the budget makes plain asks nothing, starts no probe)
-        k = std::min(k, length_tuner.choose(env.p.n_draft, n_unread));
-    }
-    k = std::max(k, 0);
+    k = offered_length(env, length_tuner, ctx.room, n_unread);
     return k > 0;
 }
 
 double draft_model_base::expected_rate(const draft_context & ctx) const {
-    const int32_t k = std::min(env.p.n_draft, ctx.room);
-    if (!can_read() || !env.p.adaptive_draft || k <= 0) {
-        return 0.0;
-    }
-    return length_tuner.expected_rate(k, n_unread);
+    return can_read() ? promised_rate(env, length_tuner, ctx.room, n_unread) : 0.0;
 }
 
 void draft_model_base::stepped(const block_source * by, int32_t n_emitted) {
@@ -387,8 +395,7 @@ constexpr double HEAD_DRAFT_COST = 0.1;
 head_source::head_source(const source_env & env, const cost_model * fixed_costs) : env(env) {
     if (fixed_costs != nullptr) {
         cost_model costs = *fixed_costs;
-        costs.first_draft = costs.draft_step = HEAD_DRAFT_COST;
-        costs.catch_up = 0.0; // the head reads every target decode as it happens
+        costs.first_draft = costs.draft_step = HEAD_DRAFT_COST; // no catch-up: it hears every target decode
         call_tuner.use_fixed_costs(costs);
         length_tuner = &call_tuner;
     } else {
@@ -400,30 +407,21 @@ bool head_source::offer(const draft_context & ctx, proposal & /*out*/, std::opti
     if (!env.e.head.ready() || env.e.head.stale() || env.e.head.n_seen() != ctx.n_past) {
         return false;
     }
-    k = std::min(env.p.n_draft, ctx.room);
-    if (env.p.adaptive_draft && k > 0) {
-        k = std::min(k, length_tuner->choose(env.p.n_draft, 0));
-    }
-    k = std::max(k, 0);
+    k = offered_length(env, *length_tuner, ctx.room, 0);
     return k > 0;
 }
 
 double head_source::expected_rate(const draft_context & ctx) const {
-    const int32_t k_max = std::min(env.p.n_draft, ctx.room);
-    if (!env.e.head.ready() || !env.p.adaptive_draft || k_max <= 0) {
-        return 0.0;
-    }
-    return length_tuner->expected_rate(k_max, 0);
+    return env.e.head.ready() ? promised_rate(env, *length_tuner, ctx.room, 0) : 0.0;
 }
 
 int32_t head_source::draft(const draft_context & ctx, proposal & out, std::optional<tuner_samples::draft_calls> & timing) {
     const auto t0 = clock_type::now();
-    const double draft_ms_before = env.st.t_draft_ms;
     if (const int32_t status = env.e.head.draft(ctx.seq, ctx.n_past, k, out.tokens); status != COSPEC_OK) {
         return status;
     }
     const double ms = ms_since(t0);
-    env.st.t_draft_ms = draft_ms_before + ms;
+    env.st.t_draft_ms += ms; // llama.cpp's decodes, not the engine's decoder: timed here
     env.chooser.trim(out.tokens, env.e.target.vocab);
     out.declined = (int32_t) out.tokens.size() < k;
     const int32_t n = std::max<int32_t>(1, (int32_t) out.tokens.size());

@@ -56,7 +56,7 @@ int32_t decoder::sync_to(model_slot & s, const std::vector<llama_token> & tokens
     }
     const bool heard = &s == &e.target && e.head.ready() && e.head.listening;
     if (heard) {
-        e.head.replay_end(tokens, keep_n, n); // stale where the text differs from what it heard
+        e.head.check_replay(tokens, keep_n, n);
     }
     if (heard && e.head.stale()) {
         // The head cannot follow this cache (another call decoded on it, or the text it heard
@@ -86,11 +86,10 @@ int32_t decoder::sync_to(model_slot & s, const std::vector<llama_token> & tokens
     }
     while (keep_n < n) {
         size_t end = std::min(keep_n + (size_t) e.n_batch, n);
-        if (heard) {
-            // A recurrent target restored from a saved state decodes text the head heard again:
-            // that part goes in batches of its own, which the head skips.
-            const size_t replayed = e.head.replay_end(tokens, keep_n, end);
-            end = replayed > keep_n ? replayed : end;
+        if (heard && keep_n < e.head.n_seen()) {
+            // A recurrent target restored from a saved state decodes text the head heard again
+            // (checked above): that part goes in batches of its own, which the head skips.
+            end = std::min(end, e.head.n_seen());
         }
         const int32_t chunk = (int32_t) (end - keep_n);
         fill_batch(s, tokens.data() + keep_n, chunk, (llama_pos) keep_n, false);

@@ -307,6 +307,10 @@ struct head_info {
 
 static head_info read_head_info(const char * path) {
     head_info info;
+    if (check_gguf_file("model", path) != COSPEC_OK) {
+        cospec::clear_error(); // loading it says what is wrong
+        return info;
+    }
     gguf_init_params gp {};
     gp.no_alloc = true;
     gp.ctx = nullptr;

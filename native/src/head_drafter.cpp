@@ -137,15 +137,13 @@ int32_t head_drafter::start_spec() {
     return COSPEC_OK;
 }
 
-size_t head_drafter::replay_end(const std::vector<llama_token> & tokens, size_t from, size_t to) {
-    const size_t end = std::min(to, seen.size());
-    for (size_t i = from; i < end; ++i) {
+void head_drafter::check_replay(const std::vector<llama_token> & tokens, size_t from, size_t to) {
+    for (size_t i = from; i < std::min(to, seen.size()); ++i) {
         if (tokens[i] != seen[i]) {
             stale_ = true;
-            return from;
+            return;
         }
     }
-    return std::max(from, end);
 }
 
 int32_t head_drafter::heard(const llama_batch & batch) {

@@ -43,10 +43,10 @@ class head_drafter {
     // Whether this call's target decodes are heard (a call that drafts with the head).
     bool listening = false;
 
-    // Before the target decodes tokens[from..to) at those positions: the part the head already
-    // heard (a replay) ends at the returned position, where a decode should be split so that no
-    // batch mixes replayed and new tokens; where tokens differ from what it heard, it is stale.
-    size_t replay_end(const std::vector<llama_token> & tokens, size_t from, size_t to);
+    // Before the target decodes tokens[from..to) at those positions: where they differ from what
+    // the head heard there, it is stale. The part it heard (a replay, up to n_seen()) goes in
+    // batches of its own, so that none mixes replayed and new tokens.
+    void check_replay(const std::vector<llama_token> & tokens, size_t from, size_t to);
     // The target decoded `batch` (sequence 0, positions in order): new tokens go to llama.cpp's
     // drafter, a replay is skipped, a batch that breaks the order makes the head stale.
     int32_t heard(const llama_batch & batch);
