@@ -15,6 +15,10 @@
 
 namespace cospec {
 
+namespace {
+constexpr int32_t MTP_DRAFT_MAX = 3;
+} // namespace
+
 const char * head_kind_name(head_kind kind) {
     switch (kind) {
         case head_kind::eagle3: return "eagle3";
@@ -40,6 +44,11 @@ void head_drafter::close() {
     free_spec();
     delete mirror;
     mirror = nullptr;
+    delete enc_batch;
+    enc_batch = nullptr;
+    delete dec_batch;
+    dec_batch = nullptr;
+    eagle3_forget();
     if (ctx != nullptr) {
         llama_free(ctx);
         ctx = nullptr;
@@ -111,16 +120,52 @@ int32_t head_drafter::open(llama_model * target_model, llama_context * target, l
         return fail(COSPEC_ERR_MODEL_LOAD, std::string("could not create the ") + head_kind_name(kind_) +
                                                " drafter's context" + (why.empty() ? "" : ": " + why));
     }
+    if (kind_ == head_kind::eagle3) {
+        return open_eagle3(target_model);
+    }
     mirror = new common_batch(target);
     return start_spec();
+}
+
+int32_t head_drafter::open_eagle3(llama_model * target_model) {
+    const uint32_t n_ids = llama_model_target_layer_ids_n(own_model);
+    const int32_t * ids = llama_model_target_layer_ids(own_model);
+    layer_ids.assign(ids, ids + n_ids);
+    n_layer_target = llama_model_n_layer(target_model);
+    n_embd_target = llama_model_n_embd(target_model);
+    n_embd_head = llama_model_n_embd(own_model);
+    n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(target_model));
+    // The target keeps the inputs of the layers the head reads (the final norm's for id n_layer).
+    for (const int32_t id : layer_ids) {
+        if (id < n_layer_target) {
+            llama_set_embeddings_layer_inp(target_ctx, (uint32_t) id, true);
+        } else {
+            llama_set_embeddings_nextn(target_ctx, true, /*masked*/ false);
+        }
+    }
+    // The head's own output state before its norm: the encoder's g, and a draft step's next g.
+    llama_set_embeddings_nextn(ctx, true, /*masked*/ true);
+    enc_batch = new common_batch(ctx);
+    dec_batch = new common_batch(ctx);
+    pending_g.assign((size_t) n_embd_head, 0.0f);
+    return COSPEC_OK;
+}
+
+void head_drafter::eagle3_forget() {
+    g_rows.clear();
+    g_pos0 = 0;
+    pending_pos = -1;
 }
 
 int32_t head_drafter::start_spec() {
     free_spec();
     primed = false;
     common_params_speculative sp;
-    sp.types = {kind_ == head_kind::eagle3 ? COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3 : COMMON_SPECULATIVE_TYPE_DRAFT_MTP};
-    sp.draft.n_max = COSPEC_N_DRAFT_MAX;
+    sp.types = {COMMON_SPECULATIVE_TYPE_DRAFT_MTP};
+    // llama.cpp's MTP drafter always drafts n_max tokens (the engine's tuner can only cut the
+    // block after), reusing a one-layer head past the depth it was trained for: a short cap
+    // bounds what a block the tuner wanted short costs.
+    sp.draft.n_max = MTP_DRAFT_MAX;
     sp.draft.n_min = 0;
     sp.draft.p_min = 0.0f;
     sp.draft.backend_sampling = false; // its top-1 on the CPU: no sampler in the draft's graph
@@ -147,7 +192,7 @@ void head_drafter::check_replay(const std::vector<llama_token> & tokens, size_t 
 }
 
 int32_t head_drafter::heard(const llama_batch & batch) {
-    if (spec == nullptr || stale_ || batch.n_tokens <= 0) {
+    if (!ready() || stale_ || batch.n_tokens <= 0) {
         return COSPEC_OK;
     }
     const size_t pos0 = (size_t) batch.pos[0];
@@ -163,6 +208,15 @@ int32_t head_drafter::heard(const llama_batch & batch) {
     }
     if (pos0 != seen.size()) {
         stale_ = true; // a gap, or a batch mixing heard and new tokens
+        return COSPEC_OK;
+    }
+    if (kind_ == head_kind::eagle3) {
+        if (const int32_t status = eagle3_heard(batch); status != COSPEC_OK || stale_) {
+            return status;
+        }
+        seen.insert(seen.end(), batch.token, batch.token + n);
+        last_batch_pos0 = pos0;
+        last_batch_end = pos0 + n;
         return COSPEC_OK;
     }
     mirror->clear();
@@ -208,7 +262,7 @@ int32_t head_drafter::prime() {
 }
 
 void head_drafter::kept(size_t n_valid) {
-    if (spec == nullptr || stale_) {
+    if (!ready() || stale_) {
         last_batch_end = 0;
         return;
     }
@@ -221,6 +275,12 @@ void head_drafter::kept(size_t n_valid) {
     n_valid = std::min(n_valid, last_batch_end);
     if (n_valid <= last_batch_pos0) {
         stale_ = true; // rows before the last batch were rejected: its state no longer fits
+        last_batch_end = 0;
+        return;
+    }
+    if (kind_ == head_kind::eagle3) {
+        eagle3_kept(n_valid);
+        seen.resize(n_valid);
         last_batch_end = 0;
         return;
     }
@@ -237,6 +297,7 @@ int32_t head_drafter::clear() {
     last_batch_pos0 = last_batch_end = 0;
     stale_ = false;
     primed = false;
+    eagle3_forget();
     if (ctx != nullptr) {
         llama_memory_clear(llama_get_memory(ctx), true);
     }
@@ -247,8 +308,11 @@ int32_t head_drafter::clear() {
 int32_t head_drafter::draft(const std::vector<llama_token> & seq, size_t n_past, int32_t n_max,
                             std::vector<llama_token> & out) {
     out.clear();
-    if (spec == nullptr || stale_ || n_max <= 0 || seen.size() != n_past) {
+    if (!ready() || stale_ || n_max <= 0 || seen.size() != n_past) {
         return COSPEC_OK;
+    }
+    if (kind_ == head_kind::eagle3) {
+        return eagle3_draft(seq[n_past], n_max, out);
     }
     prefix.assign(seq.begin(), seq.begin() + (std::ptrdiff_t) n_past);
     common_speculative_get_draft_params(spec, 0) = {
@@ -270,6 +334,111 @@ int32_t head_drafter::draft(const std::vector<llama_token> & seq, size_t n_past,
     if ((int32_t) out.size() > n_max) {
         out.resize((size_t) n_max);
     }
+    return COSPEC_OK;
+}
+
+// ------------------------------------------------------------ EAGLE-3, after llama.cpp's
+// common_speculative_impl_draft_eagle3
+
+int32_t head_drafter::eagle3_heard(const llama_batch & batch) {
+    const int32_t n = batch.n_tokens;
+    const size_t n_enc = layer_ids.size() * (size_t) n_embd_target;
+    features.resize((size_t) n * n_enc);
+    for (size_t k = 0; k < layer_ids.size(); ++k) {
+        const float * layer = layer_ids[k] < n_layer_target ? llama_get_embeddings_layer_inp(target_ctx, (uint32_t) layer_ids[k])
+                                                            : llama_get_embeddings_nextn(target_ctx);
+        if (layer == nullptr) {
+            return fail(COSPEC_ERR_DECODE, "the target did not keep layer " + std::to_string(layer_ids[k]) +
+                                               "'s hidden states for the EAGLE-3 head");
+        }
+        for (int32_t i = 0; i < n; ++i) {
+            std::memcpy(features.data() + (size_t) i * n_enc + k * (size_t) n_embd_target, layer + (size_t) i * n_embd_target,
+                        (size_t) n_embd_target * sizeof(float));
+        }
+    }
+    // The encoder, one row per token (its positions are placeholders: it attends nowhere), in
+    // chunks of the head context's micro-batch.
+    g_rows.resize((size_t) n * n_embd_head);
+    const int32_t n_ubatch = (int32_t) llama_n_ubatch(ctx);
+    for (int32_t i = 0; i < n; i += n_ubatch) {
+        const int32_t n_chunk = std::min(n_ubatch, n - i);
+        enc_batch->clear();
+        llama_pos pos = llama_memory_seq_pos_max(llama_get_memory(ctx), 0) + 1;
+        for (int32_t j = 0; j < n_chunk; ++j) {
+            enc_batch->add_embd({features.data() + (size_t) (i + j) * n_enc, 1, n_enc}, &pos, 0, true);
+            ++pos;
+        }
+        if (llama_process(ctx, LLAMA_PROCESS_TYPE_ENCODE, enc_batch->get()) != 0) {
+            stale_ = true;
+            return COSPEC_OK;
+        }
+        const float * g = llama_get_embeddings_nextn(ctx);
+        if (g == nullptr) {
+            return fail(COSPEC_ERR_DECODE, "the EAGLE-3 head's encoder gave no output");
+        }
+        std::memcpy(g_rows.data() + (size_t) i * n_embd_head, g, (size_t) n_chunk * n_embd_head * sizeof(float));
+    }
+    g_pos0 = (size_t) batch.pos[0];
+    // The decoder: position p takes (token p+1, g p). The pending boundary takes this batch's
+    // first token where a draft did not write it already; the batch's last row is the new one.
+    dec_batch->clear();
+    const llama_pos pos0 = batch.pos[0];
+    if (pending_pos >= 0 && pending_pos + 1 == pos0 && pending_pos > llama_memory_seq_pos_max(llama_get_memory(ctx), 0)) {
+        const int32_t idx = dec_batch->add(batch.token[0], pending_pos, 0, false);
+        dec_batch->set_embd(idx, {pending_g.data(), 1, (size_t) n_embd_head});
+    }
+    for (int32_t k = 0; k + 1 < n; ++k) {
+        const int32_t idx = dec_batch->add(batch.token[k + 1], pos0 + k, 0, false);
+        dec_batch->set_embd(idx, {g_rows.data() + (size_t) k * n_embd_head, 1, (size_t) n_embd_head});
+    }
+    pending_pos = pos0 + n - 1;
+    std::memcpy(pending_g.data(), g_rows.data() + (size_t) (n - 1) * n_embd_head, (size_t) n_embd_head * sizeof(float));
+    if (dec_batch->size() > 0 && llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, dec_batch->get()) != 0) {
+        stale_ = true; // its context could not take the batch: it starts over with the target's cache
+    }
+    return COSPEC_OK;
+}
+
+void head_drafter::eagle3_kept(size_t n_valid) {
+    // The last kept row becomes the boundary: its entry waits for the token after it, and the
+    // entries from there on read rejected tokens.
+    const size_t row = n_valid - 1 - g_pos0;
+    if (n_valid == 0 || n_valid - 1 < g_pos0 || (row + 1) * (size_t) n_embd_head > g_rows.size()) {
+        stale_ = true;
+        return;
+    }
+    pending_pos = (llama_pos) (n_valid - 1);
+    std::memcpy(pending_g.data(), g_rows.data() + row * n_embd_head, (size_t) n_embd_head * sizeof(float));
+    llama_memory_seq_rm(llama_get_memory(ctx), 0, pending_pos, -1);
+}
+
+int32_t head_drafter::eagle3_draft(llama_token first, int32_t n_max, std::vector<llama_token> & out) {
+    if (pending_pos < 0) {
+        return COSPEC_OK;
+    }
+    // The boundary's pair, completed by the step's first input, then one token at a time: each
+    // step's output state is the next step's g.
+    llama_memory_seq_rm(llama_get_memory(ctx), 0, pending_pos, -1);
+    step_g = pending_g;
+    llama_token token = first;
+    for (int32_t i = 0; i < n_max; ++i) {
+        dec_batch->clear();
+        const int32_t idx = dec_batch->add(token, pending_pos + i, 0, true);
+        dec_batch->set_embd(idx, {step_g.data(), 1, (size_t) n_embd_head});
+        if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, dec_batch->get()) != 0) {
+            break; // what it drafted so far stands as a block
+        }
+        const float * logits = llama_get_logits_ith(ctx, 0);
+        const float * state = llama_get_embeddings_nextn_ith(ctx, 0);
+        if (logits == nullptr || state == nullptr) {
+            break;
+        }
+        token = (llama_token) (std::max_element(logits, logits + n_vocab) - logits);
+        out.push_back(token);
+        std::memcpy(step_g.data(), state, (size_t) n_embd_head * sizeof(float));
+    }
+    // The boundary's entry stands (the step's first input is the target's); the draft's go.
+    llama_memory_seq_rm(llama_get_memory(ctx), 0, pending_pos + 1, -1);
     return COSPEC_OK;
 }
 

@@ -1,8 +1,12 @@
-// llama.cpp's own head drafters, run through its common/speculative.cpp (libllama-common): an
-// EAGLE-3 head, a one-layer model of its own that reads three of the target's layers, and the
-// multi-token-prediction (MTP) layers some targets carry (Qwen3.5, Qwen3-Next), run in a second
-// context on the target's own weights. Both draft from the target's hidden states, so the head
-// must hear every target decode, in order: `seen` is the text it has heard, position by position.
+// Head drafters, which draft from the target's own hidden states: an EAGLE-3 head, a one-layer
+// model of its own that reads three of the target's layers, and the multi-token-prediction (MTP)
+// layers some targets carry (Qwen3.5, Qwen3-Next), run in a second context on the target's own
+// weights. MTP runs through llama.cpp's common/speculative.cpp (libllama-common). EAGLE-3 follows
+// llama.cpp's implementation step by step (its encoder, its decoder's input convention, its
+// deferred boundary) but is driven here, because llama.cpp's drafts always as many tokens as the
+// drafter was opened with and this engine's tuner picks each block's length.
+// The head must hear every target decode, in order: `seen` is the text it has heard, position by
+// position.
 // A decode of tokens it already heard (a recurrent target catching up after restoring a saved
 // state) is a replay it skips; anything else that breaks the order leaves it stale, and the
 // target's cache starts over with it.
@@ -38,7 +42,7 @@ class head_drafter {
     int32_t open(llama_model * target_model, llama_context * target_ctx, llama_model * head_model,
                  const llama_context_params & base);
     head_kind kind() const { return kind_; }
-    bool ready() const { return spec != nullptr; }
+    bool ready() const { return spec != nullptr || (kind_ == head_kind::eagle3 && ctx != nullptr); }
 
     // Whether this call's target decodes are heard (a call that drafts with the head).
     bool listening = false;
@@ -69,6 +73,11 @@ class head_drafter {
     int32_t start_spec();
     void free_spec();
     int32_t prime();
+    int32_t open_eagle3(llama_model * target_model);
+    int32_t eagle3_heard(const llama_batch & batch);
+    void eagle3_kept(size_t n_valid);
+    int32_t eagle3_draft(llama_token first, int32_t n_max, std::vector<llama_token> & out);
+    void eagle3_forget();
 
     head_kind kind_ = head_kind::none;
     llama_model * own_model = nullptr; // an EAGLE-3 head's (MTP runs on the target's)
@@ -82,6 +91,23 @@ class head_drafter {
     bool stale_ = false;
     bool primed = false; // the drafter drafted once since it started (llama.cpp's accept needs that)
     std::vector<llama_token> prefix; // scratch: the text before the step's first input
+
+    // EAGLE-3. Its decoder's cache entry at position p reads (token p+1, g p), g being the
+    // encoder's fusion of the target's three hidden states at p: the last heard position waits
+    // for the next token (the "deferred boundary", pending_*), which the next batch or draft brings.
+    std::vector<int32_t> layer_ids;   // the target layers it reads (n_layer: the final norm's input)
+    int32_t n_layer_target = 0;
+    int32_t n_embd_target = 0;
+    int32_t n_embd_head = 0;
+    int32_t n_vocab = 0;
+    common_batch * enc_batch = nullptr; // fused hidden states in, g out
+    common_batch * dec_batch = nullptr; // (token, g) pairs
+    std::vector<float> features;  // [rows, 3 * n_embd_target]
+    std::vector<float> g_rows;    // the last heard batch's g, [rows, n_embd_head]
+    size_t g_pos0 = 0;            // the position of g_rows' first row
+    llama_pos pending_pos = -1;   // the deferred boundary's position, -1: none
+    std::vector<float> pending_g; // and its g
+    std::vector<float> step_g;    // a draft step's output state, the next step's g
 };
 
 } // namespace cospec
