@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cospec_local import Engine
+from cospec_local.arbiter.callbacks import arbiter_from_function
 from cospec_local.errors import InvalidArgumentError
 from cospec_local.formats import tiny_models
 
@@ -73,6 +75,15 @@ def test_the_mtp_layers_of_a_hybrid_target_draft_losslessly(models):
             Engine(models["qwen35-mtp"], models["llama"], n_ctx=512, n_threads=1, calibration=None) as control:
         assert engine.head == "mtp" and not engine.has_draft and control.head == "mtp"
         check_lossless(engine, control, "draft-mtp", restores=True)
+        # Beside an arbiter that keeps every mismatch it decides, the head is a lookup's peer: its
+        # matches stand, and at its mismatch the draft model drafts the position for the arbiter,
+        # so no target token ever replaces a draft token.
+        keep_all = arbiter_from_function(lambda block: np.ones(len(block["draft"])), name="keep-all")
+        kept = control.generate(ZOO_PROMPT, max_tokens=N_PREDICT, spec_type="head,draft", arbiter=keep_all,
+                                draft_max=4, adaptive_draft=False)
+        assert kept.stats.blocks_head > 0 and kept.stats.target_fallbacks == 0
+        assert kept.decisions and all(d.keep for d in kept.decisions)
+        assert kept.stats.arbiter_keeps == len(kept.decisions)
 
 
 def test_an_engine_without_a_head_refuses_one(models):

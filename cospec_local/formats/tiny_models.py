@@ -199,7 +199,7 @@ def build(names: list[str], out: Path, vocab: Path | None = None, timeout: float
     return {n: out / f"{n}.gguf" for n in names}
 
 
-def _copy_vocabulary(writer, source: Path) -> None:
+def copy_vocabulary(writer, source: Path) -> None:
     """Write the tokenizer.* keys of source into writer, types kept."""
     import gguf
 
@@ -318,7 +318,7 @@ def _convert(name: str, out: Path, vocab_source: Path, n_vocab: int) -> Path:
                            target_model_dir=target_dir)
     # SmolLM2's vocabulary in place of the converter's tokenizer step: no tokenizer files needed,
     # and every zoo model pairs with every other.
-    instance.set_vocab = lambda: _copy_vocabulary(instance.gguf_writer, vocab_source)
+    instance.set_vocab = lambda: copy_vocabulary(instance.gguf_writer, vocab_source)
     instance.write()
     partial.replace(target)
     shutil.rmtree(hf_dir)

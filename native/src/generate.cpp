@@ -228,9 +228,10 @@ class generation {
                 const cospec::cost_model lookup = cospec::lookup_costs(e, p);
                 sources.push_back(std::make_unique<cospec::ngram_source>(env, timing_free ? &lookup : nullptr));
             }
-            // The head drafts before the draft model: it reads the target itself. A call whose
-            // arbiter keeps mismatches leaves it out (its blocks would only be verified losslessly).
-            if ((src == COSPEC_DRAFT_HEAD || src == COSPEC_DRAFT_AUTO) && !has_head && e.head.ready() && !arbiter_can_keep) {
+            // The head drafts before the draft model: it reads the target itself. Beside an arbiter
+            // that keeps mismatches it is a lookup's peer: its matches stand, and at its mismatch
+            // the draft model drafts the position for the arbiter to decide.
+            if ((src == COSPEC_DRAFT_HEAD || src == COSPEC_DRAFT_AUTO) && !has_head && e.head.ready()) {
                 has_head = true;
                 const cospec::cost_model fixed = cospec::lookup_costs(e, p);
                 sources.push_back(std::make_unique<cospec::head_source>(env, timing_free ? &fixed : nullptr));
@@ -503,7 +504,7 @@ class generation {
         return COSPEC_OK;
     }
 
-    // An arbiter that keeps decides the draft model's mismatches; an n-gram block's are refused.
+    // An arbiter that keeps decides the draft model's mismatches; an n-gram or head block's are refused.
     bool arbiter_decides() const { return arbiter_can_keep && current->arbiter_may_decide(); }
 
     bool decide(float p_keep_i) {

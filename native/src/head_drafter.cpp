@@ -30,8 +30,10 @@ const char * head_kind_name(head_kind kind) {
 // Target architectures whose graphs expose the layer inputs an EAGLE-3 head reads (llama.cpp
 // asserts, and so ends the process, where a graph does not: src/models/*.cpp set t_layer_inp).
 static bool exposes_layer_inputs(const std::string & arch) {
-    static const char * const known[] = {"llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "gemma4",
-                                         "gpt-oss", "lfm2", "nemotron_h", "minimax-m2", "bailingmoe3", "deepseek4"};
+    static const char * const known[] = {"llama",       "nanbeige",   "qwen3",    "qwen3moe",  "gemma4",
+                                         "muse-glimmer", "deepseek4", "nemotron_h", "bailingmoe3", "hunyuan_vl",
+                                         "gpt-oss",     "lfm2",       "minimax-01", "minimax-m2", "qwen3next",
+                                         "qwen35",      "qwen35moe",  "qwen4exp", "mimo2"};
     return std::find(std::begin(known), std::end(known), arch) != std::end(known);
 }
 
