@@ -288,7 +288,20 @@ def drafting_line(draft: str | None, params: GenerationParams | None) -> str:
     ngram = _cospec.DRAFT_NGRAM in sources or (_cospec.DRAFT_AUTO in sources and arbiter in ("target", None))
     if draft is None:
         return "- (the n-gram drafter drafts; -md DRAFT adds a draft model)" if ngram else "-"
-    return f"{resolve_model(draft)}" + (" and the n-gram drafter" if ngram else "")
+    path = resolve_model(draft)
+    return f"{path}" + (" (an EAGLE-3 head)" if gguf_architecture(path) == "eagle3" else "") + \
+        (" and the n-gram drafter" if ngram else "")
+
+
+def gguf_architecture(path) -> str | None:
+    """A GGUF's general.architecture, or None where the file cannot be read as one (the engine's
+    load then says why)."""
+    from .formats.gguf_edit import architecture, open_gguf
+
+    try:
+        return architecture(open_gguf(path))
+    except (OSError, ValueError):
+        return None
 
 
 def context_note(load: LoadSettings, engine: Engine) -> str | None:
@@ -334,6 +347,9 @@ def open_engine(load: LoadSettings, draft: str | None, quiet: bool = False,
             click.echo(f"note: {note}", err=True)
         if not quiet and (note := context_note(load, engine)) is not None:
             click.echo(f"note: {note}", err=True)
+        if not quiet and engine.head == "mtp" and params is not None and params.mode == "speculative":
+            click.echo("note: the target carries multi-token-prediction layers, and they draft where --spec-type "
+                       "takes the head (auto, head, draft-mtp)", err=True)
         return engine
     except VocabMismatchError as exc:
         raise click.ClickException(f"{exc}\nfix: -md with a draft whose tokenizer writes any text (byte-level BPE or "
