@@ -50,7 +50,7 @@ def head_run(engine, prompt, n: int, k: int, adaptive: bool, spec_type: str = "d
     s = r.stats
     return {"tps": s.predicted_per_second, "tokens": r.tokens, "blocks_head": s.blocks_head,
             "drafted_head": s.draft_n_head, "accepted_head": s.draft_n_matched_head, "blocks": s.blocks,
-            "drafted_ngram": s.draft_n_ngram, "accepted_ngram": s.draft_n_matched_ngram}
+            "drafted_ngram": s.draft_n_ngram, "accepted_ngram": s.draft_n_matched_ngram, "draft_ms": s.draft_ms}
 
 
 def main(argv=None) -> int:
@@ -126,6 +126,9 @@ def main(argv=None) -> int:
         "acceptance": sum(r["fixed"]["accepted_head"] for r in rows) / max(1, sum(r["fixed"]["drafted_head"] for r in rows)),
         "llama_acceptance": sum((r["llama"]["acceptance"] or 0) for r in rows) / len(rows),
         "identical_fixed": sum(r["fixed"]["identical"] for r in rows),
+        # a head draft token's cost in target steps (a target step: 1 / target-only's tokens/s)
+        "head_step_cost": (sum(r["fixed"]["draft_ms"] for r in rows) / max(1, sum(r["fixed"]["drafted_head"] for r in rows)))
+                          / (1000.0 * len(rows) / sum(r["target_only_tps"] for r in rows)),
         "identical_tuned": sum(r["tuned"]["identical"] for r in rows),
     }
     if grounded:
@@ -144,7 +147,8 @@ def main(argv=None) -> int:
              f"| llama-speculative-simple `--spec-type draft-eagle3 --spec-draft-n-max {a.k}` | "
              f"{summary['llama_over_target_only']:.2f}x | ({summary['llama_acceptance']:.1%} of drafted) | |", "",
              f"Engine over llama.cpp: {summary['fixed_over_llama']:.2f}x at K = {a.k}, "
-             f"{summary['tuned_over_llama']:.2f}x with the tuner."]
+             f"{summary['tuned_over_llama']:.2f}x with the tuner. A head draft token costs "
+             f"{summary['head_step_cost']:.3f} of a target step."]
     if grounded:
         lines += ["", f"Input-grounded prompts ({len(grounded)}, raw, end-of-text ignored): `ngram` "
                       f"{summary['grounded_ngram_over_target_only']:.2f}x target-only, `ngram,draft-eagle3` "

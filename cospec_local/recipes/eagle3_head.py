@@ -298,7 +298,7 @@ def train_stage(target: Path, out: Path, layers: list[int], draft_vocab: int, st
 
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(items))
-    n_dev = max(16, len(items) // 40)
+    n_dev = min(max(16, len(items) // 40), len(items) // 4)  # 2.5% held back, 16 at least, a quarter at most
     dev, train = order[:n_dev], order[n_dev:]
     ckpt = out / "head_train.pt"
     state = {"step": 0, "best": -1.0, "curve": []}
@@ -315,6 +315,8 @@ def train_stage(target: Path, out: Path, layers: list[int], draft_vocab: int, st
     chunks = [train[i:i + batch] for i in range(0, len(train), batch)]
     per_epoch = len(chunks)
     total_steps = int(per_epoch * epochs)
+    if total_steps < 1:
+        raise SystemExit(f"train: {len(train)} training sequences in batches of {batch} for {epochs} epochs is no step")
     warmup = max(1, total_steps // 20)
     eval_every = max(1, per_epoch // 3)
 
@@ -419,6 +421,68 @@ def gguf_stage(target: Path, out: Path, dst: Path, name: str, outtype: str) -> P
     shutil.rmtree(hf_dir)
     shutil.rmtree(target_dir)
     return dst
+
+
+def load_head_gguf(path: Path):
+    """The torch head (build_head) with the dequantized weights of an EAGLE-3 GGUF this recipe
+    wrote, its config and its draft vocabulary (target ids): the converter's output read back,
+    q/k rows returned from llama.cpp's rope order to the rotate-half one the head trains in."""
+    import gguf
+    import torch
+
+    from cospec_local.formats.gguf_llama_reader import unpermute_qk
+
+    reader = gguf.GGUFReader(Path(path), "r")
+
+    def field(key):
+        f = reader.get_field(f"eagle3.{key}")
+        return f.contents() if f is not None else None
+
+    tensors = {t.name: t for t in reader.tensors}
+    H, nh, nkv = field("embedding_length"), field("attention.head_count"), field("attention.head_count_kv")
+    vocab = np.asarray(tensors["d2t"].data, dtype=np.int64).reshape(-1)
+    config = {"hidden_size": H, "head_dim": field("attention.key_length"), "num_attention_heads": nh,
+              "num_key_value_heads": nkv, "rms_norm_eps": field("attention.layer_norm_rms_epsilon"),
+              "eagle_aux_hidden_state_layer_ids": list(field("target_layers")),
+              "target_hidden_size": field("target_hidden_size"), "intermediate_size": field("feed_forward_length"),
+              "draft_vocab_size": len(vocab), "rope_theta": field("rope.freq_base")}
+    ours = {"fc.weight": "fc.weight", "output.weight": "lm_head.weight", "output_norm.weight": "norm.weight",
+            "blk.0.attn_norm.weight": "input_layernorm.weight", "blk.0.attn_norm_2.weight": "hidden_norm.weight",
+            "blk.0.ffn_norm.weight": "post_attention_layernorm.weight", "blk.0.attn_q.weight": "q_proj.weight",
+            "blk.0.attn_k.weight": "k_proj.weight", "blk.0.attn_v.weight": "v_proj.weight",
+            "blk.0.attn_output.weight": "o_proj.weight", "blk.0.ffn_gate.weight": "gate_proj.weight",
+            "blk.0.ffn_up.weight": "up_proj.weight", "blk.0.ffn_down.weight": "down_proj.weight"}
+    state = {}
+    for name, key in ours.items():
+        t = tensors[name]
+        w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        if key == "q_proj.weight":
+            w = unpermute_qk(w, nh)
+        elif key == "k_proj.weight":
+            w = unpermute_qk(w, nkv)
+        state[key] = torch.from_numpy(np.ascontiguousarray(w))
+    head = build_head(config, torch)
+    head.load_state_dict(state)
+    return head.eval(), config, vocab
+
+
+def first_step_predictions(target: Path, head, config: dict, vocab: np.ndarray, tokens: list[int]) -> np.ndarray:
+    """The head's step-0 prediction at every chain p of `tokens` (the token at p + 2, in the
+    target's vocabulary) from the target's own hidden states: what a K = 1 block drafts there."""
+    import torch
+
+    from cospec_local.formats.gguf_llama_reader import load_llama_gguf
+
+    model = load_llama_gguf(target).eval()
+    x = torch.tensor([tokens])
+    with torch.no_grad():
+        hs = model.model(input_ids=x, output_hidden_states=True).hidden_states
+        f = torch.cat([hs[i] for i in config["eagle_aux_hidden_state_layer_ids"]], -1)
+        T = len(tokens) - 1
+        mask = torch.tril(torch.ones(T, T, dtype=torch.bool))[None, None]
+        out = head.step(model.model.embed_tokens(x[:, 1:]), head.fc(f[:, :T]), 0, [], mask)
+        pred = head.lm_head(head.norm(out)).argmax(-1)[0].numpy()
+    return vocab[pred]
 
 
 # ----------------------------------------------------------------------------- measure

@@ -155,7 +155,9 @@ int32_t head_drafter::open_eagle3(llama_model * target_model) {
 
 void head_drafter::eagle3_forget() {
     g_rows.clear();
-    g_pos0 = 0;
+    queued_tokens.clear();
+    queued_features.clear();
+    queued_pos0 = 0;
     pending_pos = -1;
 }
 
@@ -342,10 +344,20 @@ int32_t head_drafter::draft(const std::vector<llama_token> & seq, size_t n_past,
 // ------------------------------------------------------------ EAGLE-3, after llama.cpp's
 // common_speculative_impl_draft_eagle3
 
+// What the target decoded is queued, its hidden states copied out, and run through the head at
+// its next draft: a plain target step then costs the head nothing but the copy, where running
+// the head's encoder and decoder on every step (two llama.cpp calls) cost a 135M target 10%.
 int32_t head_drafter::eagle3_heard(const llama_batch & batch) {
     const int32_t n = batch.n_tokens;
     const size_t n_enc = layer_ids.size() * (size_t) n_embd_target;
-    features.resize((size_t) n * n_enc);
+    if (queued_tokens.empty()) {
+        queued_pos0 = (size_t) batch.pos[0];
+    } else if (queued_pos0 + queued_tokens.size() != (size_t) batch.pos[0]) {
+        stale_ = true; // the order broke (heard() checks it first: this would be a bug)
+        return COSPEC_OK;
+    }
+    const size_t row0 = queued_tokens.size();
+    queued_features.resize((row0 + (size_t) n) * n_enc);
     for (size_t k = 0; k < layer_ids.size(); ++k) {
         const float * layer = layer_ids[k] < n_layer_target ? llama_get_embeddings_layer_inp(target_ctx, (uint32_t) layer_ids[k])
                                                             : llama_get_embeddings_nextn(target_ctx);
@@ -354,12 +366,35 @@ int32_t head_drafter::eagle3_heard(const llama_batch & batch) {
                                                "'s hidden states for the EAGLE-3 head");
         }
         for (int32_t i = 0; i < n; ++i) {
-            std::memcpy(features.data() + (size_t) i * n_enc + k * (size_t) n_embd_target, layer + (size_t) i * n_embd_target,
-                        (size_t) n_embd_target * sizeof(float));
+            std::memcpy(queued_features.data() + (row0 + (size_t) i) * n_enc + k * (size_t) n_embd_target,
+                        layer + (size_t) i * n_embd_target, (size_t) n_embd_target * sizeof(float));
         }
     }
-    // The encoder, one row per token (its positions are placeholders: it attends nowhere), in
-    // chunks of the head context's micro-batch.
+    queued_tokens.insert(queued_tokens.end(), batch.token, batch.token + n);
+    return COSPEC_OK;
+}
+
+void head_drafter::eagle3_kept(size_t n_valid) {
+    // Rows past n_valid were rejected: they leave the queue (the head has not run them yet).
+    if (n_valid < queued_pos0 + 1) {
+        stale_ = true; // rows the head ran already were rejected (a draft always follows the queue's end)
+        return;
+    }
+    const size_t keep = std::min(queued_tokens.size(), n_valid - queued_pos0);
+    queued_tokens.resize(keep);
+    queued_features.resize(keep * layer_ids.size() * (size_t) n_embd_target);
+}
+
+// Run the queue through the head: the encoder (one g per token; its positions are placeholders,
+// it attends nowhere), then the decoder, which at position p takes (token p+1, g p). The pending
+// boundary takes the queue's first token where a draft did not write it already; the queue's last
+// row is the new one.
+int32_t head_drafter::eagle3_flush() {
+    const int32_t n = (int32_t) queued_tokens.size();
+    if (n == 0) {
+        return COSPEC_OK;
+    }
+    const size_t n_enc = layer_ids.size() * (size_t) n_embd_target;
     g_rows.resize((size_t) n * n_embd_head);
     const int32_t n_ubatch = (int32_t) llama_n_ubatch(ctx);
     for (int32_t i = 0; i < n; i += n_ubatch) {
@@ -367,7 +402,7 @@ int32_t head_drafter::eagle3_heard(const llama_batch & batch) {
         enc_batch->clear();
         llama_pos pos = llama_memory_seq_pos_max(llama_get_memory(ctx), 0) + 1;
         for (int32_t j = 0; j < n_chunk; ++j) {
-            enc_batch->add_embd({features.data() + (size_t) (i + j) * n_enc, 1, n_enc}, &pos, 0, true);
+            enc_batch->add_embd({queued_features.data() + (size_t) (i + j) * n_enc, 1, n_enc}, &pos, 0, true);
             ++pos;
         }
         if (llama_process(ctx, LLAMA_PROCESS_TYPE_ENCODE, enc_batch->get()) != 0) {
@@ -380,41 +415,38 @@ int32_t head_drafter::eagle3_heard(const llama_batch & batch) {
         }
         std::memcpy(g_rows.data() + (size_t) i * n_embd_head, g, (size_t) n_chunk * n_embd_head * sizeof(float));
     }
-    g_pos0 = (size_t) batch.pos[0];
-    // The decoder: position p takes (token p+1, g p). The pending boundary takes this batch's
-    // first token where a draft did not write it already; the batch's last row is the new one.
+    const llama_pos pos0 = (llama_pos) queued_pos0;
+    const int32_t n_batch = (int32_t) llama_n_batch(ctx);
     dec_batch->clear();
-    const llama_pos pos0 = batch.pos[0];
     if (pending_pos >= 0 && pending_pos + 1 == pos0 && pending_pos > llama_memory_seq_pos_max(llama_get_memory(ctx), 0)) {
-        const int32_t idx = dec_batch->add(batch.token[0], pending_pos, 0, false);
+        const int32_t idx = dec_batch->add(queued_tokens[0], pending_pos, 0, false);
         dec_batch->set_embd(idx, {pending_g.data(), 1, (size_t) n_embd_head});
     }
     for (int32_t k = 0; k + 1 < n; ++k) {
-        const int32_t idx = dec_batch->add(batch.token[k + 1], pos0 + k, 0, false);
+        const int32_t idx = dec_batch->add(queued_tokens[(size_t) k + 1], pos0 + k, 0, false);
         dec_batch->set_embd(idx, {g_rows.data() + (size_t) k * n_embd_head, 1, (size_t) n_embd_head});
+        if (dec_batch->size() == n_batch) { // a long prompt: in batches the context takes
+            if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, dec_batch->get()) != 0) {
+                stale_ = true;
+                return COSPEC_OK;
+            }
+            dec_batch->clear();
+        }
     }
     pending_pos = pos0 + n - 1;
     std::memcpy(pending_g.data(), g_rows.data() + (size_t) (n - 1) * n_embd_head, (size_t) n_embd_head * sizeof(float));
+    queued_tokens.clear();
+    queued_features.clear();
     if (dec_batch->size() > 0 && llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, dec_batch->get()) != 0) {
         stale_ = true; // its context could not take the batch: it starts over with the target's cache
     }
     return COSPEC_OK;
 }
 
-void head_drafter::eagle3_kept(size_t n_valid) {
-    // The last kept row becomes the boundary: its entry waits for the token after it, and the
-    // entries from there on read rejected tokens.
-    const size_t row = n_valid - 1 - g_pos0;
-    if (n_valid == 0 || n_valid - 1 < g_pos0 || (row + 1) * (size_t) n_embd_head > g_rows.size()) {
-        stale_ = true;
-        return;
-    }
-    pending_pos = (llama_pos) (n_valid - 1);
-    std::memcpy(pending_g.data(), g_rows.data() + row * n_embd_head, (size_t) n_embd_head * sizeof(float));
-    llama_memory_seq_rm(llama_get_memory(ctx), 0, pending_pos, -1);
-}
-
 int32_t head_drafter::eagle3_draft(llama_token first, int32_t n_max, std::vector<llama_token> & out) {
+    if (const int32_t status = eagle3_flush(); status != COSPEC_OK || stale_) {
+        return status;
+    }
     if (pending_pos < 0) {
         return COSPEC_OK;
     }

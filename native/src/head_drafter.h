@@ -76,6 +76,7 @@ class head_drafter {
     int32_t open_eagle3(llama_model * target_model);
     int32_t eagle3_heard(const llama_batch & batch);
     void eagle3_kept(size_t n_valid);
+    int32_t eagle3_flush();
     int32_t eagle3_draft(llama_token first, int32_t n_max, std::vector<llama_token> & out);
     void eagle3_forget();
 
@@ -102,9 +103,10 @@ class head_drafter {
     int32_t n_vocab = 0;
     common_batch * enc_batch = nullptr; // fused hidden states in, g out
     common_batch * dec_batch = nullptr; // (token, g) pairs
-    std::vector<float> features;  // [rows, 3 * n_embd_target]
-    std::vector<float> g_rows;    // the last heard batch's g, [rows, n_embd_head]
-    size_t g_pos0 = 0;            // the position of g_rows' first row
+    std::vector<llama_token> queued_tokens; // heard since the last draft, from position queued_pos0
+    std::vector<float> queued_features;     // their fused hidden states, [rows, 3 * n_embd_target]
+    size_t queued_pos0 = 0;
+    std::vector<float> g_rows;    // scratch: the encoder's output for the queue, [rows, n_embd_head]
     llama_pos pending_pos = -1;   // the deferred boundary's position, -1: none
     std::vector<float> pending_g; // and its g
     std::vector<float> step_g;    // a draft step's output state, the next step's g
