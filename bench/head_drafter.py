@@ -2,7 +2,8 @@
 `llama-speculative-simple --spec-type draft-eagle3` with the same head GGUF, built from the
 vendored source against the very libraries the engine runs. Held-out chat prompts
 (bench/heldout_chat_prompts.txt, rendered by the target's chat template), greedy, end-of-text
-respected, the same threads; prompts in turn, each program's runs beside each other.
+respected, the same threads; prompts in turn, each program's runs beside each other, each of the
+engine's from an empty cache (a reset keeps what its tuners learned).
 
     python bench/head_drafter.py -m smollm2-135m --head smollm2-135m-eagle3 -k 3 -n 160 -t 2 --out bench/head_drafter/smollm2
 
@@ -83,8 +84,13 @@ def main(argv=None) -> int:
         for i, p in enumerate(prompts):
             text = engine.detokenize(engine.render_chat([{"role": "user", "content": p}]), render_special=True)
             with load.window():
+                # Each run from an empty cache, as llama.cpp's program starts (a run after another
+                # on the same prompt would reuse its cache and hear its own output replayed).
+                engine.reset()
                 plain = engine.generate(text, max_tokens=a.n, mode="target-only")
+                engine.reset()
                 fixed = head_run(engine, text, a.n, a.k, adaptive=False)
+                engine.reset()
                 tuned = head_run(engine, text, a.n, a.k, adaptive=True)
                 llama = run_llama(binary, target, head, text, a.k, a.n, a.threads)
             row = {"prompt": p, "target_only_tps": plain.stats.predicted_per_second, "tokens": len(plain.tokens),

@@ -563,7 +563,10 @@ def main(argv: list[str] | None = None) -> None:
     layers = [int(x) for x in comma_list(args.layers)] or default_layers(n_layer)
     if len(layers) != 3 or not all(0 <= x < n_layer for x in layers):
         raise SystemExit(f"--layers: three target layers in 0..{n_layer - 1}, not {layers}")
-    log_update(args.out, LOG, args=asdict(args) | {"out": str(args.out), "target": str(target), "layers_used": layers})
+    # Every invocation's settings, in order: a resumed stage's are the ones it ran with.
+    runs = json.loads((args.out / LOG).read_text()).get("runs", []) if (args.out / LOG).is_file() else []
+    log_update(args.out, LOG, runs=runs + [asdict(args) | {"out": str(args.out), "target": str(target),
+                                                            "layers_used": layers, "started": time.time()}])
     if args.outtype not in OUTTYPES:
         raise SystemExit(f"--outtype: one of {', '.join(OUTTYPES)}")
     head_path = args.out / f"{args.name}-{args.outtype}.gguf"
@@ -573,6 +576,7 @@ def main(argv: list[str] | None = None) -> None:
         distill_main(["--out", str(args.out), "--model", str(target), "--stages", "generate", "--train-prompts",
                       str(args.train_prompts), "--max-new", str(args.max_new), "--gen-batch", str(args.gen_batch),
                       "--seed", str(args.seed), "--threads", str(args.threads), "--device", "cpu"])
+        log_update(args.out, LOG, generate=json.loads((args.out / "distill_log.json").read_text())["generate"])
     if "features" in stages:
         import torch
 
