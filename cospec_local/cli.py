@@ -704,7 +704,8 @@ def rpc_server(host, port, n_threads, cache_dir):
 
 
 RUNS_HELP = ("Comma-separated runs: target-only, draft-only, sps (lossless), ngram (sps from the n-gram drafter "
-             "alone), fly, aasd, cospec (the bundled learned "
+             "alone), head (from the head drafter alone: an EAGLE-3 head as -md, or the target's MTP layers), fly, "
+             "aasd, cospec (the bundled learned "
              "arbiter for this draft), cospec:NAME_OR_FOLDER, speculative:ARBITER.")
 
 
@@ -716,6 +717,8 @@ def parse_runs_option(text: str | None, draft: str | None, default: str = ""):
 
     try:
         draft_path = resolve_model(draft) if draft else None
+        if text is None and draft_path is not None and gguf_architecture(draft_path) == "eagle3":
+            text = "target-only,ngram,head,sps"  # a head is no draft model: nothing for an arbiter to keep
         if text is None:
             text = default + (",cospec" if bundled_arbiter_for(draft_path) else "")
         return parse_runs(text, draft_path)

@@ -86,6 +86,38 @@ def test_the_mtp_layers_of_a_hybrid_target_draft_losslessly(models):
         assert kept.stats.arbiter_keeps == len(kept.decisions)
 
 
+def test_a_head_made_for_another_target_is_refused_at_load(models):
+    from cospec_local.errors import CospecError
+    from cospec_local.models import resolve_model
+
+    # The zoo's head reads 64-wide hidden states; SmolLM2-135M's are 576 wide (llama.cpp would abort).
+    with pytest.raises(CospecError, match="width 64, the target's are 576: a head made for another target"):
+        Engine(resolve_model("smollm2-135m"), models["llama-eagle3"], n_ctx=512, n_threads=1, calibration=None)
+
+
+@pytest.mark.parametrize("first_id", [49152, -1, "second"])
+def test_a_head_whose_vocabulary_map_llama_cpp_would_scatter_out_of_range_is_refused(tmp_path, first_id):
+    """llama.cpp scatters the head's logits by its d2t map unchecked: an id out of the target's
+    vocabulary, or one named twice, is refused at load with what is wrong."""
+    import shutil
+
+    import gguf
+
+    from cospec_local.errors import CospecError
+    from cospec_local.models import resolve_model
+
+    good = resolve_model("smollm2-135m-eagle3")
+    bad = tmp_path / "head.gguf"
+    shutil.copyfile(good, bad)
+    d2t = next(t for t in gguf.GGUFReader(good).tensors if t.name == "d2t")
+    value = int(np.asarray(d2t.data)[1]) if first_id == "second" else first_id
+    with bad.open("r+b") as f:
+        f.seek(d2t.data_offset)
+        f.write(np.int64(value).tobytes())
+    with pytest.raises(CospecError, match=f"d2t map names token {value} out of range or twice"):
+        Engine(resolve_model("smollm2-135m"), bad, n_ctx=512, n_threads=1, calibration=None)
+
+
 def test_an_engine_without_a_head_refuses_one(models):
     with Engine(models["llama"], None, n_ctx=512, n_threads=1, calibration=None) as engine:
         assert engine.head is None
@@ -104,3 +136,18 @@ def test_the_command_line_names_the_head_it_drafts_with(models):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert f"draft:  {models['llama-eagle3']} (an EAGLE-3 head)" in out.stderr
+
+
+def test_bench_measures_a_head_given_as_the_draft(models):
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "cospec_local.cli", "bench", "-m", str(models["llama"]), "-md",
+                          str(models["llama-eagle3"]), "--prompts", str(REPO / "bench" / "heldout_chat_prompts.txt"),
+                          "-n", "8", "--repeat", "1", "--draft-max", "2", "-t", "1", "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    text = json.dumps(json.loads(out.stdout))
+    for label in ("target-only", "ngram", "head", "sps"):
+        assert f'"{label}"' in text, label

@@ -227,7 +227,7 @@ def run_bench(engine: Engine, prompts: Sequence[str], ks: Sequence[int], runs: S
     for run in runs:
         generate(0, run, max_tokens=8, draft_max=ks[0])
     plain_ms, costs = {}, None
-    if baseline is not None:
+    if baseline is not None and engine.has_draft:  # (a head or the n-gram drafter alone: no draft model to time)
         plain_ms = plain_costs(engine, tokenized, draft_tokenized, params)
         costs = measure_costs(engine, tokenized, params, plain_ms)
 

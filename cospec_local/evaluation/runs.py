@@ -6,6 +6,8 @@ mode plus, for speculative decoding, the arbiter that settles mismatches.
     fly                         speculative, FLy's rule
     aasd                        speculative, AASD's conditional verification
     ngram                       speculative, the n-gram drafter alone (lossless; the REST row)
+    head                        speculative, the head drafter alone (an EAGLE-3 head given as the draft,
+                                or the target's MTP layers; lossless: the EAGLE-3 / MTP row)
     cospec                      speculative, the bundled learned arbiter made for this draft
     cospec:NAME_OR_PATH         speculative, that learned arbiter (e.g. cospec:demo-features)
     speculative:ARBITER         speculative with any arbiter (target, fly, a name or a folder)
@@ -25,6 +27,7 @@ ALIASES = {
     "draft-only": ("draft-only", None, None),
     "sps": ("speculative", "target", None),
     "ngram": ("speculative", "target", "ngram"),
+    "head": ("speculative", "target", "head"),
     "fly": ("speculative", "fly", None),
     "aasd": ("speculative", "aasd", None),
 }
@@ -68,7 +71,7 @@ def parse_runs(text: str, draft_path: str | os.PathLike | None = None) -> list[R
                 arbiter = resolve_auto(draft_path)
             runs.append(Run(label, "speculative", arbiter))
         else:
-            raise ValueError(f"unknown run {label!r}; use target-only, draft-only, sps, ngram, fly, aasd, cospec, "
+            raise ValueError(f"unknown run {label!r}; use target-only, draft-only, sps, ngram, head, fly, aasd, cospec, "
                              f"cospec:NAME_OR_FOLDER or speculative:ARBITER")
     if len({r.label for r in runs}) != len(runs):
         raise ValueError("a run is named twice")

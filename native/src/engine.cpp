@@ -303,7 +303,51 @@ static bool on_load_progress(float progress, void * data) {
 struct head_info {
     std::string arch;
     uint32_t n_nextn = 0;
+    // An EAGLE-3 head's: the width of the target hidden states it reads, and whether it has token
+    // embeddings of its own (else it takes the target's, which must then be as wide as its own).
+    int64_t target_hidden = -1;
+    bool own_token_embd = false;
+    // Its draft-to-target vocabulary map (d2t), which llama.cpp's graph scatters the logits by
+    // unchecked: "" where it is absent or sound, else what is wrong with it.
+    std::string d2t_problem;
 };
+
+// d2t: I64, one entry per row of the head's output matrix, each a distinct target token id.
+static std::string check_d2t(const char * path, gguf_context * g, ggml_context * meta, int64_t n_vocab) {
+    const int64_t id = gguf_find_tensor(g, "d2t");
+    if (id < 0) {
+        return "";
+    }
+    const ggml_tensor * d2t = ggml_get_tensor(meta, "d2t");
+    const ggml_tensor * out = ggml_get_tensor(meta, "output.weight");
+    if (d2t == nullptr || d2t->type != GGML_TYPE_I64 || ggml_n_dims(d2t) != 1) {
+        return "its d2t map is not one row of 64-bit integers";
+    }
+    if (out == nullptr || out->ne[1] != d2t->ne[0]) {
+        return "its d2t map has " + std::to_string(d2t->ne[0]) + " entries, its output head another count of rows";
+    }
+    if (n_vocab <= 0 || d2t->ne[0] > n_vocab) {
+        return "its d2t map is longer than its vocabulary";
+    }
+    std::vector<int64_t> ids((size_t) d2t->ne[0]);
+    FILE * f = std::fopen(path, "rb");
+    bool read = f != nullptr && std::fseek(f, (long) (gguf_get_data_offset(g) + gguf_get_tensor_offset(g, id)), SEEK_SET) == 0 &&
+                std::fread(ids.data(), sizeof(int64_t), ids.size(), f) == ids.size();
+    if (f != nullptr) {
+        std::fclose(f);
+    }
+    if (!read) {
+        return "its d2t map cannot be read";
+    }
+    std::vector<bool> used((size_t) n_vocab, false);
+    for (const int64_t t : ids) {
+        if (t < 0 || t >= n_vocab || used[(size_t) t]) {
+            return "its d2t map names token " + std::to_string(t) + " out of range or twice";
+        }
+        used[(size_t) t] = true;
+    }
+    return "";
+}
 
 static head_info read_head_info(const char * path) {
     head_info info;
@@ -311,9 +355,10 @@ static head_info read_head_info(const char * path) {
         cospec::clear_error(); // loading it says what is wrong
         return info;
     }
+    ggml_context * meta = nullptr;
     gguf_init_params gp {};
     gp.no_alloc = true;
-    gp.ctx = nullptr;
+    gp.ctx = &meta;
     gguf_context * g = gguf_init_from_file(path, gp);
     if (g == nullptr) {
         return info;
@@ -325,8 +370,19 @@ static head_info read_head_info(const char * path) {
         if (nextn >= 0 && gguf_get_kv_type(g, nextn) == GGUF_TYPE_UINT32) {
             info.n_nextn = gguf_get_val_u32(g, nextn);
         }
+        const int64_t hidden = gguf_find_key(g, (info.arch + ".target_hidden_size").c_str());
+        if (hidden >= 0 && gguf_get_kv_type(g, hidden) == GGUF_TYPE_UINT32) {
+            info.target_hidden = gguf_get_val_u32(g, hidden);
+        }
+        info.own_token_embd = gguf_find_tensor(g, "token_embd.weight") >= 0;
+        if (info.arch == "eagle3") {
+            const int64_t vocab = gguf_find_key(g, "tokenizer.ggml.tokens");
+            const int64_t n_vocab = vocab >= 0 && gguf_get_kv_type(g, vocab) == GGUF_TYPE_ARRAY ? (int64_t) gguf_get_arr_n(g, vocab) : 0;
+            info.d2t_problem = check_d2t(path, g, meta, n_vocab);
+        }
     }
     gguf_free(g);
+    ggml_free(meta);
     return info;
 }
 
@@ -624,11 +680,27 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
         }
         const bool draft_given = params->draft_path != nullptr && params->draft_path[0] != '\0';
         // An EAGLE-3 head given as the draft drafts from the target's hidden states: no draft model.
-        const bool eagle3 = draft_given && read_head_info(params->draft_path).arch == "eagle3";
+        const head_info draft_head = draft_given ? read_head_info(params->draft_path) : head_info {};
+        const bool eagle3 = draft_head.arch == "eagle3";
         model_slot head_model;
         if (eagle3) {
             if (int32_t st = load_model(*params, 1, head_model, e->rpc); st != COSPEC_OK) {
                 return st;
+            }
+            if (!draft_head.d2t_problem.empty()) {
+                return fail(COSPEC_ERR_MODEL_LOAD, "the EAGLE-3 head cannot be used: " + draft_head.d2t_problem);
+            }
+            // Widths llama.cpp's graphs assume equal (a mismatch would abort in a matrix product).
+            const int64_t n_embd_target = llama_model_n_embd(e->target.model);
+            if (draft_head.target_hidden != n_embd_target) {
+                return fail(COSPEC_ERR_MODEL_LOAD, "the EAGLE-3 head reads target hidden states of width " +
+                                                       std::to_string(draft_head.target_hidden) + ", the target's are " +
+                                                       std::to_string(n_embd_target) + ": a head made for another target");
+            }
+            if (!draft_head.own_token_embd && llama_model_n_embd(head_model.model) != n_embd_target) {
+                return fail(COSPEC_ERR_MODEL_LOAD, "the EAGLE-3 head has no token embeddings of its own and is " +
+                                                       std::to_string(llama_model_n_embd(head_model.model)) +
+                                                       " wide, the target's embeddings " + std::to_string(n_embd_target));
             }
         }
         e->has_draft = draft_given && !eagle3;
