@@ -151,3 +151,32 @@ def test_bench_measures_a_head_given_as_the_draft(models):
     text = json.dumps(json.loads(out.stdout))
     for label in ("target-only", "ngram", "head", "sps"):
         assert f'"{label}"' in text, label
+
+
+def test_sampled_head_blocks_keep_the_targets_distribution():
+    """At temperature > 0 a head's token is accepted with the target's probability of it and a
+    refusal samples the rest: the first two tokens are distributed as target-only's (SmolLM2 and
+    the head trained for it, which proposes the second token every time)."""
+    from collections import Counter
+
+    from scipy.stats import chi2_contingency
+
+    from cospec_local.models import resolve_model
+
+    counts = {"target-only": Counter(), "speculative": Counter()}
+    drafted = 0
+    with Engine(resolve_model("smollm2-135m"), resolve_model("smollm2-135m-eagle3"), n_ctx=512, n_threads=2,
+                calibration=None) as engine:
+        prompt = engine.render_chat([{"role": "user", "content": "Name a colour."}])
+        for mode, seeds in (("target-only", range(400)), ("speculative", range(10_000, 10_400))):
+            for seed in seeds:
+                r = engine.generate(prompt, mode=mode, spec_type="draft-eagle3", max_tokens=2, temperature=1.5,
+                                    seed=seed, ignore_eos=True, draft_max=2, adaptive_draft=False)
+                counts[mode][tuple(r.tokens)] += 1
+                drafted += r.stats.draft_n_head > 0
+    assert drafted > 350  # nearly every speculative run verified a head token
+    a, b = counts["target-only"], counts["speculative"]
+    assert len(a) >= 5, "the prompt should spread probability over several continuations"
+    common = [k for k in set(a) | set(b) if a[k] + b[k] >= 10]
+    rows = [[c[k] for k in common] + [sum(c.values()) - sum(c[k] for k in common)] for c in (a, b)]
+    assert chi2_contingency(rows)[1] > 1e-3

@@ -57,6 +57,8 @@ int32_t decoder::sync_to(model_slot & s, const std::vector<llama_token> & tokens
     const bool heard = &s == &e.target && e.head.ready() && e.head.listening;
     if (heard) {
         e.head.check_replay(tokens, keep_n, n);
+        // What it heard past this text (an earlier reply on the same prompt) goes.
+        e.head.truncate(n);
     }
     if (heard && e.head.stale()) {
         // The head cannot follow this cache (another call decoded on it, or the text it heard

@@ -17,6 +17,9 @@ namespace cospec {
 
 namespace {
 constexpr int32_t MTP_DRAFT_MAX = 3;
+// How many positions of g a head keeps for cuts back (a regenerated reply, another request on a
+// shared prefix): 16 MiB for a 4096-wide head.
+constexpr size_t G_HISTORY_ROWS = 1024;
 } // namespace
 
 const char * head_kind_name(head_kind kind) {
@@ -158,6 +161,8 @@ void head_drafter::eagle3_forget() {
     queued_tokens.clear();
     queued_features.clear();
     queued_pos0 = 0;
+    g_history.clear();
+    g_history_pos0 = 0;
     pending_pos = -1;
 }
 
@@ -294,6 +299,34 @@ void head_drafter::kept(size_t n_valid) {
     llama_memory_seq_rm(llama_get_memory(ctx), 0, (llama_pos) n_valid, -1);
     seen.resize(n_valid);
     last_batch_end = 0;
+}
+
+void head_drafter::truncate(size_t n) {
+    if (!ready() || stale_ || n >= seen.size()) {
+        return;
+    }
+    if (kind_ != head_kind::eagle3 || n == 0) {
+        stale_ = true;
+        return;
+    }
+    seen.resize(n);
+    last_batch_end = 0;
+    if (!queued_tokens.empty() && n > queued_pos0) {
+        eagle3_kept(n); // the cut falls in what it has not run yet
+        return;
+    }
+    // The cut falls in what it ran: position n - 1 becomes the deferred boundary again.
+    queued_tokens.clear();
+    queued_features.clear();
+    if (n - 1 < g_history_pos0 || (n - g_history_pos0) * (size_t) n_embd_head > g_history.size()) {
+        stale_ = true; // further back than it keeps
+        return;
+    }
+    pending_pos = (llama_pos) (n - 1);
+    std::memcpy(pending_g.data(), g_history.data() + (n - 1 - g_history_pos0) * (size_t) n_embd_head,
+                (size_t) n_embd_head * sizeof(float));
+    g_history.resize((n - g_history_pos0) * (size_t) n_embd_head);
+    llama_memory_seq_rm(llama_get_memory(ctx), 0, pending_pos, -1);
 }
 
 int32_t head_drafter::clear() {
@@ -435,6 +468,13 @@ int32_t head_drafter::eagle3_flush() {
     }
     pending_pos = pos0 + n - 1;
     std::memcpy(pending_g.data(), g_rows.data() + (size_t) (n - 1) * n_embd_head, (size_t) n_embd_head * sizeof(float));
+    g_history.insert(g_history.end(), g_rows.begin(), g_rows.begin() + (std::ptrdiff_t) n * n_embd_head);
+    const size_t rows = g_history.size() / (size_t) n_embd_head;
+    if (rows > 2 * G_HISTORY_ROWS) { // keep the last G_HISTORY_ROWS (amortised: a copy every G_HISTORY_ROWS rows)
+        const size_t drop = rows - G_HISTORY_ROWS;
+        g_history.erase(g_history.begin(), g_history.begin() + (std::ptrdiff_t) (drop * (size_t) n_embd_head));
+        g_history_pos0 += drop;
+    }
     queued_tokens.clear();
     queued_features.clear();
     if (dec_batch->size() > 0 && llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, dec_batch->get()) != 0) {

@@ -62,6 +62,9 @@ class head_drafter {
     void mark_stale() { stale_ = true; }
     // Forget everything heard (the target's cache was emptied too).
     int32_t clear();
+    // The target's cache is cut back to its first n tokens: the head forgets what it heard after
+    // them, or goes stale where it cannot (MTP: llama.cpp's drafter cannot roll back).
+    void truncate(size_t n);
 
     // Draft up to n_max tokens after seq[0..n_past] (seq[n_past], the step's first input, is not
     // decoded yet; the head has heard seq[0..n_past)). Tokens in the target's vocabulary.
@@ -107,6 +110,10 @@ class head_drafter {
     std::vector<float> queued_features;     // their fused hidden states, [rows, 3 * n_embd_target]
     size_t queued_pos0 = 0;
     std::vector<float> g_rows;    // scratch: the encoder's output for the queue, [rows, n_embd_head]
+    // The g of the last positions the head ran, from position g_history_pos0: a cut back to one
+    // of them makes it the deferred boundary again.
+    std::vector<float> g_history;
+    size_t g_history_pos0 = 0;
     llama_pos pending_pos = -1;   // the deferred boundary's position, -1: none
     std::vector<float> pending_g; // and its g
     std::vector<float> step_g;    // a draft step's output state, the next step's g
