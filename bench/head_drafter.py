@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,22 +26,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from ngram_vs_llama_cpp import build_speculative_simple, geomean  # noqa: E402
+from ngram_vs_llama_cpp import build_speculative_simple, geomean, run_speculative_simple  # noqa: E402
 from results_report import command, report  # noqa: E402
 
 
 def run_llama(binary: Path, target: Path, head: Path, prompt: str, k: int, n: int, threads: int) -> dict:
-    cmd = [str(binary), "-m", str(target), "-md", str(head), "--spec-type", "draft-eagle3", "--spec-draft-n-max",
-           str(k), "-p", prompt, "-n", str(n), "--temp", "0", "--top-k", "1", "--no-repack", "-t", str(threads),
-           "-td", str(threads), "-c", "4096"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    text = out.stdout + out.stderr
-    speed = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", text)
-    accept = re.search(r"accept\s+=\s+([\d.]+)%", text)
-    if out.returncode != 0 or not speed:
-        raise RuntimeError(f"llama-speculative-simple --spec-type draft-eagle3 failed:\n{text[-2000:]}")
-    return {"tps": float(speed.group(3)), "tokens": int(speed.group(1)),
-            "acceptance": float(accept.group(1)) / 100 if accept else None}
+    return run_speculative_simple(binary, ["-m", str(target), "-md", str(head), "--spec-type", "draft-eagle3",
+                                           "--spec-draft-n-max", str(k), "-p", prompt, "-n", str(n), "--temp", "0",
+                                           "--top-k", "1", "--no-repack", "-t", str(threads), "-td", str(threads),
+                                           "-c", "4096"], "draft-eagle3")
 
 
 def head_run(engine, prompt, n: int, k: int, adaptive: bool, spec_type: str = "draft-eagle3", **kw) -> dict:

@@ -48,10 +48,9 @@ def build_speculative_simple(out_dir: Path) -> Path:
     return binary
 
 
-def run_llama(binary: Path, target: Path, prompt: str, kind: str, n: int, threads: int) -> dict:
-    cmd = [str(binary), "-m", str(target), "-p", prompt, "--spec-type", kind, "-n", str(n), "--temp", "0",
-           "--top-k", "1", "--ignore-eos", "--no-repack", "-t", str(threads), "-c", "4096"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+def run_speculative_simple(binary: Path, args: list[str], kind: str) -> dict:
+    """Run llama-speculative-simple with `args` (after the binary) and read its speed and acceptance."""
+    out = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=900)
     text = out.stdout + out.stderr
     speed = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", text)
     accept = re.search(r"accept\s+=\s+([\d.]+)%", text)
@@ -59,6 +58,12 @@ def run_llama(binary: Path, target: Path, prompt: str, kind: str, n: int, thread
         raise RuntimeError(f"llama-speculative-simple --spec-type {kind} failed:\n{text[-2000:]}")
     return {"tps": float(speed.group(3)), "tokens": int(speed.group(1)),
             "acceptance": float(accept.group(1)) / 100 if accept else None}
+
+
+def run_llama(binary: Path, target: Path, prompt: str, kind: str, n: int, threads: int) -> dict:
+    return run_speculative_simple(binary, ["-m", str(target), "-p", prompt, "--spec-type", kind, "-n", str(n),
+                                           "--temp", "0", "--top-k", "1", "--ignore-eos", "--no-repack", "-t",
+                                           str(threads), "-c", "4096"], kind)
 
 
 def geomean(values: list[float]) -> float:

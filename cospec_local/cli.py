@@ -296,10 +296,12 @@ def drafting_line(draft: str | None, params: GenerationParams | None) -> str:
 def gguf_architecture(path) -> str | None:
     """A GGUF's general.architecture, or None where the file cannot be read as one (the engine's
     load then says why)."""
-    from .formats.gguf_edit import architecture, open_gguf
+    import pathlib
+
+    from .models import read_gguf_header
 
     try:
-        return architecture(open_gguf(path))
+        return read_gguf_header(pathlib.Path(path), {"general.architecture"}).get("general.architecture")
     except (OSError, ValueError):
         return None
 
