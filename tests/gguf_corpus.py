@@ -3,6 +3,7 @@ one in a worker process and classifies what happened.
 
     python tests/gguf_corpus.py --out runs/corpus              # build and run all cases (about 3 minutes)
     python tests/gguf_corpus.py --out runs/corpus --arbiters   # the arbiter cases
+    python tests/gguf_corpus.py --out runs/corpus --heads      # the EAGLE-3 head cases
 
 Every case must end as a clean typed error (a CospecError subclass with a short, valid message)
 or a correct run (finite logits, a few tokens); never a signal, a hang, more than 2 GiB, an
@@ -20,11 +21,15 @@ untyped exception or NaN garbage. Mutations (each deterministic, from the case n
   tokens differ from the target's;
 - arbiters (`arbiter_cases`, with `--arbiters`): the shipped arbiters' LoRA adapter or head file
   mutated as above (keys, tensor infos, header, truncations, bit flips), loaded for the clean pair
-  and asked about a block.
+  and asked about a block;
+- heads (`head_cases`, with `--heads`): the shipped EAGLE-3 head for SmolLM2 mutated as above, plus
+  the layers it reads and the widths it names, opened beside its clean target and drafted from,
+  greedy and sampled.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -55,6 +60,7 @@ class Case:
     target: str
     draft: str | None
     arbiter: str | None = None  # an arbiter folder, loaded for the clean pair and run
+    head: bool = False  # the draft is a head drafter: draft with it, not with arbiters
 
 
 # ---------------------------------------------------------------------------------------- writing
@@ -69,6 +75,36 @@ def with_kv(src: Path, dst: Path, key: str, value, vtype=None, sub_type=None) ->
 
     add = {} if value is None else {key: (value, vtype) if sub_type is None else (value, vtype, sub_type)}
     return rewrite_gguf(reader, dst, edit, add_kv=add)
+
+
+@functools.lru_cache(maxsize=4)
+def _layout(src: Path) -> tuple[bytes, dict[str, tuple[int, int]], int, int, int]:
+    """A GGUF's bytes, each key's byte range, where the tensor infos end, its alignment and
+    where its data starts (reading a whole vocabulary's header once)."""
+    reader = open_gguf(src)
+
+    def span(f):
+        return int(f.offset), int(f.offset) + sum(int(part.nbytes) for part in f.parts)
+
+    keys = {f.name: span(f) for f in reader.fields.values() if not f.name.startswith("GGUF.")}
+    return src.read_bytes(), keys, span(reader.tensors[-1].field)[1], reader.alignment, reader.data_offset
+
+
+def spliced_kv(src: Path, dst: Path, key: str, value, vtype=None, sub_type=None) -> Path:
+    """with_kv by bytes, for files whose other keys are costly to write again (a whole vocabulary):
+    the one key replaced in place, dropped or added after the others, the rest copied as it is."""
+    raw, keys, infos_end, alignment, data_offset = _layout(src)
+    new = b""
+    if value is not None:
+        writer = gguf.GGUFWriter(None, "llama")
+        new = writer._pack_val(key, T.STRING, add_vtype=False) + \
+            writer._pack_val(value, vtype, add_vtype=True, sub_type=sub_type)
+    at, cut = keys[key] if key in keys else (max(end for _, end in keys.values()),) * 2
+    n_kv = struct.unpack_from("<Q", raw, 16)[0] + (value is not None) - (key in keys)
+    body = raw[:16] + struct.pack("<Q", n_kv) + raw[24:at] + new + raw[cut:infos_end]
+    body += b"\0" * (-len(body) % alignment)
+    dst.write_bytes(body + raw[data_offset:])
+    return dst
 
 
 def with_tokens(src: Path, dst: Path, change) -> Path:
@@ -111,12 +147,13 @@ def scalar_variants(vtype) -> list[tuple[str, object, object]]:
     return []
 
 
-def kv_cases(src: Path, d: Path, tag: str) -> list[tuple[str, Path]]:
-    """Every scalar key with its type kept, its type changed, or deleted; every array key deleted."""
+def kv_cases(src: Path, d: Path, tag: str, keep=lambda key: True, write=with_kv) -> list[tuple[str, Path]]:
+    """Every scalar key with its type kept, its type changed, or deleted; every array key deleted
+    (of the keys `keep` selects, each file written by `write`)."""
     reader = open_gguf(src)
     out = []
     for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == gguf.Keys.General.ARCHITECTURE:
+        if field.name.startswith("GGUF.") or field.name == gguf.Keys.General.ARCHITECTURE or not keep(field.name):
             continue
         vtype = field.types[0]
         safe = field.name.replace(".", "_")
@@ -124,9 +161,9 @@ def kv_cases(src: Path, d: Path, tag: str) -> list[tuple[str, Path]]:
             for label, value, new_type in scalar_variants(vtype):
                 if label == "flip":
                     value = not field.contents()
-                out.append((f"{tag}-kv-{safe}-{label}", with_kv(src, d / f"{tag}-kv-{safe}-{label}.gguf", field.name,
-                                                                 value, new_type)))
-        out.append((f"{tag}-kv-{safe}-deleted", with_kv(src, d / f"{tag}-kv-{safe}-deleted.gguf", field.name, None)))
+                out.append((f"{tag}-kv-{safe}-{label}", write(src, d / f"{tag}-kv-{safe}-{label}.gguf", field.name,
+                                                               value, new_type)))
+        out.append((f"{tag}-kv-{safe}-deleted", write(src, d / f"{tag}-kv-{safe}-deleted.gguf", field.name, None)))
     return out
 
 
@@ -354,6 +391,32 @@ def arbiter_cases(out: Path, target: Path, draft: Path, arbiters: dict[str, Path
     return cases
 
 
+def head_cases(out: Path, target: Path, head: Path) -> list[Case]:
+    """An EAGLE-3 head with one thing corrupted (a key, the layers it reads, a tensor info, the
+    header), opened beside the clean target it was made for and drafted from."""
+    out.mkdir(parents=True, exist_ok=True)
+    reader = open_gguf(head)
+    arch = str(reader.get_field(gguf.Keys.General.ARCHITECTURE).contents())
+    # (the tokenizer's keys are the target's, corrupted in the models' corpus; here the vocabulary
+    # list goes, which the head must match)
+    made = kv_cases(head, out, "head", lambda key: not key.startswith("tokenizer.") or key == gguf.Keys.Tokenizer.LIST,
+                    write=spliced_kv)
+    layers = f"{arch}.target_layers"
+    width = f"{arch}.target_hidden_size"
+    for label, value in (("past-the-target", [2, 15, 99]), ("negative", [-1, 15, 27]), ("two", [2, 15]),
+                         ("four", [2, 15, 27, 28]), ("one", [15]), ("last-plus-one", [2, 15, 31])):
+        name = f"head-{layers.replace('.', '_')}-{label}"
+        made.append((name, spliced_kv(head, out / f"{name}.gguf", layers, value, T.ARRAY, T.INT32)))
+    for label, value in (("half", 288), ("double", 1152), ("one", 1)):
+        name = f"head-{width.replace('.', '_')}-{label}"
+        made.append((name, spliced_kv(head, out / f"{name}.gguf", width, value, T.UINT32)))
+    tensors = [t.name for t in reader.tensors]
+    chosen = [n for n in tensors if n in ("fc.weight", "d2t", "output.weight", "output_norm.weight")
+              or n.startswith(("blk.0.attn_q", "blk.0.attn_norm_2"))]
+    made += tensor_cases(head, out, "head", chosen) + header_cases(head, out, "head", bit_flips=24)
+    return [Case(name, str(target), str(path), head=True) for name, path in made]
+
+
 # ---------------------------------------------------------------------------------------- running
 
 WORKER = r'''
@@ -366,10 +429,17 @@ for line in sys.stdin:
     case = json.loads(line)
     out = {{"name": case["name"]}}
     try:
-        with Engine(case["target"], case["draft"], n_ctx=256, n_threads=1) as engine:
+        # (each corrupted head is a new pair to calibrate: its costs are not what is tested)
+        calibration = None if case.get("head") else "auto"
+        with Engine(case["target"], case["draft"], n_ctx=256, n_threads=1, calibration=calibration) as engine:
             prompt = engine.tokenize("Mei has 94 stamps. How many stamps does Mei have now?")
             runs = [engine.generate(prompt, mode="target-only", max_tokens=8, ignore_eos=True)]
-            if case["draft"]:
+            if case.get("head"):
+                runs.append(engine.generate(prompt, max_tokens=8, ignore_eos=True, spec_type="draft-eagle3",
+                                            draft_max=4, adaptive_draft=False))
+                runs.append(engine.generate(prompt, max_tokens=8, ignore_eos=True, spec_type="draft-eagle3",
+                                            temperature=0.8, seed=1))
+            elif case["draft"]:
                 runs.append(engine.generate(prompt, max_tokens=8, ignore_eos=True, draft_max=4, adaptive_draft=False))
                 runs.append(engine.generate(prompt, max_tokens=8, ignore_eos=True, arbiter="fly"))
             if case.get("arbiter"):
@@ -472,10 +542,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--arbiters", action="store_true", help="the arbiter cases instead of the models'")
+    ap.add_argument("--heads", action="store_true", help="the EAGLE-3 head cases instead of the models'")
     args = ap.parse_args(argv)
-    from cospec_local.models import demo_model
+    from cospec_local.models import demo_model, resolve_model
 
-    if args.arbiters:
+    if args.heads:
+        cases = head_cases(args.out / "files", resolve_model("smollm2-135m"), resolve_model("smollm2-135m-eagle3"))
+    elif args.arbiters:
         cases = arbiter_cases(args.out / "files", demo_model("target"), demo_model("draft"), shipped_arbiters())
     else:
         cases = build(args.out / "files", demo_model("target"), demo_model("draft"))

@@ -1,10 +1,11 @@
 """No model file may abort, hang or exhaust the process: the corpus of structured corruptions of
-the demo pair (tests/gguf_corpus.py, over 1,000 cases) ends, case by case, in a clean typed error
-with a short, valid message, or in a correct run with finite logits."""
+the demo pair (tests/gguf_corpus.py, over 1,000 cases), the shipped arbiters and an EAGLE-3 head
+ends, case by case, in a clean typed error with a short, valid message, or in a correct run with
+finite logits."""
 import pytest
 
 from cospec_local.models import demo_model
-from gguf_corpus import arbiter_cases, build, run, shipped_arbiters, verdict
+from gguf_corpus import arbiter_cases, build, head_cases, run, shipped_arbiters, verdict
 
 
 def assert_clean(cases, error_classes: set[str]) -> None:
@@ -35,3 +36,15 @@ def test_every_corrupted_arbiter_is_a_clean_error_or_a_correct_run(tmp_path):
     assert len(cases) >= 400
     # (ArbiterDraftError: a corrupted draft fingerprint reads as an arbiter made for another draft)
     assert_clean(cases, {"ArbiterError", "ArbiterDraftError", "AdapterError"})
+
+
+@pytest.mark.slow
+def test_every_corrupted_head_is_a_clean_error_or_a_correct_run(tmp_path):
+    """The shipped EAGLE-3 head for SmolLM2 corrupted one thing at a time (its keys, the layers it
+    reads and the width it names, tensor infos, header, bit flips), opened beside its target and
+    drafted from, greedy and sampled: a typed error, never llama.cpp's abort or a hang."""
+    from cospec_local.models import resolve_model
+
+    cases = head_cases(tmp_path, resolve_model("smollm2-135m"), resolve_model("smollm2-135m-eagle3"))
+    assert len(cases) >= 200
+    assert_clean(cases, {"ModelLoadError", "VocabMismatchError", "InvalidArgumentError"})

@@ -228,6 +228,36 @@ int32_t check_rope_sections(const std::string & who, const gguf_context * g, con
     return COSPEC_OK;
 }
 
+// Rotary dimensions: ggml's rope kernels assert that they are even and fit the head
+// (GGML_ASSERT(n_dims <= ne0), GGML_ASSERT(n_dims % 2 == 0)). llama.cpp itself demands the whole
+// head of llama-graph architectures (llama, deci, falcon); an EAGLE-3 head runs llama's layer too.
+int32_t check_rope_dimensions(const std::string & who, const gguf_context * g, const std::string & arch) {
+    double head_dim = 0, n_embd = 0;
+    std::vector<int64_t> heads;
+    if (!number(g, arch + ".attention.key_length", head_dim) && number(g, arch + ".embedding_length", n_embd) &&
+        per_layer(g, arch + ".attention.head_count", 1, heads) && !heads.empty() && heads[0] > 0) {
+        head_dim = std::floor(n_embd / (double) heads[0]);
+    }
+    if (!(head_dim > 0)) {
+        return COSPEC_OK; // no attention heads to rotate, or llama.cpp refuses the file itself
+    }
+    for (const char * suffix : {".rope.dimension_count", ".rope.dimension_count_swa"}) {
+        const std::string key = arch + suffix;
+        double n_rot = 0;
+        if (!number(g, key, n_rot)) {
+            continue;
+        }
+        const std::string dims = std::to_string((long long) head_dim);
+        if (arch == "eagle3" && n_rot != head_dim) {
+            return refuse(who, key + " must be the head's " + dims + " dimensions, as in llama's layer");
+        }
+        if (n_rot > head_dim || std::fmod(n_rot, 2.0) != 0) {
+            return refuse(who, key + " must be even and at most the head's " + dims + " dimensions");
+        }
+    }
+    return COSPEC_OK;
+}
+
 } // namespace
 
 namespace cospec {
@@ -311,6 +341,9 @@ int32_t check_loaded_model_metadata(const std::string & who, const gguf_context 
         return status;
     }
     if (const int32_t status = check_rope_sections(who, g, arch); status != COSPEC_OK) {
+        return status;
+    }
+    if (const int32_t status = check_rope_dimensions(who, g, arch); status != COSPEC_OK) {
         return status;
     }
     const std::string tokenizer = text(g, "tokenizer.ggml.model");
