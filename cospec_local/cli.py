@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 import warnings
-from dataclasses import MISSING, dataclass, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 
 import click
 from click.core import ParameterSource
@@ -46,6 +46,8 @@ class LoadSettings:
     draft_chat_template: str | None  # None: the draft's own (a draft of another vocabulary reads its own format)
     verbose: bool
     calibration: str = "auto"  # auto, none or a file (cospec_local.calibration)
+    # llama.cpp's own loading settings, passed through as its flags name them (None: its default).
+    llama: dict = field(default_factory=dict)
 
     def engine_options(self, draft: str | None) -> dict:
         """Engine's keyword arguments for these settings and `draft` (the one chosen for the mode)."""
@@ -55,7 +57,8 @@ class LoadSettings:
                     n_gpu_layers_draft=all_layers if self.n_gpu_layers_draft is None else self.n_gpu_layers_draft,
                     rpc=self.rpc, flash_attn=self.flash_attn, chat_template=self.chat_template,
                     draft_chat_template=self.draft_chat_template, verbose=self.verbose,
-                    calibration=None if self.calibration == "none" else self.calibration)
+                    calibration=None if self.calibration == "none" else self.calibration,
+                    **{name: value for name, value in self.llama.items() if value is not None})
 
 
 def _check_ctx(ctx, param, value: int) -> int:
@@ -91,6 +94,31 @@ def model_options(fn):
                      help="llama.cpp's flash attention for both models (default: off for a model under "
                           f"{_cospec.FLASH_ATTN_CPU_OFF_MAX_PARAMS / 1e6:g}M parameters on the CPU, where it makes "
                           "verifying a block dear; llama.cpp's choice for larger models and offloaded layers)."),
+        click.option("-b", "--batch-size", "n_batch", default=None, type=click.IntRange(1, 1 << 20),
+                     help="llama.cpp's logical batch: most prompt tokens decoded at once (default 512)."),
+        click.option("-ub", "--ubatch-size", "n_ubatch", default=None, type=click.IntRange(1, 1 << 20),
+                     help="llama.cpp's physical batch: most tokens one compute step runs (default: the batch)."),
+        click.option("-ctk", "--cache-type-k", "cache_type_k", default=None, metavar="TYPE",
+                     help="The target's KV cache type for K: f32, f16 (default), bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, "
+                          "q5_1."),
+        click.option("-ctv", "--cache-type-v", "cache_type_v", default=None, metavar="TYPE",
+                     help="The same for V (llama.cpp wants flash attention, -fa on, for a quantized V cache)."),
+        click.option("-ctkd", "--cache-type-k-draft", "cache_type_k_draft", default=None, metavar="TYPE",
+                     help="The draft's KV cache type for K."),
+        click.option("-ctvd", "--cache-type-v-draft", "cache_type_v_draft", default=None, metavar="TYPE",
+                     help="The draft's KV cache type for V."),
+        click.option("-lm", "--load-mode", "load_mode", default=None,
+                     type=click.Choice(["auto", "none", "mmap", "mlock", "mmap+mlock", "dio"]),
+                     help="How llama.cpp loads the weights: auto (default: mapped unless a device cannot), none "
+                          "(read), mmap, mlock or mmap+mlock (kept in RAM), dio (direct I/O)."),
+        click.option("--no-mmap", "no_mmap", is_flag=True, help="Read the weights instead of mapping them (-lm none)."),
+        click.option("--mlock", "mlock", is_flag=True, help="Keep the weights in RAM (-lm mmap+mlock; with --no-mmap: "
+                                                            "mlock)."),
+        click.option("-dev", "--device", "devices", default=None, metavar="DEV[,...]",
+                     help="Devices for the target's offloaded layers (a GPU build of llama.cpp; `cospec-local "
+                          "devices` lists them), or none: this machine's CPU alone."),
+        click.option("-devd", "--device-draft", "devices_draft", default=None, metavar="DEV[,...]",
+                     help="The same for the draft."),
         click.option("--chat-template", "chat_template", default=None, metavar="JINJA",
                      help="A chat template instead of the target's own: Jinja text as in a GGUF's "
                           "tokenizer.chat_template, or a name: chatml, gemma."),
@@ -122,7 +150,7 @@ def model_options(fn):
                     kwargs[name] = f.read()
             except (OSError, UnicodeDecodeError) as exc:
                 raise click.BadParameter(str(exc), param_hint=f"{flag}-file") from None
-        load = LoadSettings(**{name: kwargs.pop(name) for name in names})
+        load = LoadSettings(**{name: kwargs.pop(name) for name in names}, llama=llama_settings(kwargs))
         return fn(load=load, **kwargs)
 
     wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
@@ -130,6 +158,20 @@ def model_options(fn):
     for option in reversed(options):
         wrapper = option(wrapper)
     return wrapper
+
+
+def llama_settings(kwargs: dict) -> dict:
+    """llama.cpp's loading settings from the options model_options adds (popped from kwargs), as
+    Engine takes them; --no-mmap and --mlock (llama.cpp's older spellings) become a load mode."""
+    out = {name: kwargs.pop(name) for name in ("n_batch", "n_ubatch", "cache_type_k", "cache_type_v",
+                                               "cache_type_k_draft", "cache_type_v_draft", "load_mode", "devices",
+                                               "devices_draft")}
+    no_mmap, mlock = kwargs.pop("no_mmap"), kwargs.pop("mlock")
+    if (no_mmap or mlock) and out["load_mode"] is not None:
+        raise click.UsageError("give -lm/--load-mode or --no-mmap/--mlock, not both")
+    if no_mmap or mlock:
+        out["load_mode"] = {(True, False): "none", (False, True): "mmap+mlock", (True, True): "mlock"}[(no_mmap, mlock)]
+    return out
 
 
 def generation_options(exclude: tuple[str, ...] = (), fresh_seed: bool = False, **defaults):
@@ -247,10 +289,12 @@ def draft_for_mode(target: str, draft: str | None, params: GenerationParams,
     it out), and the settings; said once on stderr. Without a draft model the n-gram drafter
     drafts alone; where --spec-type asks for the draft model and none is to be had, that is an
     error, and where nothing can draft the mode is target-only."""
-    from .params import spec_type_heads, spec_type_uses_model
+    from .params import spec_type_heads, spec_type_note, spec_type_uses_model
 
     if params.mode == "target-only":
         return None, params
+    if not quiet and (note := spec_type_note(params.spec_type)) is not None:
+        click.echo(f"note: {note}", err=True)
     if params.mode == "speculative" and draft is not None and "eagle3" in spec_type_heads(params.spec_type):
         return draft, params  # -md is the EAGLE-3 head the engine drafts with
     if params.mode == "speculative" and not spec_type_uses_model(params.spec_type):
@@ -265,6 +309,19 @@ def draft_for_mode(target: str, draft: str | None, params: GenerationParams,
         flag = "--mode draft-only" if params.mode == "draft-only" else f"--spec-type {params.spec_type}"
         raise click.UsageError(f"{flag} needs a draft model: give one with -md DRAFT")
     return None, params
+
+
+def run_record(engine: Engine, params: GenerationParams, result) -> dict:
+    """A generation as --json prints it: the result, and what produced it (the models, the draft
+    sources asked for and the blocks each drafted)."""
+    s = result.stats
+    head = engine.draft_path if engine.head == "eagle3" else engine.target_path if engine.head == "mtp" else None
+    return {**result.to_json(),
+            "models": {"target": engine.target_path, "draft": engine.draft_path if engine.has_draft else None,
+                       "head": None if engine.head is None else {"kind": engine.head, "path": head}},
+            "spec_type": params.spec_type if params.mode == "speculative" else None,
+            "blocks_by_source": {"ngram": s.blocks_ngram, "head": s.blocks_head,
+                                 "draft": s.blocks - s.blocks_ngram - s.blocks_head}}
 
 
 def without_last_newline(text: str) -> str:
@@ -422,8 +479,31 @@ LLAMA_FLAG_HINTS = {"generate": {"-cnv": "a conversation is `cospec-local chat` 
                                  "-no-cnv": "generate never converses (it is llama-cli's -no-cnv already)"}}
 
 
+# Ollama's verbs without a command of their own here: what to use instead.
+OLLAMA_HINTS = {"ps": "engines run inside the process that opened them; a server's are at GET /slots and /health",
+                "pull": "models are GGUF files: pass a path with -m, or a named one (`cospec-local models`)",
+                "show": "`cospec-local models` describes the named models; chat's /show the loaded ones"}
+
+
 class WholeFlagGroup(click.Group):
     command_class = WholeFlagCommand
+
+    def resolve_command(self, ctx, args):
+        """Ollama's verbs as aliases: `list` is models; `run MODEL` is chat -m MODEL, and
+        `run MODEL PROMPT` answers that one message (generate --chat) and exits."""
+        if self.name == "main" and args:
+            if args[0] == "list":
+                args = ["models", *args[1:]]
+            elif args[0] == "run":
+                rest = list(args[1:])
+                model = ["-m", rest.pop(0)] if rest and not rest[0].startswith("-") else []
+                if rest and not rest[0].startswith("-"):
+                    args = ["generate", *model, "--chat", "--no-display-prompt", "-p", rest.pop(0), *rest]
+                else:
+                    args = ["chat", *model, *rest]
+            elif args[0] in OLLAMA_HINTS and args[0] not in self.commands:
+                raise click.UsageError(f"no command {args[0]!r} here: {OLLAMA_HINTS[args[0]]}", ctx=ctx)
+        return super().resolve_command(ctx, args)
 
 
 WholeFlagGroup.group_class = WholeFlagGroup
@@ -481,7 +561,7 @@ def generate(load, params, prompt, prompt_file, as_chat, system, hide_prompt, ll
                 engine.arbiter_for(params)
             if as_json:
                 result = engine.generate(tokens, params, draft_prompt=draft_tokens)
-                click.echo(json.dumps(result.to_json(), ensure_ascii=False))
+                click.echo(json.dumps(run_record(engine, params, result), ensure_ascii=False))
                 return
             if not as_chat and not hide_prompt:
                 click.echo(prompt, nl=False)
@@ -496,7 +576,7 @@ def generate(load, params, prompt, prompt_file, as_chat, system, hide_prompt, ll
         except KeyboardInterrupt:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the partial output short
             if as_json and engine.last_result is not None:
-                click.echo(json.dumps(engine.last_result.to_json(), ensure_ascii=False))
+                click.echo(json.dumps(run_record(engine, params, engine.last_result), ensure_ascii=False))
             else:
                 click.echo("\n[interrupted]", err=True)
             sys.exit(130)
@@ -870,6 +950,14 @@ def eval_command(load, params, task, split, limit, runs_text,
     click.echo(json.dumps(summary, indent=1) if as_json else markdown(summary, title))
     if summary.get("written") and not as_json:
         click.echo("written: " + ", ".join(summary["written"]), err=True)
+
+
+@main.command()
+def devices():
+    """List the devices this llama.cpp build offloads to, as -dev and -devd name them."""
+    names = _cospec.device_names()
+    click.echo("\n".join(names.split(", ")) if names else "none: this build of llama.cpp runs on the CPU alone "
+                                                          "(-dev none says the same)")
 
 
 @main.command()

@@ -307,7 +307,10 @@ class Engine:
                  n_gpu_layers_draft: int = -1, progress: Callable[[str, float], object] | None = None,
                  verbose: bool = False, rpc: str | Sequence[str] | None = None, flash_attn: str | None = None,
                  chat_template: str | None = None, draft_chat_template: str | None = None,
-                 calibration: str | os.PathLike | Calibration | None = "auto"):
+                 calibration: str | os.PathLike | Calibration | None = "auto", n_ubatch: int = 0,
+                 cache_type_k: str | None = None, cache_type_v: str | None = None,
+                 cache_type_k_draft: str | None = None, cache_type_v_draft: str | None = None,
+                 load_mode: str | None = None, devices: str | None = None, devices_draft: str | None = None):
         """chat_template: a Jinja chat template (or a name: "chatml", "gemma") used instead of the target's own; it
         is compiled here, so a broken one fails now (ChatTemplateError). draft_chat_template: the
         same for a draft of another vocabulary, which reads a conversation in its own format
@@ -315,7 +318,11 @@ class Engine:
         calibration (cospec_local.calibration): "auto" takes this pair's stored calibration on this
         machine, and measures its costs now where there is none or it cannot be used (said once,
         then stored); a path takes that file (checked the same way); a Calibration object is used
-        as it is; None: none (block lengths start from priors and explore)."""
+        as it is; None: none (block lengths start from priors and explore).
+        llama.cpp's own loading settings, by its flags' meanings (None: its default): n_ubatch (-ub),
+        cache_type_k/v (-ctk/-ctv: "f16", "q8_0", ...) and cache_type_k/v_draft (-ctkd/-ctvd),
+        load_mode (-lm: auto, none, mmap, mlock, mmap+mlock, dio), devices and devices_draft (-dev/-devd:
+        device names, or "none")."""
         _cospec.set_llama_log(verbose)
         cancel = threading.Event()  # set by Ctrl-C while loading: the loader stops at its next step
 
@@ -324,6 +331,9 @@ class Engine:
                 return False
             return True if progress is None else progress("target" if which == 0 else "draft", value)
 
+        llama_settings = dict(cache_type_k=cache_type_k, cache_type_v=cache_type_v, cache_type_k_draft=cache_type_k_draft,
+                              cache_type_v_draft=cache_type_v_draft, load_mode=load_mode, devices=devices,
+                              devices_draft=devices_draft)
         # Named models ("smollm2-135m") resolve to files; anything else is a path.
         self.target_path = os.fspath(resolve_model(target))
         self.draft_path = os.fspath(resolve_model(draft)) if draft is not None else None
@@ -332,7 +342,8 @@ class Engine:
             self.target_path, self.draft_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
             n_threads_batch=n_threads_batch, n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
             progress=native_progress, rpc_servers=rpc if isinstance(rpc, str) else ",".join(rpc or ()),
-            flash_attn=flash_attn_setting(flash_attn)))
+            flash_attn=flash_attn_setting(flash_attn), n_ubatch=n_ubatch,
+            **{name: value or "" for name, value in llama_settings.items()}))
         try:
             loading.wait()
         except BaseException:
@@ -369,7 +380,10 @@ class Engine:
                                  "draft": file_identity(self.draft_path) if self.draft_path else None}
         self.calibration_machine = {**machine_identity(), "n_threads": n_threads, "n_threads_batch": n_threads_batch,
                                     "n_gpu_layers": n_gpu_layers, "n_gpu_layers_draft": n_gpu_layers_draft,
-                                    "flash_attn": flash_attn, "rpc": rpc if isinstance(rpc, str) else ",".join(rpc or ())}
+                                    "flash_attn": flash_attn, "rpc": rpc if isinstance(rpc, str) else ",".join(rpc or ()),
+                                    # (only where set: calibrations stored before these settings existed still fit)
+                                    **{name: value for name, value in {**llama_settings, "n_ubatch": n_ubatch}.items()
+                                       if value}}
         self.calibration: Calibration | None = None
         try:
             self._take_calibration(calibration)

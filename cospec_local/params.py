@@ -32,9 +32,11 @@ SPEC_TYPES = {"ngram": _cospec.DRAFT_NGRAM, "draft": _cospec.DRAFT_MODEL, "draft
               "auto": _cospec.DRAFT_AUTO, "none": _cospec.DRAFT_NONE}
 # The head drafter each of llama.cpp's head spellings asks for (Engine.head must be it).
 HEAD_SPEC_TYPES = {"draft-eagle3": "eagle3", "draft-mtp": "mtp"}
-# llama.cpp's other kinds, which this engine does not have: each names what to use instead.
-_FOREIGN_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-dflash",
-                       "draft-dspark")
+# llama.cpp's n-gram kinds: each is this engine's n-gram drafter (the longest earlier match of the
+# text's end, over the prompt, the reply and earlier requests, with its acceptance per match length),
+# which does what each of them does and more; the kinds it has not: what to use instead.
+LLAMA_NGRAM_KINDS = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+_FOREIGN_SPEC_TYPES = ("draft-dflash", "draft-dspark")
 
 
 def parse_spec_type(text: str) -> list[int]:
@@ -44,16 +46,26 @@ def parse_spec_type(text: str) -> list[int]:
     sources = []
     for name in names:
         if name in _FOREIGN_SPEC_TYPES:
-            raise ValueError(f"{name!r} is one of llama.cpp's kinds that this engine does not have; ngram is its "
-                             "n-gram drafter (longest earlier match of the text's end, over the prompt, the reply "
-                             "and earlier requests), draft the draft model")
-        if name not in SPEC_TYPES:
+            raise ValueError(f"{name!r} is one of llama.cpp's kinds that this engine does not have; use head "
+                             "(an EAGLE-3 head as -md, or the target's MTP layers), draft (the draft model) or ngram")
+        if name not in SPEC_TYPES and name not in LLAMA_NGRAM_KINDS:
             raise ValueError(f"unknown {name!r}: use ngram, draft, head (draft-eagle3, draft-mtp), a comma list of "
                              "two of them (ngram,draft), auto or none")
-        if SPEC_TYPES[name] in sources or ((name in ("auto", "none")) and len(names) > 1):
+        source = SPEC_TYPES.get(name, _cospec.DRAFT_NGRAM)
+        if source in sources or ((name in ("auto", "none")) and len(names) > 1):
             raise ValueError(f"{text!r}: each of ngram, draft and head at most once; auto and none stand alone")
-        sources.append(SPEC_TYPES[name])
+        sources.append(source)
     return sources
+
+
+def spec_type_note(text: str) -> str | None:
+    """What to say, once, where --spec-type names llama.cpp's n-gram kinds."""
+    kinds = [n.strip() for n in str(text).split(",") if n.strip() in LLAMA_NGRAM_KINDS]
+    if not kinds:
+        return None
+    return (f"{', '.join(kinds)}: llama.cpp's n-gram {'kind' if len(kinds) == 1 else 'kinds'}, which this engine's "
+            "n-gram drafter covers (the longest earlier match of the text's end in the prompt, the reply and earlier "
+            "requests; its block length from its acceptance per match length)")
 
 
 def spec_type_heads(text: str) -> set[str]:
@@ -83,7 +95,8 @@ class GenerationParams:
                       ("--arbiter",))
     spec_type: str = _f("auto", "Where draft tokens come from, in order of precedence: ngram (the n-gram drafter: what "
                                 "followed the longest earlier match of the text's end, in the prompt, the reply or "
-                                "earlier requests), draft (the draft model), head (llama.cpp's head drafter: an EAGLE-3 "
+                                "earlier requests; llama.cpp's ngram-simple, ngram-mod, ngram-map-k, ngram-map-k4v and ngram-cache "
+                                "name it too), draft (the draft model), head (llama.cpp's head drafter: an EAGLE-3 "
                                 "head given as the draft, or the target's MTP layers; also spelled draft-eagle3, "
                                 "draft-mtp), ngram,draft (the n-gram proposal where there is one, else the draft "
                                 "model's), none. auto: ngram, then the head where the engine has one, then the draft "
@@ -92,12 +105,15 @@ class GenerationParams:
                         ("--spec-type",))
     max_tokens: int = _f(_NATIVE.n_predict, "Most tokens to generate (-1: until the end of text or of the context).",
                          ("-n", "--n-predict"))
-    draft_max: int = _f(_NATIVE.n_draft, "Most draft tokens per block (K).", ("--draft-max",))
+    draft_max: int = _f(_NATIVE.n_draft, "Most draft tokens per block (K).", ("--draft-max", "--spec-draft-n-max"))
+    draft_min: int = _f(_NATIVE.n_draft_min, "Fewest draft tokens worth verifying: a shorter block (as the tuner, "
+                                             "--draft-p-min or a grammar leaves it) is not verified and the target "
+                                             "steps alone (0: any).", ("--draft-min", "--spec-draft-n-min"))
     draft_max_ngram: int = _f(_NATIVE.n_draft_ngram, "Most tokens per n-gram block: a copied span costs no model "
                                                      "step to draft and is often accepted whole.",
                               ("--draft-max-ngram",))
     draft_p_min: float = _f(_NATIVE.draft_p_min, "End a block early when the draft's top probability is below this "
-                                                 "(greedy; 0: off).", ("--draft-p-min",))
+                                                 "(greedy; 0: off).", ("--draft-p-min", "--spec-draft-p-min"))
     adaptive_draft: bool = _f(_NATIVE.adaptive_draft,
                               "Choose each block's length in [0, K]: from measured speed with the target arbiter, from "
                               "acceptance counts alone with an arbiter that keeps mismatches (so its output never "
@@ -184,6 +200,8 @@ class GenerationParams:
             bad("max_tokens", "must be a positive 32-bit number, or -1 (until the end of text or of the context)")
         if not 1 <= self.draft_max <= _cospec.N_DRAFT_MAX:
             bad("draft_max", f"must be in [1, {_cospec.N_DRAFT_MAX}]")
+        if not 0 <= self.draft_min <= self.draft_max:
+            bad("draft_min", f"must be in [0, draft_max = {self.draft_max}]")
         if not 1 <= self.draft_max_ngram <= _cospec.N_DRAFT_MAX:
             bad("draft_max_ngram", f"must be in [1, {_cospec.N_DRAFT_MAX}]")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -224,6 +242,7 @@ class GenerationParams:
         n.draft_sources = parse_spec_type(self.spec_type)
         n.n_predict = self.max_tokens
         n.n_draft = self.draft_max
+        n.n_draft_min = self.draft_min
         n.n_draft_ngram = self.draft_max_ngram
         n.draft_p_min = self.draft_p_min
         n.adaptive_draft = self.adaptive_draft

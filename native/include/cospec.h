@@ -110,6 +110,7 @@ struct cospec_engine_params {
     int32_t n_ctx;               // context window in tokens for both models (0 = COSPEC_DEFAULT_N_CTX), capped by
                                  // the context either model was trained for
     int32_t n_batch;             // largest batch for prompt processing (0 = 512)
+    int32_t n_ubatch;            // largest batch one compute step runs (0 = n_batch), as llama.cpp's -ub
     int32_t n_threads;           // threads for generation (0 = all cores)
     int32_t n_threads_batch;     // threads for prompt processing and verification (0 = n_threads)
     int32_t n_gpu_layers_target; // layers to offload (-1 = all); only with a GPU build of llama.cpp
@@ -122,11 +123,30 @@ struct cospec_engine_params {
     // makes llama.cpp's RPC client abort the process (it fails on its own worker thread): run such
     // engines in a process of their own, as `cospec-local serve` does.
     const char * rpc_servers;
+    // Element types of each model's KV cache, as llama.cpp's -ctk/-ctv (target) and -ctkd/-ctvd
+    // (draft): "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0" or "q5_1";
+    // NULL or "": llama.cpp's default (f16). llama.cpp needs flash attention for a quantized V cache.
+    const char * cache_type_k;
+    const char * cache_type_v;
+    const char * cache_type_k_draft;
+    const char * cache_type_v_draft;
+    // How llama.cpp loads the weights, as its -lm names it: "auto" (mmap unless a device cannot),
+    // "none" (read them), "mmap", "mlock" or "mmap+mlock" (kept in RAM), "dio" (direct I/O);
+    // NULL or "": auto.
+    const char * load_mode;
+    // Devices for each model's offloaded layers, as llama.cpp's -dev / -devd: a comma list of
+    // device names (cospec_device_names), or "none" for this machine's CPU alone; NULL or "": all.
+    const char * devices;
+    const char * devices_draft;
     cospec_progress_fn progress_callback;
     void * progress_user_data;
 };
 
 struct cospec_engine_params cospec_engine_default_params(void);
+
+// The devices this build of llama.cpp can offload to, as -dev names them ("CUDA0, Metal, ..."),
+// comma-separated; "" on a CPU-only build.
+const char * cospec_device_names(void);
 
 // Load both models and create their contexts. A draft with the target's
 // vocabulary (same tokenizer type, BOS/EOS, sizes within 128, identical token
@@ -492,6 +512,9 @@ struct cospec_generate_params {
     cospec_arbiter * arbiter;  // NULL = the target arbiter (lossless)
     int32_t n_predict;         // most tokens to generate (must be > 0; default 128)
     int32_t n_draft;           // K: most draft tokens per block (1..COSPEC_N_DRAFT_MAX; default 8)
+    // Fewest draft tokens worth verifying (0..n_draft; default 0): a shorter block, as a tuner or
+    // --draft-p-min leaves it, is not verified and the target steps alone (llama.cpp's --spec-draft-n-min).
+    int32_t n_draft_min;
     // Most tokens of an n-gram block (1..COSPEC_N_DRAFT_MAX; default 32): a copied span is
     // drafted at no model cost and often accepted whole, so its blocks may run longer than K.
     int32_t n_draft_ngram;

@@ -560,10 +560,23 @@ cospec_calibration calibration_from(const py::dict & d) {
 
 class Engine {
   public:
+    // llama.cpp's loading and cache settings, by cospec_engine_params' names ("" = the default).
+    struct text_settings {
+        std::string cache_type_k, cache_type_v, cache_type_k_draft, cache_type_v_draft, load_mode, devices, devices_draft;
+    };
+
     Engine(const std::string & target_path, std::optional<std::string> draft_path, int32_t n_ctx, int32_t n_batch,
            int32_t n_threads, int32_t n_threads_batch, int32_t n_gpu_layers, int32_t n_gpu_layers_draft, py::object progress,
-           const std::string & rpc_servers, std::optional<int32_t> flash_attn) {
+           const std::string & rpc_servers, std::optional<int32_t> flash_attn, int32_t n_ubatch, const text_settings & text) {
         cospec_engine_params p = cospec_engine_default_params();
+        p.n_ubatch = n_ubatch;
+        p.cache_type_k = text.cache_type_k.c_str();
+        p.cache_type_v = text.cache_type_v.c_str();
+        p.cache_type_k_draft = text.cache_type_k_draft.c_str();
+        p.cache_type_v_draft = text.cache_type_v_draft.c_str();
+        p.load_mode = text.load_mode.c_str();
+        p.devices = text.devices.c_str();
+        p.devices_draft = text.devices_draft.c_str();
         if (flash_attn) {
             p.flash_attn = *flash_attn;
         }
@@ -928,6 +941,8 @@ PYBIND11_MODULE(_cospec, m) {
     m.def("system_info", &cospec_system_info);
     m.def("status_name", &cospec_status_name, py::arg("status"));
     m.def("set_llama_log", &cospec_set_llama_log, py::arg("enabled"));
+    m.def("device_names", [] { return std::string(cospec_device_names()); },
+          "The devices this llama.cpp build offloads to, as -dev names them (comma-separated; '' on a CPU build).");
     m.def("supports_gpu_offload", &cospec_supports_gpu_offload);
     m.def("supports_rpc", &cospec_supports_rpc);
     // Blocks for the life of the process (the GIL released); raises if the server cannot start.
@@ -1040,6 +1055,7 @@ PYBIND11_MODULE(_cospec, m) {
             })
         .def_readwrite("n_predict", &cospec_generate_params::n_predict)
         .def_readwrite("n_draft", &cospec_generate_params::n_draft)
+        .def_readwrite("n_draft_min", &cospec_generate_params::n_draft_min)
         .def_readwrite("n_draft_ngram", &cospec_generate_params::n_draft_ngram)
         .def_readwrite("draft_p_min", &cospec_generate_params::draft_p_min)
         .def_readwrite("draft_cost", &cospec_generate_params::draft_cost)
@@ -1120,12 +1136,22 @@ PYBIND11_MODULE(_cospec, m) {
         .def("close", &Arbiter::close);
 
     py::class_<Engine>(m, "Engine")
-        .def(py::init<const std::string &, std::optional<std::string>, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, py::object,
-                      const std::string &, std::optional<int32_t>>(),
+        .def(py::init([](const std::string & target_path, std::optional<std::string> draft_path, int32_t n_ctx, int32_t n_batch,
+                         int32_t n_threads, int32_t n_threads_batch, int32_t n_gpu_layers, int32_t n_gpu_layers_draft,
+                         py::object progress, const std::string & rpc_servers, std::optional<int32_t> flash_attn,
+                         int32_t n_ubatch, std::string cache_type_k, std::string cache_type_v, std::string cache_type_k_draft,
+                         std::string cache_type_v_draft, std::string load_mode, std::string devices, std::string devices_draft) {
+                 return std::make_unique<Engine>(target_path, draft_path, n_ctx, n_batch, n_threads, n_threads_batch,
+                                                 n_gpu_layers, n_gpu_layers_draft, progress, rpc_servers, flash_attn, n_ubatch,
+                                                 Engine::text_settings {cache_type_k, cache_type_v, cache_type_k_draft,
+                                                                        cache_type_v_draft, load_mode, devices, devices_draft});
+             }),
              py::arg("target_path"), py::arg("draft_path") = py::none(), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512,
              py::arg("n_threads") = 0, py::arg("n_threads_batch") = 0, py::arg("n_gpu_layers") = -1,
              py::arg("n_gpu_layers_draft") = -1, py::arg("progress") = py::none(), py::arg("rpc_servers") = "",
-             py::arg("flash_attn") = py::none())
+             py::arg("flash_attn") = py::none(), py::arg("n_ubatch") = 0, py::arg("cache_type_k") = "",
+             py::arg("cache_type_v") = "", py::arg("cache_type_k_draft") = "", py::arg("cache_type_v_draft") = "",
+             py::arg("load_mode") = "", py::arg("devices") = "", py::arg("devices_draft") = "")
         .def("close", [](Engine & e) { e.close(); })
         .def("abort", [](Engine & e) { cospec_engine_abort(e.handle); })
         .def("reset", [](Engine & e) {

@@ -20,7 +20,7 @@ int32_t offered_length(const source_env & env, draft_tuner & tuner, int32_t room
     if (env.p.adaptive_draft && k > 0) { // (a step the budget makes plain asks nothing, starts no probe)
         k = std::min(k, tuner.choose(env.p.n_draft, n_unread));
     }
-    return std::max(k, 0);
+    return k >= env.p.n_draft_min ? std::max(k, 0) : 0; // a block below the minimum would not be verified
 }
 
 // What that block promises per unit of its tuner's costs (0: it would not draft, or cannot say).
@@ -358,7 +358,7 @@ bool ngram_source::offer(const draft_context & ctx, proposal & out, std::optiona
     const int32_t k = env.p.adaptive_draft ? length_tuner->choose_for_proposal(drafter->acceptance().data(), n,
                                                                                 ctx.last_target_n - 1, ctx.rate_to_beat)
                                            : n;
-    if (k <= 0) {
+    if (k <= 0 || k < env.p.n_draft_min) {
         drafter->feedback(0, 0);
         length_tuner->observe_held();
         out.tokens.clear();

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <sstream>
 #include <sys/stat.h>
 #include <thread>
 #include <vector>
@@ -386,6 +387,73 @@ static head_info read_head_info(const char * path) {
     return info;
 }
 
+// llama.cpp's KV cache types (common/arg.cpp's kv_cache_types), by their -ctk names.
+static const ggml_type CACHE_TYPES[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,
+                                        GGML_TYPE_Q4_1, GGML_TYPE_IQ4_NL, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1};
+
+// A cache type by name (NULL or "": f16, llama.cpp's default); false for a name it does not take.
+static bool cache_type(const char * name, ggml_type & out) {
+    if (name == nullptr || name[0] == '\0') {
+        out = GGML_TYPE_F16;
+        return true;
+    }
+    for (const ggml_type t : CACHE_TYPES) {
+        if (std::strcmp(ggml_type_name(t), name) == 0) {
+            out = t;
+            return true;
+        }
+    }
+    return false;
+}
+
+static std::string cache_type_names() {
+    std::string names;
+    for (const ggml_type t : CACHE_TYPES) {
+        names += (names.empty() ? "" : ", ") + std::string(ggml_type_name(t));
+    }
+    return names;
+}
+
+// llama.cpp's load mode by its -lm name (NULL or "": auto); false for a name it does not have.
+static bool load_mode(const char * name, llama_load_mode & out) {
+    out = LLAMA_LOAD_MODE_AUTO;
+    if (name == nullptr || name[0] == '\0') {
+        return true;
+    }
+    for (int mode = LLAMA_LOAD_MODE_AUTO; mode <= LLAMA_LOAD_MODE_DIRECT_IO; ++mode) {
+        if (std::strcmp(llama_load_mode_name((llama_load_mode) mode), name) == 0) {
+            out = (llama_load_mode) mode;
+            return true;
+        }
+    }
+    return false;
+}
+
+// Devices named as llama.cpp's -dev takes them ("none": the CPU alone), null-terminated as
+// llama_model_params.devices wants; empty for NULL or "" (llama.cpp's choice).
+static int32_t parse_devices(const char * setting, const char * flag, std::vector<ggml_backend_dev_t> & out) {
+    out.clear();
+    if (setting == nullptr || setting[0] == '\0') {
+        return COSPEC_OK;
+    }
+    std::stringstream names(setting);
+    for (std::string name; std::getline(names, name, ',');) {
+        if (name == "none" && std::string(setting) == "none") {
+            break;
+        }
+        ggml_backend_dev_t dev = ggml_backend_dev_by_name(name.c_str());
+        if (dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+            const std::string have = cospec_device_names();
+            return fail(COSPEC_ERR_INVALID_ARGUMENT, std::string(flag) + ": no device '" + name + "' to offload to (" +
+                                                         (have.empty() ? "this llama.cpp build has none; 'none' runs "
+                                                                         "on the CPU" : "this build has " + have + ", or none") + ")");
+        }
+        out.push_back(dev);
+    }
+    out.push_back(nullptr);
+    return COSPEC_OK;
+}
+
 static int32_t load_model(const cospec_engine_params & p, int32_t which, model_slot & slot,
                           cospec::rpc_connections & rpc, bool load_mtp = false) {
     const char * path = which == 0 ? p.target_path : p.draft_path;
@@ -403,21 +471,36 @@ static int32_t load_model(const cospec_engine_params & p, int32_t which, model_s
     // CPUs in this llama.cpp version, so it is opt-in.
     mp.use_extra_bufts = p.use_extra_buffers;
     mp.load_mtp = load_mtp; // the target's multi-token-prediction layers, for its head drafter
+    load_mode(p.load_mode, mp.load_mode); // checked in cospec_engine_open
     progress_bridge bridge {p.progress_callback, p.progress_user_data, which, false};
     if (p.progress_callback != nullptr) {
         mp.progress_callback = on_load_progress;
         mp.progress_callback_user_data = &bridge;
     }
     std::vector<ggml_backend_dev_t> devices;
+    if (const int32_t st = parse_devices(which == 0 ? p.devices : p.devices_draft, which == 0 ? "devices" : "devices_draft",
+                                         devices); st != COSPEC_OK) {
+        return st;
+    }
+    if (!devices.empty()) {
+        mp.devices = devices.data();
+    }
     if (which == 0 && p.rpc_servers != nullptr && p.rpc_servers[0] != '\0') {
+        const std::vector<ggml_backend_dev_t> chosen = devices;
+        devices.clear();
         if (const int32_t st = rpc_devices(p.rpc_servers, devices, rpc); st != COSPEC_OK) {
             return st;
         }
-        // The servers first (llama.cpp's order, least traffic), then this machine's GPUs; the CPU is implicit.
-        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-            ggml_backend_dev_t dev = ggml_backend_dev_get(i);
-            if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_GPU) {
-                devices.push_back(dev);
+        // The servers first (llama.cpp's order, least traffic), then this machine's GPUs (those
+        // -dev names, if it names any); the CPU is implicit.
+        if (!chosen.empty()) {
+            devices.insert(devices.end(), chosen.begin(), chosen.end() - 1);
+        } else {
+            for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+                ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+                if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_GPU) {
+                    devices.push_back(dev);
+                }
             }
         }
         devices.push_back(nullptr);
@@ -467,12 +550,18 @@ static llama_flash_attn_type flash_attn_type(int32_t setting, int32_t gpu_layers
     }
 }
 
-static llama_context_params context_params(const cospec_engine_params & p, cospec_engine & e, llama_flash_attn_type flash_attn) {
+static llama_context_params context_params(const cospec_engine_params & p, cospec_engine & e, llama_flash_attn_type flash_attn,
+                                           bool draft = false) {
     llama_context_params cp = llama_context_default_params();
     cp.flash_attn_type = flash_attn;
     cp.n_ctx = (uint32_t) e.n_ctx;
     cp.n_batch = (uint32_t) e.n_batch;
-    cp.n_ubatch = (uint32_t) e.n_batch;
+    cp.n_ubatch = (uint32_t) e.n_ubatch;
+    ggml_type type_k = GGML_TYPE_F16, type_v = GGML_TYPE_F16; // checked in cospec_engine_open
+    cache_type(draft ? p.cache_type_k_draft : p.cache_type_k, type_k);
+    cache_type(draft ? p.cache_type_v_draft : p.cache_type_v, type_v);
+    cp.type_k = type_k;
+    cp.type_v = type_v;
     cp.n_seq_max = 1;
     const int32_t hw = (int32_t) std::max(1u, std::thread::hardware_concurrency());
     cp.n_threads = p.n_threads > 0 ? p.n_threads : hw;
@@ -488,7 +577,7 @@ static llama_context_params context_params(const cospec_engine_params & p, cospe
 
 static int32_t create_context(const cospec_engine_params & p, cospec_engine & e, model_slot & slot, const char * role,
                               llama_flash_attn_type flash_attn) {
-    const llama_context_params cp = context_params(p, e, flash_attn);
+    const llama_context_params cp = context_params(p, e, flash_attn, &slot == &e.draft);
     slot.flash_attn = flash_attn;
     slot.ctx = llama_init_from_model(slot.model, cp);
     if (slot.ctx == nullptr) {
@@ -633,6 +722,21 @@ bool cospec_supports_gpu_offload(void) {
            ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU) != nullptr;
 }
 
+const char * cospec_device_names(void) {
+    init_backend();
+    static std::string names; // the devices do not change once the backends are loaded
+    static std::once_flag once;
+    std::call_once(once, [] {
+        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+            ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+            if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) { // as llama.cpp's --list-devices
+                names += (names.empty() ? "" : ", ") + std::string(ggml_backend_dev_name(dev));
+            }
+        }
+    });
+    return names.c_str();
+}
+
 cospec_engine_params cospec_engine_default_params(void) {
     cospec_engine_params p {};
     p.target_path = nullptr;
@@ -644,8 +748,16 @@ cospec_engine_params cospec_engine_default_params(void) {
     p.n_threads_batch = 0;
     p.n_gpu_layers_target = -1;
     p.n_gpu_layers_draft = -1;
+    p.n_ubatch = 0;
     p.use_extra_buffers = false;
     p.flash_attn = COSPEC_FLASH_ATTN_CPU_OFF;
+    p.cache_type_k = nullptr;
+    p.cache_type_v = nullptr;
+    p.cache_type_k_draft = nullptr;
+    p.cache_type_v_draft = nullptr;
+    p.load_mode = nullptr;
+    p.devices = nullptr;
+    p.devices_draft = nullptr;
     p.progress_callback = nullptr;
     p.progress_user_data = nullptr;
     return p;
@@ -660,8 +772,23 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
     if (params->target_path == nullptr || params->target_path[0] == '\0') {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "a target model path is required");
     }
-    if (params->n_ctx < 0 || params->n_batch < 0 || params->n_threads < 0 || params->n_threads_batch < 0) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, "n_ctx, n_batch and thread counts must not be negative");
+    if (params->n_ctx < 0 || params->n_batch < 0 || params->n_ubatch < 0 || params->n_threads < 0 ||
+        params->n_threads_batch < 0) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "n_ctx, n_batch, n_ubatch and thread counts must not be negative");
+    }
+    const struct { const char * field; const char * value; } caches[] = {
+        {"cache_type_k", params->cache_type_k}, {"cache_type_v", params->cache_type_v},
+        {"cache_type_k_draft", params->cache_type_k_draft}, {"cache_type_v_draft", params->cache_type_v_draft}};
+    if (llama_load_mode mode; !load_mode(params->load_mode, mode)) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, std::string("load_mode: '") + params->load_mode +
+                                                     "' is not one of auto, none, mmap, mlock, mmap+mlock, dio");
+    }
+    for (const auto & [field, value] : caches) {
+        ggml_type t;
+        if (!cache_type(value, t)) {
+            return fail(COSPEC_ERR_INVALID_ARGUMENT, std::string(field) + ": '" + value + "' is not a cache type (" +
+                                                         cache_type_names() + ")");
+        }
     }
     if (params->n_threads > GGML_MAX_N_THREADS || params->n_threads_batch > GGML_MAX_N_THREADS) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "thread counts must be at most " + std::to_string(GGML_MAX_N_THREADS) +
@@ -711,6 +838,10 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
             e->draft_path = params->draft_path;
             e->draft_gpu_layers = params->n_gpu_layers_draft;
             e->draft_extra_buffers = params->use_extra_buffers;
+            load_mode(params->load_mode, e->draft_load_mode);
+            parse_devices(params->devices_draft, "devices_draft", e->draft_devices); // checked when it loaded
+            cache_type(params->cache_type_k_draft, e->draft_cache_type_k);
+            cache_type(params->cache_type_v_draft, e->draft_cache_type_v);
             e->draft_cost_ratio = (double) llama_model_n_params(e->draft.model) /
                                   (double) std::max<uint64_t>(1, llama_model_n_params(e->target.model));
             e->vocab_difference = vocab_difference(e->target, e->draft);
@@ -729,6 +860,7 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
         }
         e->n_ctx = std::max(n_ctx, 8);
         e->n_batch = std::min(params->n_batch > 0 ? params->n_batch : 512, e->n_ctx);
+        e->n_ubatch = std::min(params->n_ubatch > 0 ? params->n_ubatch : e->n_batch, e->n_batch);
         if (int32_t st = create_context(*params, *e, e->target, "target",
                                         flash_attn_type(params->flash_attn, params->n_gpu_layers_target, e->target.model));
             st != COSPEC_OK) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include <vector>
 
 namespace cospec {
 // Like llama.cpp: vocabularies may differ by a few padding tokens at the end.
@@ -75,12 +76,17 @@ struct cospec_engine {
     std::string vocab_difference;
     int32_t n_ctx = 0;
     int32_t n_batch = 0;
+    int32_t n_ubatch = 0;
     int32_t n_threads = 0;       // generation threads of the contexts (resolved, > 0)
     int32_t n_threads_batch = 0;
     std::string draft_path;
     // How the draft was loaded: a LoRA arbiter's folded copy of it is loaded the same way.
     int32_t draft_gpu_layers = 0;
     bool draft_extra_buffers = false;
+    llama_load_mode draft_load_mode = LLAMA_LOAD_MODE_AUTO;
+    std::vector<ggml_backend_dev_t> draft_devices; // empty: llama.cpp's choice; else null-terminated
+    ggml_type draft_cache_type_k = GGML_TYPE_F16;  // the draft context's cache (an arbiter's copies it)
+    ggml_type draft_cache_type_v = GGML_TYPE_F16;
     std::string draft_fingerprint; // computed on first use (learned arbiters check it)
     std::string draft_header;      // a hash of its metadata, read with it (a fold checks both)
     // Parameters of the draft over the target's: the draft step's cost in the

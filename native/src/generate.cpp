@@ -422,7 +422,7 @@ class generation {
         last_target_n = kd + 1;
         t.cached.push_back(seq.back());
         t.cached.insert(t.cached.end(), proposed.tokens.begin(), proposed.tokens.end());
-        st.n_blocks += 1;
+        st.n_blocks += kd > 0 ? 1 : 0; // (an empty block, a draft that declined at once, is a plain step's cost)
         st.n_drafted += kd;
 
         // Rows of the verification logits, contiguous for the arbiter.
@@ -629,6 +629,9 @@ class generation {
         if (const int32_t status = current->draft(ctx, proposed, samples.draft); status != COSPEC_OK || stop != COSPEC_STOP_NONE) {
             return status;
         }
+        if ((int32_t) proposed.tokens.size() < p.n_draft_min) {
+            proposed.tokens.clear(); // cut below the minimum (by --draft-p-min, the grammar): as if declined
+        }
         if (proposed.tokens.empty() && !current->verifies_empty()) {
             current = nullptr;     // the step is a plain one
             samples.draft.reset(); // its time is the draft's, but no block followed it
@@ -743,6 +746,10 @@ int32_t check_params(const cospec_engine * e, const cospec_token * prompt, int32
                                                      std::to_string(COSPEC_N_DRAFT_MAX) + "], got " +
                                                      std::to_string(p->n_draft_ngram));
     }
+    if (p->n_draft_min < 0 || p->n_draft_min > p->n_draft) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "the shortest block (n_draft_min) must be in [0, n_draft = " +
+                                                     std::to_string(p->n_draft) + "], not " + std::to_string(p->n_draft_min));
+    }
     if (p->n_draft <= 0 || p->n_draft > COSPEC_N_DRAFT_MAX) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "the draft length (n_draft) must be in [1, " +
                                                      std::to_string(COSPEC_N_DRAFT_MAX) + "], got " +
@@ -809,6 +816,7 @@ cospec_generate_params cospec_generate_default_params(void) {
     p.arbiter = nullptr;
     p.n_predict = 128;
     p.n_draft = 8;
+    p.n_draft_min = 0;
     p.n_draft_ngram = 32;
     p.draft_p_min = 0.0f;
     p.adaptive_draft = true;

@@ -644,6 +644,12 @@ llama_model * load_folded(const fold_plan & plan, const cospec_engine & eng) {
         llama_model_params mp = llama_model_default_params();
         mp.n_gpu_layers = eng.draft_gpu_layers;
         mp.use_extra_bufts = eng.draft_extra_buffers;
+        // locked in RAM where the draft is
+        const bool locked = eng.draft_load_mode == LLAMA_LOAD_MODE_MLOCK || eng.draft_load_mode == LLAMA_LOAD_MODE_MMAP_MLOCK;
+        mp.load_mode = locked ? LLAMA_LOAD_MODE_MLOCK : mp.load_mode;
+        if (!eng.draft_devices.empty()) {
+            mp.devices = const_cast<ggml_backend_dev_t *>(eng.draft_devices.data());
+        }
         model = llama_model_load_from_file_ptr(fp, mp);
     }
     std::fclose(fp); // a mapping of it lives on with the model
@@ -845,8 +851,9 @@ struct learned_arbiter final : cospec_arbiter {
         cp.embeddings = false;
         cp.pooling_type = LLAMA_POOLING_TYPE_NONE;
         if (b.context_from_draft) {
-            // The cache receives the draft's: the same layout (cache types as the
-            // engine's contexts take them by default, the same attention kernel).
+            // The cache receives the draft's: the same layout (its cache types, the same attention kernel).
+            cp.type_k = eng->draft_cache_type_k;
+            cp.type_v = eng->draft_cache_type_v;
             cp.flash_attn_type = eng->draft.flash_attn;
         } else {
             // F32 cache and plain attention: the hidden states must match the torch model the head was trained on.
