@@ -661,7 +661,9 @@ def serve(load, params, host, port, parallel, max_waiting, api_key, alias, stric
     draft, params = draft_for_mode(load.target, load.draft, params)
     gpu_notice(load, quiet=False)
     click.echo(f"target: {resolve_model(load.target)}\ndraft:  {drafting_line(draft, params)}", err=True)
-    spec = EngineSpec(**load.engine_options(draft), preload=params)
+    options = load.engine_options(draft)
+    spec = EngineSpec(**{k: v for k, v in options.items() if k not in load.llama}, preload=params,
+                      llama={k: v for k, v in options.items() if k in load.llama})
     workers = [EngineWorker(spec) for _ in range(parallel)]
     try:
         for i, worker in enumerate(workers):

@@ -530,6 +530,11 @@ class Engine:
             raise from_native(exc) from None
         return raw.decode("utf-8", errors="replace")
 
+    @property
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """The target's fill-in-the-middle tokens (prefix, suffix, middle) as llama.cpp finds them, or None."""
+        return self._native.fim_tokens
+
     def token_bytes(self, token: int) -> bytes:
         """The text of one target token as the model writes it (its bytes: maybe part of a UTF-8 character)."""
         with _native_errors():

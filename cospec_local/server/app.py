@@ -29,8 +29,9 @@ from ..arbiter.catalog import arbiters_for_draft
 from ..engine import Generation, openai_usage
 from ..chat.openai_format import CallReader, assistant_message, chat_logprobs, finish_reason, text_logprobs
 from ..params import GenerationParams
+from .llama_api import LlamaServerAPI
 from .metrics import ServerMetrics
-from .protocol import APIError, ChatCompletionRequest, CompletionRequest, generation_params, parse_request
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, generation_params, ignored_header, parse_request
 from .scheduler import END, EnginePool, Job, ServerBusy
 from .workers import EngineDied, EngineUnavailable, EngineWorker, GenerationFailed, PreparedPrompt, RequestRefused
 
@@ -123,6 +124,7 @@ class CospecServer:
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            *LlamaServerAPI(self).routes(),  # llama-server's own endpoints
         ]
         handlers = {APIError: self._api_error, HTTPException: self._http_error, Exception: self._unexpected}
 
@@ -264,12 +266,12 @@ class CospecServer:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             self._count(request, 200)  # a stream's status is sent before its generation ends
             return EventSourceResponse(self._stream(job, start, len(choices), reply, started, include_usage), ping=15,
-                                       headers={"Cache-Control": "no-store"})
+                                       headers={"Cache-Control": "no-store", **ignored_header(req)})
         done = [await self._whole(request, job, started)]
         for index in range(1, len(choices)):
             done.append(await self._whole(request, await start(index), started))
         self._count(request, 200)  # only now: a generation that fails is counted once, with its error's status
-        return JSONResponse(reply.whole(done))
+        return JSONResponse(reply.whole(done), headers=ignored_header(req))
 
     async def _start(self, chat: bool, payload, params: GenerationParams) -> tuple[Job, PreparedPrompt]:
         """An engine, the prompt's tokens on it, and its generation started."""

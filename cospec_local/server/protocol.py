@@ -3,16 +3,17 @@
 Requests are validated with pydantic. Fields OpenAI defines but this server cannot honour
 (frequency_penalty, logit_bias, audio, ...) are refused with 400 naming the field where a request
 asks for them, not silently ignored; OPENAI_FIELDS says what becomes of each.
-Unknown fields are ignored, as OpenAI's own API does, unless the server runs with --strict.
-Extension fields (`mode`, `arbiter`, `spec_type`, `top_k`, `min_p`, `repeat_penalty`, `draft_max`,
-`ignore_eos`, `provenance`, and llama-server's `grammar` and `json_schema`) are top-level, as
+Unknown fields are ignored, as OpenAI's own API does, and named in the answer's X-Cospec-Ignored
+header; the server refuses them with --strict.
+Extension fields (`mode`, `arbiter`, `spec_type`, `top_k`, `min_p`, `repeat_penalty`,
+`repeat_last_n`, `draft_max`, `adaptive_draft`, `ignore_eos`, `provenance`, and llama-server's `grammar` and `json_schema`) are top-level, as
 llama-server's are; OpenAI clients send them with `extra_body`.
 """
 from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .. import _cospec
 from ..json_grammar import SchemaError, response_format_grammar, schema_grammar
@@ -90,7 +91,7 @@ class StreamOptions(BaseModel):
 class _Common(BaseModel):
     """Fields both endpoints share: OpenAI's, then the server's extensions."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
     model: str | None = None  # OpenAI requires it; as llama-server, a request without it gets the served model
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -111,11 +112,40 @@ class _Common(BaseModel):
     top_k: int | None = Field(None, ge=0, lt=2**31)
     min_p: float | None = Field(None, ge=0, le=1)
     repeat_penalty: float | None = Field(None, gt=0, le=100)
+    repeat_last_n: int | None = Field(None, ge=-1, lt=2**31)
     draft_max: int | None = Field(None, ge=1, le=_cospec.N_DRAFT_MAX)
+    adaptive_draft: bool | None = None  # false: every block as long as draft_max allows (--fixed-draft)
     ignore_eos: bool | None = None
     provenance: bool = False
     grammar: str | None = None  # llama-server's: a GBNF grammar the reply must match
     json_schema: dict | None = None  # llama-server's: a JSON schema the reply must match
+    # llama-server's per-request speculation, as its clients send it: "speculative.n_max" and the
+    # others as top-level keys (or one "speculative" object); "speculative": false turns it off.
+    n_predict: int | None = Field(None, ge=-1, lt=2**31)  # llama-server's max_tokens (-1: until the context ends)
+    speculative_n_max: int | None = Field(None, alias="speculative.n_max", ge=1, le=_cospec.N_DRAFT_MAX)
+    speculative_n_min: int | None = Field(None, alias="speculative.n_min", ge=0, le=_cospec.N_DRAFT_MAX)
+    speculative_p_min: float | None = Field(None, alias="speculative.p_min", ge=0, le=1)
+    speculative_enabled: bool | None = Field(None, alias="speculative.enabled")
+    _ignored: list[str] = PrivateAttr(default_factory=list)  # fields read without effect (parse_request)
+
+    @property
+    def ignored(self) -> list[str]:
+        return self._ignored
+
+    @model_validator(mode="before")
+    @classmethod
+    def _speculative_object(cls, data):
+        """{"speculative": {"n_max": 4}} or {"speculative": false}: the dotted keys' meaning."""
+        if isinstance(data, dict) and "speculative" in data:
+            data = dict(data)
+            value = data.pop("speculative")
+            if isinstance(value, bool):
+                data["speculative.enabled"] = value
+            elif isinstance(value, dict):
+                data.update({f"speculative.{key}": v for key, v in value.items()})
+            else:
+                raise ValueError("speculative must be an object (n_max, n_min, p_min, enabled) or a boolean")
+        return data
 
     @field_validator("stop")
     @classmethod
@@ -158,6 +188,10 @@ class _Common(BaseModel):
         """Whether the reply carries log-probabilities, and how many likeliest tokens each lists."""
         return False, 0
 
+    def accepted_without_effect(self) -> tuple[str, ...]:
+        """Fields read and accepted that change nothing here (named in the answer's header)."""
+        return ("user",)
+
     def refuse_unsupported(self) -> None:
         """400 for OpenAI features this server does not implement, naming the field."""
         for name in ("frequency_penalty", "presence_penalty"):
@@ -190,6 +224,9 @@ class ChatCompletionRequest(_Common):
 
     def logprob_request(self) -> tuple[bool, int]:
         return bool(self.logprobs), self.top_logprobs or 0
+
+    def accepted_without_effect(self) -> tuple[str, ...]:
+        return ("user", "prediction", "reasoning_effort", "metadata", "store", "service_tier")
 
     def tool_request(self) -> ToolRequest | None:
         """The tools the model is shown and how it must use them; None where it is shown none."""
@@ -280,16 +317,26 @@ def _check_grammar_depth(grammar: str) -> None:
         raise APIError(400, f"grammar: brackets nest {deepest} deep; at most {MAX_GRAMMAR_DEPTH}", param="grammar")
 
 
+def ignored_header(req) -> dict:
+    """The header that names the request's fields this server read without effect."""
+    return {"X-Cospec-Ignored": ", ".join(req.ignored)} if req.ignored else {}
+
+
+def known_fields(cls: type[BaseModel]) -> set[str]:
+    """The request keys a model reads (a field's alias where it has one: "speculative.n_max")."""
+    keys = {info.alias or name for name, info in cls.model_fields.items()}
+    return keys | ({"speculative"} if "speculative_n_max" in cls.model_fields else set())
+
+
 def parse_request(cls: type[_Common], data: Any, strict: bool) -> _Common:
-    """The validated request, or APIError(400) naming the first bad field."""
+    """The validated request, or APIError(400) naming the first bad field. Fields it does not
+    read are refused under --strict, else listed in `request.ignored` (the answer names them in
+    its X-Cospec-Ignored header: no field a client sends is dropped without a word)."""
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object")
-    if strict:
-        known = set(cls.model_fields)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise APIError(400, f"unknown field(s): {', '.join(unknown)}", param=unknown[0],
-                           code="unknown_field")
+    unknown = sorted(set(data) - known_fields(cls))
+    if strict and unknown:
+        raise APIError(400, f"unknown field(s): {', '.join(unknown)}", param=unknown[0], code="unknown_field")
     try:
         request = cls.model_validate(data)
     except ValidationError as exc:
@@ -297,12 +344,16 @@ def parse_request(cls: type[_Common], data: Any, strict: bool) -> _Common:
         param = ".".join(str(p) for p in first["loc"]) or None
         raise APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
     request.refuse_unsupported()
+    request._ignored = unknown + [name for name in request.accepted_without_effect() if name in data]
     return request
 
 
+# A GenerationParams setting as a request names it, where the request names it otherwise.
+_REQUEST_NAMES = {"draft_min": "speculative.n_min", "draft_p_min": "speculative.p_min"}
+
 # The request's fields that set the GenerationParams field of the same name.
-_PARAM_FIELDS = ("temperature", "top_p", "seed", "mode", "arbiter", "spec_type", "top_k", "min_p", "repeat_penalty", "draft_max",
-                 "ignore_eos")
+_PARAM_FIELDS = ("temperature", "top_p", "seed", "mode", "arbiter", "spec_type", "top_k", "min_p", "repeat_penalty",
+                 "repeat_last_n", "draft_max", "adaptive_draft", "ignore_eos")
 
 
 def generation_params(request: _Common, defaults: GenerationParams, allowed_arbiters: set[str],
@@ -313,9 +364,22 @@ def generation_params(request: _Common, defaults: GenerationParams, allowed_arbi
         value = getattr(request, field)
         if value is not None:
             changes[field] = value
-    max_tokens = getattr(request, "max_completion_tokens", None) or request.max_tokens
-    if max_tokens is not None:
+    given = [name for name in ("max_completion_tokens", "max_tokens", "n_predict") if getattr(request, name, None)
+             is not None]
+    if len(given) > 1 and len({getattr(request, name) for name in given}) > 1:
+        raise APIError(400, f"{' and '.join(given)} disagree: give one", param=given[1])
+    if given:
+        max_tokens = getattr(request, given[0])
+        if max_tokens == 0:  # llama-server's n_predict 0: nothing to generate
+            raise APIError(400, f"{given[0]} must be positive, or -1 (until the context ends)", param=given[0])
         changes["max_tokens"] = max_tokens
+    # Per-request speculation, llama-server's way.
+    for key, setting in (("speculative_n_max", "draft_max"), ("speculative_n_min", "draft_min"),
+                         ("speculative_p_min", "draft_p_min")):
+        if getattr(request, key) is not None:
+            changes[setting] = getattr(request, key)
+    if request.speculative_enabled is False:
+        changes["spec_type"] = "none"  # the target alone: no draft source proposes
     if request.stop:
         changes["stop"] = tuple(request.stop)
     if "arbiter" in changes and changes["arbiter"] not in allowed_arbiters:
@@ -332,7 +396,9 @@ def generation_params(request: _Common, defaults: GenerationParams, allowed_arbi
     try:
         params.validate()
     except ValueError as exc:
-        raise APIError(400, str(exc), param=getattr(exc, "field", None)) from None
+        field = getattr(exc, "field", None)
+        name = _REQUEST_NAMES.get(field, field)
+        raise APIError(400, str(exc).replace(f"{field}:", f"{name}:", 1) if field else str(exc), param=name) from None
     if not has_draft:
         # Without a draft model the n-gram drafter drafts alone.
         if params.mode == "draft-only":

@@ -102,6 +102,15 @@ class Lease:
 
         return await asyncio.wrap_future(self._on_thread(work))
 
+    async def query(self, op: str, *args):
+        """A question the engine answers without generating (workers.QUERIES); the lease stays held."""
+
+        def work():
+            self.worker.ensure_started()
+            return self.worker.query(op, *args)
+
+        return await asyncio.wrap_future(self._on_thread(work))
+
     def release(self) -> None:
         """Give the engine back (at once, or when the work on it ends: a cancelled request's thread
         may still be talking to it)."""

@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import _cospec
@@ -44,6 +44,7 @@ class EngineSpec:
     verbose: bool = False
     calibration: str | None = "auto"  # cospec_local.calibration: auto, a file, or None
     preload: GenerationParams | None = None
+    llama: dict = field(default_factory=dict)  # llama.cpp's loading settings, as Engine takes them (n_ubatch, ...)
 
 
 class EngineUnavailable(Exception):
@@ -102,6 +103,18 @@ class Generate:
     generation_id: int
     prompt: PreparedPrompt
     params: GenerationParams
+
+
+@dataclass(frozen=True)
+class Query:
+    """Server -> engine: a question about its models that runs no generation (QUERIES)."""
+    op: str
+    args: tuple
+
+
+@dataclass(frozen=True)
+class Answer:
+    value: Any
 
 
 @dataclass(frozen=True)
@@ -186,6 +199,39 @@ def prepare_prompt(engine: Engine, chat: bool, payload, params: GenerationParams
     return PreparedPrompt(prompt, draft_prompt, tool_form, grammar)
 
 
+def _tokenize(engine: Engine, text: str, add_special: bool, parse_special: bool, with_pieces: bool):
+    tokens = engine.tokenize(text, add_special=add_special, parse_special=parse_special)
+    return [(t, engine.token_bytes(t)) for t in tokens] if with_pieces else tokens
+
+
+def _detokenize(engine: Engine, tokens: list[int]) -> str:
+    bad = next((t for t in tokens if not 0 <= t < engine.n_vocab), None)
+    if bad is not None:
+        raise RequestRefused(400, f"token id {bad} is outside the vocabulary (0..{engine.n_vocab - 1})", "tokens", None)
+    return engine.detokenize(tokens, render_special=True)
+
+
+def _infill(engine: Engine, prefix: str, suffix: str, extra: list[tuple[str, str]], prompt: str) -> list[int]:
+    """llama-server's fill-in-the-middle prompt (prefix-suffix-middle order): the extra context's
+    files first, then the prefix, the suffix, and the middle token followed by `prompt`."""
+    fim = engine.fim_tokens
+    if fim is None:
+        raise RequestRefused(501, "this model has no fill-in-the-middle tokens (its vocabulary names no FIM prefix, "
+                                  "suffix and middle); /infill needs a code model that has them", None,
+                             "not_implemented")
+    pre, suf, mid = fim
+    tokens: list[int] = []
+    for name, text in extra:
+        tokens += engine.tokenize(f"{name}\n{text}", add_special=False, parse_special=False)
+    tokens = [pre] + tokens + engine.tokenize(prefix, add_special=False, parse_special=False)
+    tokens += [suf] + engine.tokenize(suffix, add_special=False, parse_special=False) + [mid]
+    return tokens + engine.tokenize(prompt, add_special=False, parse_special=False)
+
+
+# What a Query may ask the engine process: op -> fn(engine, *args).
+QUERIES = {"tokenize": _tokenize, "detokenize": _detokenize, "infill": _infill}
+
+
 def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
     from ..chat.display import draft_off_note, other_vocab_note
     from ..errors import CalibrationNotice, CospecError, GenerationError
@@ -198,7 +244,7 @@ def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
                             n_gpu_layers=spec.n_gpu_layers, n_gpu_layers_draft=spec.n_gpu_layers_draft,
                             verbose=spec.verbose, rpc=spec.rpc, flash_attn=spec.flash_attn,
                             chat_template=spec.chat_template, draft_chat_template=spec.draft_chat_template,
-                            calibration=spec.calibration)
+                            calibration=spec.calibration, **spec.llama)
         for notice in notices:
             print(f"note: {notice.message}", file=sys.stderr, flush=True)
         if (note := other_vocab_note(engine)) is not None:
@@ -229,6 +275,8 @@ def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
         try:
             if isinstance(message, Prepare):
                 conn.send(Prepared(prepare_prompt(engine, message.chat, message.payload, message.params)))
+            elif isinstance(message, Query):
+                conn.send(Answer(QUERIES[message.op](engine, *message.args)))
             elif isinstance(message, Generate):
                 running["id"] = message.generation_id
                 prompt = message.prompt
@@ -327,6 +375,14 @@ class EngineWorker:
         if not isinstance(message, Prepared):
             self._raise(message)
         return message.prompt
+
+    def query(self, op: str, *args):
+        """An answer from the engine that runs no generation (QUERIES names them)."""
+        self._send(Query(op, args))
+        message = self._receive()
+        if not isinstance(message, Answer):
+            self._raise(message)
+        return message.value
 
     def generate(self, generation_id: int, prompt: PreparedPrompt, params: GenerationParams,
                  on_token: Callable[[TokenEvent], None]) -> Generation:

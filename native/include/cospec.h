@@ -172,6 +172,10 @@ const char * cospec_engine_head(const cospec_engine * engine);
 const char * cospec_engine_vocab_difference(const cospec_engine * engine);
 int32_t cospec_engine_n_ctx(const cospec_engine * engine);
 int32_t cospec_engine_n_vocab(const cospec_engine * engine);
+// The target's fill-in-the-middle tokens as llama.cpp finds them (its metadata, else their usual
+// spellings): prefix, suffix and middle; COSPEC_OK, or COSPEC_ERR_INVALID_ARGUMENT where it has none.
+int32_t cospec_engine_fim_tokens(const cospec_engine * engine, cospec_token * prefix, cospec_token * suffix,
+                                 cospec_token * middle);
 
 // Model metadata: which = 0 target, 1 draft. Returns NULL if absent.
 // cospec_engine_model_desc gives llama.cpp's one-line description.

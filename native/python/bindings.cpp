@@ -1171,6 +1171,13 @@ PYBIND11_MODULE(_cospec, m) {
         })
         .def_property_readonly("n_ctx", [](const Engine & e) { return cospec_engine_n_ctx(e.get()); })
         .def_property_readonly("n_vocab", [](const Engine & e) { return cospec_engine_n_vocab(e.get()); })
+        .def_property_readonly("fim_tokens", [](const Engine & e) -> py::object {
+            cospec_token pre = -1, suf = -1, mid = -1;
+            if (cospec_engine_fim_tokens(e.get(), &pre, &suf, &mid) != COSPEC_OK) {
+                return py::none(); // (the message stays for the next error to replace)
+            }
+            return py::make_tuple(pre, suf, mid);
+        })
         .def_property_readonly("bos", [](const Engine & e) { return cospec_token_bos(e.get()); })
         .def_property_readonly("eos", [](const Engine & e) { return cospec_token_eos(e.get()); })
         .def("bos_of", [](const Engine & e, int32_t which) { return cospec_token_bos_of(e.get(), which); }, py::arg("which"))

@@ -935,6 +935,21 @@ int32_t cospec_engine_n_ctx(const cospec_engine * engine) {
     return engine ? engine->n_ctx : 0;
 }
 
+int32_t cospec_engine_fim_tokens(const cospec_engine * engine, cospec_token * prefix, cospec_token * suffix,
+                                 cospec_token * middle) {
+    if (engine == nullptr || prefix == nullptr || suffix == nullptr || middle == nullptr) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "cospec_engine_fim_tokens: NULL argument");
+    }
+    const llama_vocab * vocab = engine->target.vocab;
+    *prefix = llama_vocab_fim_pre(vocab);
+    *suffix = llama_vocab_fim_suf(vocab);
+    *middle = llama_vocab_fim_mid(vocab);
+    if (*prefix == LLAMA_TOKEN_NULL || *suffix == LLAMA_TOKEN_NULL || *middle == LLAMA_TOKEN_NULL) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "the target has no fill-in-the-middle tokens");
+    }
+    return COSPEC_OK;
+}
+
 int32_t cospec_engine_n_vocab(const cospec_engine * engine) {
     return engine ? engine->target.n_vocab : 0;
 }
