@@ -27,7 +27,8 @@ from .chat.template import ChatTemplate, ChatTemplateError, from_gguf_metadata, 
 from .chat.template_process import IsolatedChatTemplate
 from .json_grammar import response_format_grammar
 from .chat.openai_format import CallReader, assistant_message, chat_logprobs, finish_reason
-from .chat.tool_calls import ToolRequest, ToolsError, call_format, call_grammar, takes_tools, template_messages, tool_request
+from .chat.tool_calls import (GENERIC, ToolRequest, ToolsError, call_format, call_grammar, generic_grammar,
+                              generic_messages, takes_tools, template_messages, tool_request)
 from . import calibration as calibration_store
 from .calibration import Calibration, file_identity
 from .errors import (ArbiterDraftError, ArbiterError, ArbiterSettingsWarning, ContextFullError, CospecError,
@@ -854,6 +855,8 @@ class Engine:
                     tools: list[dict] | None = None) -> list[int]:
         """Apply the target's chat template (sandboxed Jinja) and tokenize the result; `tools`
         (OpenAI's function list) go to the template, which shows them as its model learned to read them."""
+        if tools and not self.takes_tools:  # llama.cpp's generic format (tool_calls.generic_messages)
+            messages, tools = generic_messages(list(messages), tools), None
         return self._render(self.chat_template, "target", messages, add_generation_prompt, tools)
 
     def render_draft_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True,
@@ -862,6 +865,8 @@ class Engine:
         draft_prompt, so that it drafts a reply as it would write one. None where the draft reads
         the target's tokens (same vocabulary, or no draft) or has no chat format of its own."""
         template = self.draft_chat_template
+        if template is not None and tools and not self.takes_tools:  # the target's generic format
+            messages, tools = generic_messages(list(messages), tools), None
         return None if template is None else self._render(template, "draft", messages, add_generation_prompt, tools)
 
     @property
@@ -872,15 +877,17 @@ class Engine:
         return self._takes_tools
 
     def tool_setup(self, tools: ToolRequest | None) -> tuple[str | None, str | None]:
-        """The form of call the model writes (tool_calls.HERMES, LLAMA3) and the grammar of a forced
-        call, for these tools (None, None without); ToolsError where the template shows no tools or
-        a tool's schema does not convert."""
+        """The form of call the model writes (tool_calls.HERMES, LLAMA3, GENERIC) and the grammar of
+        a forced call, for these tools (None, None without); ToolsError where a tool's schema does
+        not convert. A template that shows no tools gets llama.cpp's generic format, whose grammar
+        holds every reply (a call, or an answer where the model may choose)."""
         if tools is None:
             return None, None
         if not self.takes_tools:
-            raise ToolsError("this model's chat template does not show tools to the model (it was not made for "
-                             "tool calls); send no tools, or give a chat template that takes them "
-                             "(--chat-template-file)")
+            try:
+                return GENERIC, generic_grammar(tools.tools, tools.forced, tools.parallel)
+            except ValueError as exc:  # SchemaError: a tool's parameters
+                raise ToolsError(f"tools: {exc}") from None
         form = call_format(self.chat_template.source)
         if tools.forced is None:
             return form, None
@@ -914,6 +921,8 @@ class Engine:
         tools / tool_choice / parallel_tool_calls, response_format and logprobs / top_logprobs
         as OpenAI's (and `serve`'s) take them; other keywords override GenerationParams fields."""
         form, grammar = self.tool_setup(tool_request(tools, tool_choice, parallel_tool_calls))
+        if grammar is not None and response_format_grammar(response_format) is not None:
+            raise ToolsError("a call's grammar already holds the reply; leave out response_format", "response_format")
         grammar = grammar or response_format_grammar(response_format)
         if grammar is not None:
             kwargs["grammar"] = grammar

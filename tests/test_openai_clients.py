@@ -245,17 +245,82 @@ def test_a_tool_result_goes_back_through_the_template(client):
     assert second.usage.prompt_tokens > first.usage.prompt_tokens + 20
 
 
-def test_a_template_without_tools_is_refused_by_name(engine_for):
+def test_a_template_without_tools_gets_llama_cpps_generic_format(engine_for):
+    """SmolLM2's own template shows no tools: they are described in the system message, and every
+    reply is held to the generic format's grammar (a call, or where the model may choose, an answer)."""
+    from cospec_local.chat.tool_calls import GENERIC, parse_reply
     from cospec_local.params import GenerationParams
     from cospec_local.server.protocol import ToolRequest
     from cospec_local.server.workers import RequestRefused, prepare_prompt
 
-    engine = engine_for("disagreeing")  # SmolLM2's own template shows no tools
+    engine = engine_for("disagreeing")
     assert not engine.takes_tools
-    with pytest.raises(RequestRefused) as refused:
-        prepare_prompt(engine, True, (PARIS, ToolRequest([WEATHER], None, False)), GenerationParams())
-    status, message, param, _ = refused.value.args
-    assert (status, param) == (400, "tools") and "does not show tools" in message
+    prompt = prepare_prompt(engine, True, (PARIS, ToolRequest([WEATHER], None, False)), GenerationParams())
+    assert prompt.tool_form == GENERIC and prompt.grammar is not None
+    shown = engine.detokenize(prompt.tokens, render_special=True)
+    assert '"name": "get_weather"' in shown and "Respond in JSON format" in shown
+    assert parse_reply('{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}', GENERIC)[1][0].name \
+        == "get_weather"
+    assert parse_reply('{"response": "It is sunny."}', GENERIC) == ("It is sunny.", [])
+    with pytest.raises(RequestRefused) as refused:  # its grammar and another one cannot both hold the reply
+        prepare_prompt(engine, True, (PARIS, ToolRequest([WEATHER], None, False)), GenerationParams(grammar='root ::= "x"'))
+    assert refused.value.args[0] == 400
+
+
+@pytest.fixture(scope="module")
+def own_template_client(target_path):
+    srv = ServerProcess("-m", target_path, "-a", "smollm2", "-c", "2048")  # SmolLM2's own template: no tools
+    yield openai.OpenAI(base_url=srv.api, api_key="unused", max_retries=0, timeout=120), srv
+    srv.stop()
+
+
+def test_tools_on_a_model_whose_template_shows_none(own_template_client):
+    client, _ = own_template_client
+    forced = client.chat.completions.create(model="any", messages=PARIS, tools=[WEATHER, TIME], tool_choice="required",
+                                            max_tokens=80, **GREEDY)
+    call = forced.choices[0].message.tool_calls[0]
+    assert forced.choices[0].finish_reason == "tool_calls" and call.function.name in ("get_weather", "get_time")
+    assert isinstance(json.loads(call.function.arguments)["city"], str)
+    named = client.chat.completions.create(model="any", messages=PARIS, tools=[WEATHER, TIME], max_tokens=80,
+                                           tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                           stream=True, **GREEDY)
+    deltas = [d for chunk in named if chunk.choices for d in chunk.choices[0].delta.tool_calls or []]
+    assert deltas and deltas[0].function.name == "get_time"
+    assert set(json.loads(deltas[0].function.arguments)) == {"city", "hours24"}
+    chosen = client.chat.completions.create(model="any", messages=PARIS, tools=[WEATHER], max_tokens=80, **GREEDY)
+    message = chosen.choices[0].message
+    assert (message.tool_calls and message.tool_calls[0].function.name == "get_weather") or message.content
+    # the call and its result go back in the generic format's words
+    follow = PARIS + [forced.choices[0].message.model_dump(exclude_none=True),
+                      {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"}]
+    second = client.chat.completions.create(model="any", messages=follow, tools=[WEATHER], max_tokens=60, **GREEDY)
+    assert second.usage.prompt_tokens > chosen.usage.prompt_tokens + 20  # (the same tools shown)
+
+
+def test_an_agent_framework_calls_a_tool_on_a_model_whose_template_shows_none(own_template_client):
+    """openai-agents on SmolLM2 with its own template: the agent's forced call comes back in the
+    generic format, the framework runs the tool, and its output is the agent's answer (SmolLM2-135M
+    asked again would call the tool again, so the agent stops at the tool's output)."""
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+
+    _, srv = own_template_client
+    set_tracing_disabled(True)
+    seen: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Get the weather in a city."""
+        seen.append(city)
+        return f"18 C and sunny in {city}"
+
+    model = OpenAIChatCompletionsModel(model="local", openai_client=openai.AsyncOpenAI(
+        base_url=srv.api, api_key="unused", max_retries=0, timeout=120))
+    agent = Agent(name="weather", instructions="Answer with the weather tool.", tools=[get_weather], model=model,
+                  model_settings=ModelSettings(tool_choice="required", temperature=0),
+                  tool_use_behavior="stop_on_first_tool")
+    result = asyncio.run(Runner.run(agent, "What is the weather in Paris?", max_turns=3))
+    assert seen == ["Paris"] and result.final_output == "18 C and sunny in Paris"
+    assert [type(item).__name__ for item in result.new_items] == ["ToolCallItem", "ToolCallOutputItem"]
 
 
 def test_an_agent_framework_runs_a_two_step_tool_call(server):

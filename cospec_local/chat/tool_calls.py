@@ -8,6 +8,11 @@ the tools. Two forms cover most open models:
 - llama3: the whole reply one JSON object `{"name": ..., "parameters": {...}}` (Llama 3.1 to 3.3's
   JSON tool calling), after an optional `<|python_tag|>`.
 
+- generic: for a template that shows no tools (a model not made for them), llama.cpp's generic
+  format: the tools described in the system message, and the whole reply one JSON object held to
+  a grammar, `{"tool_call": {"name", "arguments"}}` (`{"tool_calls": [...]}` where several are
+  allowed) or `{"response": "..."}` where the model may answer instead.
+
 A reply is read in its template's form; text that is no well-formed call stays the reply's content.
 `call_grammar` writes the grammar that forces a call (tool_choice "required" or a named function),
 its arguments held to the tool's JSON schema by llama.cpp's converter (json_grammar).
@@ -24,6 +29,10 @@ from ..json_grammar import schema_grammar
 
 HERMES = "hermes"
 LLAMA3 = "llama3"
+GENERIC = "generic"
+# llama.cpp's words (common/chat.cpp's generic format), after the tools' description.
+GENERIC_INSTRUCTION = ("Respond in JSON format, either with `tool_call` (a request to call tools) or with `response` "
+                       "reply to the user's request")
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
@@ -142,8 +151,68 @@ def _call_of(value: Any, arguments_key: str) -> ToolCall | None:
                                                                                          ensure_ascii=False))
 
 
+def generic_messages(messages: list[dict], tools: list[dict]) -> list[dict]:
+    """A conversation in llama.cpp's generic tool format, for a template that shows no tools: the
+    tools and the instruction in the system message, earlier calls and answers as the JSON the model
+    writes, tool results as user messages ({"tool_response": ...}), since such templates know
+    neither tool_calls nor the tool role."""
+    described = json.dumps([t["function"] for t in tools], indent=2, ensure_ascii=False)
+    intro = f"You can call any of the following tools to satisfy the user's requests: {described}\n\n" \
+            f"{GENERIC_INSTRUCTION}"
+    out = []
+    for message in template_messages(messages):
+        role = message.get("role")
+        if role == "assistant" and message.get("tool_calls"):
+            calls = [{"name": (c.get("function") or {}).get("name", ""),
+                      "arguments": (c.get("function") or {}).get("arguments", {})} for c in message["tool_calls"]]
+            body = {"tool_call": calls[0]} if len(calls) == 1 else {"tool_calls": calls}
+            message = {"role": "assistant", "content": json.dumps(body, ensure_ascii=False)}
+        elif role == "assistant":
+            message = {"role": "assistant", "content": json.dumps({"response": message.get("content") or ""},
+                                                                  ensure_ascii=False)}
+        elif role == "tool":
+            response = {"tool_call_id": message.get("tool_call_id", ""), "content": message.get("content")}
+            message = {"role": "user", "content": json.dumps({"tool_response": response}, ensure_ascii=False)}
+        out.append(message)
+    if out and out[0].get("role") == "system":
+        out[0] = {**out[0], "content": f"{out[0].get('content') or ''}\n\n{intro}"}
+    else:
+        out.insert(0, {"role": "system", "content": intro})
+    return out
+
+
+def generic_grammar(tools: list[dict], forced: str | None, parallel: bool) -> str:
+    """The grammar of a reply in the generic format: a call of one of the tools (of `forced` where
+    it names one; several where parallel), or, where the model may choose (forced None), an answer."""
+    chosen = [t for t in tools if not forced or t["function"]["name"] == forced]
+    if not chosen:
+        raise ToolsError(f"tool_choice names {forced!r}, which is not one of the request's tools")
+    options = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
+                                                 "arguments": t["function"].get("parameters") or {"type": "object"}},
+                "required": ["name", "arguments"]} for t in chosen]
+    one = options[0] if len(options) == 1 else {"anyOf": options}
+    call = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": one, "minItems": 1}},
+            "required": ["tool_calls"]} if parallel else \
+        {"type": "object", "properties": {"tool_call": one}, "required": ["tool_call"]}
+    answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
+    return schema_grammar(call if forced is not None else {"anyOf": [call, answer]})
+
+
 def parse_reply(text: str, form: str) -> tuple[str | None, list[ToolCall]]:
     """The reply's content (None where it is all calls) and the calls it makes, in the given form."""
+    if form == GENERIC:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            return text, []
+        if isinstance(value, dict) and isinstance(value.get("response"), str):
+            return value["response"], []
+        values = value.get("tool_calls") if isinstance(value, dict) and isinstance(value.get("tool_calls"), list) \
+            else [value.get("tool_call")] if isinstance(value, dict) else []
+        calls = [_call_of(v, "arguments") for v in values]
+        if not calls or any(c is None for c in calls):
+            return text, []
+        return None, calls
     if form == LLAMA3:
         body = text.strip()
         if body.startswith(_PYTHON_TAG):
@@ -178,6 +247,8 @@ def parse_reply(text: str, form: str) -> tuple[str | None, list[ToolCall]]:
 def may_begin_call(text: str, form: str) -> int:
     """Where in streamed text a call may begin (len(text): nowhere yet): the text before it can be
     sent as content while the rest waits to be read whole."""
+    if form == GENERIC:
+        return 0  # the whole reply is one JSON object: read when it is whole
     if form == LLAMA3:
         stripped = text.lstrip()
         if not stripped or stripped[0] in "{[" or _PYTHON_TAG.startswith(stripped[:len(_PYTHON_TAG)]):

@@ -170,6 +170,10 @@ def prepare_prompt(engine: Engine, chat: bool, payload, params: GenerationParams
             tool_form, grammar = engine.tool_setup(tools)
         except ToolsError as exc:
             raise RequestRefused(400, str(exc), exc.param, None) from None
+        if grammar is not None and params.grammar is not None:  # (the generic format's grammar holds every reply)
+            raise RequestRefused(400, "this model's template shows no tools, so its replies to tools are held to "
+                                      "llama.cpp's generic JSON format; leave out grammar, json_schema and "
+                                      "response_format", "response_format", None)
         shown = tools.tools if tools is not None else None
         try:
             prompt = engine.render_chat(messages, tools=shown)
