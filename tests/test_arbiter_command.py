@@ -360,3 +360,37 @@ def test_the_plan_counts_what_a_small_file_gives_and_advises_more_rows_not_flags
     assert "more rows in the task files" in advice and "--train" not in advice
     said = too_few_states_warning({"collect_pilot": {"problems": 6, "decisive_per_problem": 0.2}}, only_file, 1)
     assert "more rows in the task files" in said and "--train" not in said
+
+
+def test_a_draft_alone_within_the_intervals_and_faster_is_the_verdict():
+    """The verdict weighs every option: an arbiter ahead of the draft alone, but not beyond the
+    95% intervals, while the draft alone runs three times faster, is not worth using."""
+    from cospec_local.arbiter.evaluations import verdict
+
+    runs = {"target-only": {"accuracy": 0.13, "accuracy_ci95": [0.08, 0.21], "speedup": 1.0},
+            "draft-only": {"accuracy": 0.69, "accuracy_ci95": [0.59, 0.77], "speedup": 2.19},
+            "sps": {"accuracy": 0.13, "accuracy_ci95": [0.08, 0.21], "speedup": 1.71},
+            "cospec": {"accuracy": 0.74, "accuracy_ci95": [0.65, 0.82], "speedup": 0.74}}
+    said = verdict(runs, "cospec")
+    assert said.short == "the draft alone is as good within the 95% intervals and faster"
+    assert "--mode draft-only" in said.text and "draft-only 69.0% (59-77) at 2.19x" in said.text
+    # the same arbiter beyond the draft's interval is worth using; slower drafts do not count against it
+    assert verdict({**runs, "cospec": {**runs["cospec"], "accuracy": 0.9, "accuracy_ci95": [0.82, 0.95]}},
+                   "cospec").short == "use the arbiter"
+    assert verdict({**runs, "draft-only": {**runs["draft-only"], "speedup": 0.5}}, "cospec").short == "use the arbiter"
+
+
+def test_rows_of_a_training_file_are_listed_apart():
+    from cospec_local.arbiter.evaluations import on_training_file
+
+    assert on_training_file("bench/headroom/tasks/capitals-train.jsonl")
+    assert on_training_file("capitals-train-varied.jsonl") and not on_training_file("capitals-test.jsonl (all)")
+    assert not on_training_file("arith (test)") and not on_training_file("cospec_local/data/x/arithmetic.jsonl")
+    env = {"COSPEC_LOCAL_ARBITERS": "/nonexistent-arbiters"}
+    listed = next(line for line in run_cli("arbiter", "list", env=env).stdout.splitlines()
+                  if line.startswith("gemma3-smollm2-words "))
+    assert "capitals-test.jsonl" in listed and "-train" not in listed
+    shown = run_cli("arbiter", "show", "gemma3-smollm2-words", env=env).stdout
+    tests, apart = shown.split("on its training files")
+    assert "evaluation (held-out test sets)" in tests and "capitals-test.jsonl (all): 113 problems" in tests
+    assert "-train.jsonl" not in tests and "capitals-train.jsonl: 21 problems (arbiter train's held-out part" in apart

@@ -27,15 +27,19 @@ class Verdict:
 
 
 def verdict(runs: dict, mine: str) -> Verdict | None:
-    """What a report's own numbers and intervals say of run `mine` (an arbiter's) beside the baselines
-    in `runs` (eval's labels): the draft alone scores as high or higher and is faster, use the arbiter,
-    the arbiter loses accuracy, or no reliable difference from sps (the target's accuracy at
-    speculation's speed). None where the runs needed are missing."""
+    """What a report's own numbers and intervals say of run `mine` (an arbiter's) beside every option
+    in `runs` (eval's labels): target-only, sps and the draft alone, by accuracy with its 95%
+    interval and by speed. The draft alone that the arbiter does not beat beyond the intervals and
+    that runs faster is the better choice; else the arbiter is worth using where it beats the
+    target (sps, or target-only) beyond the intervals, loses where it falls below, and otherwise
+    makes no reliable difference. None where the runs needed are missing."""
     me = runs.get(mine)
-    base_name = "sps" if "sps" in runs else "target-only"
-    base, draft = runs.get(base_name), runs.get("draft-only")
-    if me is None or base is None or me.get("accuracy_ci95") is None or base.get("accuracy_ci95") is None:
+    lossless = [(name, runs[name]) for name in ("sps", "target-only")
+                if name in runs and runs[name].get("accuracy_ci95") is not None]
+    if me is None or me.get("accuracy_ci95") is None or not lossless:
         return None
+    base_name, base = max(lossless, key=lambda item: item[1]["accuracy"])  # sps first where they tie
+    draft = runs.get("draft-only")
 
     def pct(r: dict) -> str:
         return f"{100 * r['accuracy']:.1f}%"
@@ -43,20 +47,36 @@ def verdict(runs: dict, mine: str) -> Verdict | None:
     def speed(r: dict) -> str:
         return f"{r.get('speedup') or 0:.2f}x"
 
-    if (draft is not None and draft.get("accuracy_ci95") is not None and draft["accuracy"] >= me["accuracy"]
+    def said(name: str, r: dict) -> str:
+        lo, hi = r["accuracy_ci95"]
+        return f"{name} {pct(r)} ({100 * lo:.0f}-{100 * hi:.0f}) at {speed(r)}"
+
+    options = "; ".join(said("the arbiter" if name == mine else name, r) for name, r in runs.items()
+                        if r.get("accuracy_ci95") is not None)
+    if (draft is not None and draft.get("accuracy_ci95") is not None and not _reliably_above(me, draft)
             and (draft.get("speedup") or 0) > (me.get("speedup") or 0)):
-        how = "better" if _reliably_above(draft, me) else "as good or better"
+        how = "better" if _reliably_above(draft, me) else \
+            "as good or better" if draft["accuracy"] >= me["accuracy"] else "as good within the 95% intervals"
         return Verdict(f"the draft alone is {how} and faster",
                        f"the draft alone is {how} ({pct(draft)} against {pct(me)}) and faster ({speed(draft)} "
-                       f"against {speed(me)} target-only): --mode draft-only")
+                       f"against {speed(me)} target-only): --mode draft-only [{options}]")
     if _reliably_above(me, base):
         return Verdict("use the arbiter", f"use the arbiter: {pct(me)} against {base_name}'s {pct(base)}, beyond the "
-                                          f"95% intervals")
+                                          f"95% intervals, and the draft alone does not match it [{options}]")
     if _reliably_above(base, me):
         return Verdict("the arbiter loses accuracy", f"the arbiter loses accuracy: {pct(me)} against {base_name}'s "
-                                                     f"{pct(base)}: leave it off this task")
+                                                     f"{pct(base)}: leave it off this task [{options}]")
     return Verdict(f"no reliable difference from {base_name}",
-                   f"no reliable difference from {base_name} ({pct(me)} against {pct(base)}: the intervals overlap)")
+                   f"no reliable difference from {base_name} ({pct(me)} against {pct(base)}: the intervals overlap) "
+                   f"[{options}]")
+
+
+def on_training_file(title: str) -> bool:
+    """Whether a recorded evaluation is `arbiter train`'s held-out split of a file named as the
+    training file (`*-train.jsonl`): held out from training, but not an independent test set."""
+    import re
+
+    return re.search(r"(^|[-_.])train([-_.]|$)", Path(title.split(" (")[0]).stem) is not None
 
 
 def evaluation_row(run: dict) -> dict:
@@ -190,6 +210,8 @@ def _headline(row: dict) -> str:
         return "no recorded evaluation"
     parts = []
     for task, result in row["evaluation"].items():
+        if on_training_file(task):
+            continue  # (show lists it apart)
         runs = result["runs"]
         label = _arbiter_run(runs, row["kind"])
         if label is None or "target-only" not in runs:
@@ -237,12 +259,21 @@ def details_text(row: dict) -> str:
     if row["evaluation"]:
         from ..evaluation.machine import busy_note
 
-        lines.append("  evaluation")
-        for task, result in row["evaluation"].items():
+        tests = {task: r for task, r in row["evaluation"].items() if not on_training_file(task)}
+        apart = {task: r for task, r in row["evaluation"].items() if on_training_file(task)}
+        lines.append("  evaluation (held-out test sets)" if tests else "  evaluation  no held-out test set recorded")
+        sections = list(tests.items()) + ([(None, None)] + list(apart.items()) if apart else [])
+        for task, result in sections:
+            if task is None:
+                lines.append("  on its training files (arbiter train's held-out part of each: not an independent "
+                             "test)")
+                continue
             source = result.get("recorded_from")
             if source:  # `arbiter record`: the eval folder, kept relative to the arbiter's own
                 machines = ", ".join(map(str, source.get("machines") or ["machine not recorded"]))
                 origin = f"eval {os.path.normpath(Path(row['path']) / source['folder'])}; {machines}"
+            elif on_training_file(task):
+                origin = "arbiter train's held-out part of this training file"
             else:
                 origin = "arbiter train's held-out test split"
             lines.append(f"    {Path(task).name}: {result['problems']} problems ({origin})")

@@ -42,7 +42,9 @@ def other_vocab_note(engine) -> str | None:
     if difference is None:
         return None
     return (f"the draft's vocabulary is not the target's ({difference}): it drafts text, re-encoded into the "
-            "target's tokens (with the target arbiter the output is the target's)")
+            "target's tokens (with the target arbiter every token is the target's choice in its verify pass: the "
+            "target's output under batched-verification numerics, which can break a near-tie otherwise than "
+            "target-only's one-token steps; docs/lossless-output.md)")
 
 
 def draft_off_note(result: Generation) -> str | None:
