@@ -82,6 +82,10 @@ def _f(default: Any, help: str, flags: tuple[str, ...] = (), **extra) -> Any:
     return field(default=default, metadata={"help": help, "flags": flags, **extra})
 
 
+# llama.cpp's names of settings that have another name here.
+SETTING_ALIASES = {"n_predict": "max_tokens"}
+
+
 @dataclass
 class GenerationParams:
     """What one generation does. `Engine.generate(prompt, params, **overrides)` takes it."""
@@ -171,7 +175,13 @@ class GenerationParams:
         self.stop = tuple(self.stop or ())
 
     def updated(self, **changes) -> "GenerationParams":
-        """A copy with some fields changed (unknown names are an error)."""
+        """A copy with some fields changed (unknown names are an error; llama.cpp's names of a few,
+        n_predict for max_tokens, are taken as theirs)."""
+        for alias, name in SETTING_ALIASES.items():
+            if alias in changes:
+                if name in changes and changes[name] != changes[alias]:
+                    raise TypeError(f"{alias} and {name} are one setting: give one")
+                changes[name] = changes.pop(alias)
         unknown = set(changes) - {f.name for f in fields(self)}
         if unknown:
             raise TypeError(f"unknown generation parameters: {', '.join(sorted(unknown))}")

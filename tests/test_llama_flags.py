@@ -59,6 +59,7 @@ def test_the_shortest_block_is_honoured_and_keeps_the_targets_output():
         assert free.tokens == base.tokens and held.tokens == base.tokens
         assert free.stats.draft_n < 4 * free.stats.blocks  # the control: p-min does cut blocks short here
         assert held.stats.draft_n == 4 * held.stats.blocks and held.stats.blocks > 0
+        assert len(engine.generate(PROMPT, n_predict=3, ignore_eos=True).tokens) == 3  # llama.cpp's name
         with pytest.raises(InvalidArgumentError, match=r"draft_min: must be in \[0, draft_max = 4\]"):
             engine.generate(PROMPT, max_tokens=4, draft_max=4, draft_min=5)
 
