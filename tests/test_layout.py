@@ -104,3 +104,14 @@ def test_no_two_modules_share_a_name_across_the_conversion_code_and_its_entry_po
     entry_points = {p.name for p in (repo / "converters").glob("*.py")} - {"__init__.py"}
     code = {p.name for p in (PACKAGE / "formats").glob("*.py")}
     assert entry_points & code == set()
+
+
+def test_every_module_and_bench_tool_is_in_the_layout():
+    """docs/layout.md names every module of the package and every tool and experiment of bench/."""
+    root = PACKAGE.parent
+    layout = (root / "docs" / "layout.md").read_text(encoding="utf-8")
+    named = {p.name for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    named |= {p.name for p in (root / "bench").glob("*.py")}
+    named |= {p.name for p in (root / "bench" / "experiments").iterdir() if p.suffix == ".py" or p.is_dir()}
+    missing = sorted(n for n in named if f"`{n}`" not in layout and f"`{n}/`" not in layout)
+    assert missing == []

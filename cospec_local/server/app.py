@@ -31,7 +31,8 @@ from ..chat.openai_format import CallReader, assistant_message, chat_logprobs, f
 from ..params import GenerationParams
 from .llama_api import LlamaServerAPI
 from .metrics import ServerMetrics
-from .protocol import APIError, ChatCompletionRequest, CompletionRequest, generation_params, ignored_header, parse_request
+from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, generation_params, ignored_header,
+                       parse_request, refused_error)
 from .scheduler import END, EnginePool, Job, ServerBusy
 from .workers import EngineDied, EngineUnavailable, EngineWorker, GenerationFailed, PreparedPrompt, RequestRefused
 
@@ -378,8 +379,7 @@ def _engine_died(exc: EngineDied) -> APIError:
 
 
 def _refused(exc: RequestRefused) -> APIError:
-    status, message, param, code = exc.args
-    return APIError(status, message, param=param, code=code)
+    return refused_error(*exc.args)
 
 
 class _Reply:

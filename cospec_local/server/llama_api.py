@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 from .. import _cospec
 from ..engine import Generation
-from .protocol import APIError, _Common, ignored_header, parse_request
+from .protocol import APIError, _Common, ignored_header, parse_request, refused_error
 
 # llama-server's stop_type of each of the engine's stop reasons.
 STOP_TYPES = {"eog": "eos", "max_tokens": "limit", "context_full": "limit", "stop_string": "word", "aborted": "none"}
@@ -269,7 +269,6 @@ class LlamaServerAPI:
 
     async def _query(self, op: str, *args):
         """An engine's answer to a question that runs no generation (it waits for a free engine)."""
-        from .app import _refused
         from .scheduler import ServerBusy
         from .workers import EngineDied, EngineUnavailable, RequestRefused
 
@@ -282,7 +281,7 @@ class LlamaServerAPI:
         try:
             return await lease.query(op, *args)
         except RequestRefused as exc:
-            raise _refused(exc) from None
+            raise refused_error(*exc.args) from None
         except (EngineDied, EngineUnavailable) as exc:
             raise APIError(503, f"no engine: {exc}", "server_error", code="engine_unavailable") from None
         finally:

@@ -317,6 +317,11 @@ def _check_grammar_depth(grammar: str) -> None:
         raise APIError(400, f"grammar: brackets nest {deepest} deep; at most {MAX_GRAMMAR_DEPTH}", param="grammar")
 
 
+def refused_error(status: int, message: str, param: str | None, code: str | None) -> APIError:
+    """The answer to a request an engine refused (workers.RequestRefused's arguments)."""
+    return APIError(status, message, param=param, code=code)
+
+
 def ignored_header(req) -> dict:
     """The header that names the request's fields this server read without effect."""
     return {"X-Cospec-Ignored": ", ".join(req.ignored)} if req.ignored else {}
