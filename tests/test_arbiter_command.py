@@ -245,7 +245,7 @@ def test_the_installed_arbiter_is_found_by_name_everywhere(trained):
     assert out.returncode == 0 and any(line.startswith("mine") and "installed" in line for line in out.stdout.splitlines())
     out = run_cli("arbiter", "show", "mine", env=env)
     assert out.returncode == 0 and "mine (installed" in out.stdout
-    assert "evaluation\n    arith: 30 problems (arbiter train's held-out test split)" in out.stdout
+    assert "evaluation (held-out test sets)\n    arith: 30 problems (arbiter train's held-out test split)" in out.stdout
     out = run_cli("generate", "-p", "Mei has 9 stamps. Mei buys 4 more stamps. How many stamps does Mei have now?",
                   "--arbiter", "mine", "-n", 40, "--json", env=env)
     assert out.returncode == 0, out.stderr
