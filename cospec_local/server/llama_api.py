@@ -320,8 +320,7 @@ class LlamaServerAPI:
         s = self.server
         s._authorize(request)
         s._count(request, 200)
-        busy = s.pool.busy
-        return JSONResponse([{"id": i, "n_ctx": s.n_ctx, "is_processing": i < busy, "alive": w.alive,
+        return JSONResponse([{"id": i, "n_ctx": s.n_ctx, "is_processing": id(w) in s.pool.leased, "alive": w.alive,
                               "speculative": s.has_draft or None}
                              for i, w in enumerate(s.pool.workers)])
 

@@ -30,6 +30,7 @@ class EnginePool:
         self._idle: asyncio.Queue[EngineWorker] | None = None
         self._threads = ThreadPoolExecutor(max_workers=len(workers), thread_name_prefix="cospec-serve")
         self._generation_ids = itertools.count(1)
+        self.leased: set[int] = set()  # the workers (by id) a request holds: /slots' is_processing
 
     def _queue(self) -> asyncio.Queue:
         if self._idle is None:  # made in the event loop that uses it
@@ -55,9 +56,11 @@ class EnginePool:
             worker = await idle.get()
         finally:
             self.waiting -= 1
+        self.leased.add(id(worker))
         return Lease(self, worker, asyncio.get_running_loop())
 
     def _give_back(self, worker: EngineWorker) -> None:
+        self.leased.discard(id(worker))
         self._queue().put_nowait(worker)
 
     def close(self) -> None:
