@@ -17,7 +17,7 @@ the timing-free tuner of learned-arbiter runs, so nothing depends on timing). Tw
   more, the unseen listops family at most 0.80 and general chat at most 0.56; but it admits only
   the training wording (a reworded question scores like chat).
 
-Stored in arbiter.gguf (file_format.py); the engine (native/src/learned_arbiter.cpp) computes the
+Stored in arbiter.gguf (file_format.py); the engine (native/src/arbiter_file.cpp) computes the
 same scores, and `coverage` / `ClassifierGate.score` here are its reference. Only numpy is imported.
 """
 from __future__ import annotations
@@ -111,7 +111,7 @@ def _sigmoid(z: float) -> float:
 def hashed_features(tokens: Sequence[int], bits: int) -> np.ndarray:
     """The distinct buckets of a prompt's token unigrams and bigrams, sorted: a unigram t hashes
     (t + 1) * A, a bigram (s, t) (s + 1) * A + (t + 1) * B, modulo 2^64, keeping the top `bits`
-    bits (native/src/learned_arbiter.cpp computes the same)."""
+    bits (native/src/arbiter_file.cpp computes the same)."""
     t = np.asarray(tokens, dtype=np.int64).astype(np.uint64) + np.uint64(1)
     with np.errstate(over="ignore"):
         keys = np.concatenate([t * np.uint64(_MUL_FIRST), t[:-1] * np.uint64(_MUL_FIRST) + t[1:] * np.uint64(_MUL_SECOND)])
