@@ -117,7 +117,7 @@ def test_an_arbiter_reads_the_draft_where_it_chose_its_own_token(pair):
     target's text where it begins there (draft_alt): the features of a same-vocabulary block."""
     import numpy as np
 
-    from cospec_local import _cospec
+    from cospec_local import _cospec_internals
 
     seen = []
 
@@ -130,7 +130,7 @@ def test_an_arbiter_reads_the_draft_where_it_chose_its_own_token(pair):
     r = pair.generate(prompt, spec_type="draft", max_tokens=32, adaptive_draft=False, draft_max=4,
                       draft_prompt=pair.render_draft_chat(MESSAGES), arbiter=arbiter_from_function(record, "reads-draft"))
     assert r.tokens == plain.tokens and seen  # an arbiter that keeps nothing leaves the target's output
-    texts = _cospec.TextBridge(pair.target_path, pair.draft_path)  # each vocabulary's pieces
+    texts = _cospec_internals.TextBridge(pair.target_path, pair.draft_path)  # each vocabulary's pieces
     for block in seen:
         k = block["n_draft"]
         own, alt, rows = block["draft_own"], block["draft_alt"], block["draft_logits"]

@@ -16,3 +16,20 @@ def test_the_native_unit_tests_pass():
     assert run.returncode == 0, run.stdout + run.stderr
     checks, failed = (int(x) for x in run.stdout.split()[::2][:2])
     assert failed == 0 and checks > 1000, run.stdout
+
+
+def test_the_public_module_binds_cospec_h_and_the_internals_are_apart():
+    """_cospec is cospec.h's binding; the engine's internals that tests check on crafted inputs
+    (the n-gram drafter, the text bridge, the UTF-8 hold-back, the length tuner) live in
+    _cospec_internals, and the public module has none of them."""
+    import re
+    from pathlib import Path
+
+    from cospec_local import _cospec, _cospec_internals
+
+    internals = {"NgramDrafter", "TextBridge", "utf8_complete_end", "DraftTuner", "fastest_length"}
+    assert internals <= set(dir(_cospec_internals))
+    assert not internals & set(dir(_cospec))
+    bindings = (Path(__file__).resolve().parents[1] / "native" / "python" / "bindings.cpp").read_text()
+    assert re.findall(r'#include "([^"]+)"', bindings) == ["cospec.h"]  # cospec.h alone
+    assert bindings.count('m.def("status_name"') == 1

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cospec_local import Engine, _cospec
+from cospec_local import Engine, _cospec_internals
 from cospec_local.errors import InvalidArgumentError
 from cospec_local.models import resolve_model
 
@@ -20,8 +20,8 @@ GROUNDED = [json.loads(line) for line in (REPO / "bench" / "grounded_prompts.jso
 CLI = [sys.executable, "-m", "cospec_local.cli"]
 
 
-def drafter(*texts: list[int]) -> _cospec.NgramDrafter:
-    d = _cospec.NgramDrafter()
+def drafter(*texts: list[int]) -> _cospec_internals.NgramDrafter:
+    d = _cospec_internals.NgramDrafter()
     for text in texts:
         d.begin(text)
     return d
@@ -66,7 +66,7 @@ def test_a_refused_continuation_is_not_proposed_again_and_an_accepted_one_gains(
 
 
 def test_each_proposed_token_carries_the_acceptance_learned_at_its_match_length():
-    bucket = _cospec.NgramDrafter.support_bucket
+    bucket = _cospec_internals.NgramDrafter.support_bucket
     assert [bucket(m) for m in (2, 3, 4, 5, 6, 7, 9, 10, 13, 14, 19, 20, 31, 32)] == \
         [0, 1, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8]
     # 5 6 7 -> 8 9: "8" continues a 3-token match, "9" a 4-token one (the match grows along a copy)
@@ -87,9 +87,9 @@ def test_each_proposed_token_carries_the_acceptance_learned_at_its_match_length(
     assert e.bucket_acceptance(bucket(3)) == pytest.approx((1 + 2 * 0.6) / 3)
 
 
-def proposal_tuner(plain_ms: float = 10.0, extra_token_ms: float = 4.0) -> _cospec.DraftTuner:
+def proposal_tuner(plain_ms: float = 10.0, extra_token_ms: float = 4.0) -> _cospec_internals.DraftTuner:
     """A tuner that has timed plain steps and blocks of 2 and 9 tokens (costs linear in the tokens)."""
-    t = _cospec.DraftTuner()
+    t = _cospec_internals.DraftTuner()
     for n in (1, 1, 2, 2, 9, 9):
         t.observe_verify(n, plain_ms + (n - 1) * extra_token_ms, True)
     return t
@@ -136,11 +136,11 @@ def test_held_proposals_are_explored_at_a_doubling_interval():
             t.observe_held()
         raise AssertionError("never explored")
 
-    assert held_until_verified() == _cospec.DraftTuner.HELD_EXPLORE_MIN
+    assert held_until_verified() == _cospec_internals.DraftTuner.HELD_EXPLORE_MIN
     t.observe_block(1, 0, True)  # the exploration was refused: explore half as often
-    assert held_until_verified() == 2 * _cospec.DraftTuner.HELD_EXPLORE_MIN
+    assert held_until_verified() == 2 * _cospec_internals.DraftTuner.HELD_EXPLORE_MIN
     t.observe_block(1, 1, False)  # accepted: back to the shortest interval
-    assert held_until_verified() == _cospec.DraftTuner.HELD_EXPLORE_MIN
+    assert held_until_verified() == _cospec_internals.DraftTuner.HELD_EXPLORE_MIN
 
 
 def test_the_pool_lives_across_generations_and_a_chat_continues_its_text():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cospec_local import _cospec
+from cospec_local import _cospec_internals
 from cospec_local.models import resolve_model
 
 TEXTS = ["The café in 中文 is   nice.\n\nYes! 🙂 done", "def f(x):\n    return x * 2  # twice\n",
@@ -14,9 +14,9 @@ TEXTS = ["The café in 中文 is   nice.\n\nYes! 🙂 done", "def f(x):\n    ret
 
 
 @pytest.fixture(scope="module", params=["gemma3-target", "smollm2-target"])
-def bridge(request) -> _cospec.TextBridge:
+def bridge(request) -> _cospec_internals.TextBridge:
     gemma, smollm2 = str(resolve_model("gemma3-270m")), str(resolve_model("smollm2-135m"))
-    return _cospec.TextBridge(gemma, smollm2) if request.param == "gemma3-target" else _cospec.TextBridge(smollm2, gemma)
+    return _cospec_internals.TextBridge(gemma, smollm2) if request.param == "gemma3-target" else _cospec_internals.TextBridge(smollm2, gemma)
 
 
 def target_tokens(bridge, text: str) -> list[int]:
@@ -48,7 +48,7 @@ def test_an_incomplete_character_is_held_back_from_the_draft(bridge):
     for token in tokens[:-2]:
         bridge.append_target(token)
     assert bridge.text(bridge.draft_tokens(), False) == b"ok "
-    assert _cospec.utf8_complete_end(b"ok \xea") == 3 and _cospec.utf8_complete_end("ok ꙮ".encode()) == 6
+    assert _cospec_internals.utf8_complete_end(b"ok \xea") == 3 and _cospec_internals.utf8_complete_end("ok ꙮ".encode()) == 6
     # a proposal must begin with the held bytes; the rest continues the reply
     assert bridge.to_target(bridge.encode("ꙮ and on".encode(), False)) == \
         target_tokens(bridge, "ok ꙮ and on")[len(tokens) - 2:]
