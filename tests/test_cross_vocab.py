@@ -117,7 +117,7 @@ def test_an_arbiter_reads_the_draft_where_it_chose_its_own_token(pair):
     target's text where it begins there (draft_alt): the features of a same-vocabulary block."""
     import numpy as np
 
-    from cospec_local import _cospec_internals
+    from cospec_local import _cospec, _cospec_internals
 
     seen = []
 

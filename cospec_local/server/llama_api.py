@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Union
+from typing import ClassVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
@@ -64,6 +64,7 @@ class LlamaCompletionRequest(_Common):
     """llama-server's /completion request (its /infill adds input_prefix, input_suffix, input_extra)."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    max_stop_strings: ClassVar[int] = 64  # llama-server sets no limit (OpenAI's is 4)
     prompt: Union[str, list[int], list[str]] = ""
     n_probs: int = Field(0, ge=0, le=_cospec.N_TOP_LOGPROBS_MAX)
     return_tokens: bool = False

@@ -11,7 +11,7 @@ llama-server's are; OpenAI clients send them with `extra_body`.
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -92,6 +92,7 @@ class _Common(BaseModel):
     """Fields both endpoints share: OpenAI's, then the server's extensions."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    max_stop_strings: ClassVar[int] = MAX_STOP_STRINGS
     model: str | None = None  # OpenAI requires it; as llama-server, a request without it gets the served model
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -151,8 +152,8 @@ class _Common(BaseModel):
     @classmethod
     def _stops(cls, value):
         stops = [value] if isinstance(value, str) else list(value or [])
-        if len(stops) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+        if len(stops) > cls.max_stop_strings:
+            raise ValueError(f"at most {cls.max_stop_strings} stop strings")
         if any(not s for s in stops):
             raise ValueError("stop strings must not be empty")
         for s in stops:
