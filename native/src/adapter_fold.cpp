@@ -128,10 +128,10 @@ llama_model * load_folded(const fold_plan & plan, const cospec_engine & eng) {
         mp.n_gpu_layers = eng.draft_gpu_layers;
         mp.use_extra_bufts = eng.draft_extra_buffers;
         // locked in RAM where the draft is
-        const bool locked = eng.draft_load_mode == LLAMA_LOAD_MODE_MLOCK || eng.draft_load_mode == LLAMA_LOAD_MODE_MMAP_MLOCK;
+        const bool locked = eng.load_mode == LLAMA_LOAD_MODE_MLOCK || eng.load_mode == LLAMA_LOAD_MODE_MMAP_MLOCK;
         mp.load_mode = locked ? LLAMA_LOAD_MODE_MLOCK : mp.load_mode;
-        if (!eng.draft_devices.empty()) {
-            mp.devices = const_cast<ggml_backend_dev_t *>(eng.draft_devices.data());
+        if (!eng.devices[1].empty()) {
+            mp.devices = const_cast<ggml_backend_dev_t *>(eng.devices[1].data());
         }
         model = llama_model_load_from_file_ptr(fp, mp);
     }

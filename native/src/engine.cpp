@@ -454,8 +454,30 @@ static int32_t parse_devices(const char * setting, const char * flag, std::vecto
     return COSPEC_OK;
 }
 
-static int32_t load_model(const cospec_engine_params & p, int32_t which, model_slot & slot,
-                          cospec::rpc_connections & rpc, bool load_mtp = false) {
+// The settings above for each model, checked and resolved once (a clear error names the field).
+static int32_t resolve_llama_settings(const cospec_engine_params & p, cospec_engine & e) {
+    if (!load_mode(p.load_mode, e.load_mode)) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, std::string("load_mode: '") + p.load_mode +
+                                                     "' is not one of auto, none, mmap, mlock, mmap+mlock, dio");
+    }
+    const struct { const char * field; const char * value; ggml_type & out; } caches[] = {
+        {"cache_type_k", p.cache_type_k, e.cache_type_k[0]}, {"cache_type_v", p.cache_type_v, e.cache_type_v[0]},
+        {"cache_type_k_draft", p.cache_type_k_draft, e.cache_type_k[1]},
+        {"cache_type_v_draft", p.cache_type_v_draft, e.cache_type_v[1]}};
+    for (const auto & [field, value, out] : caches) {
+        if (!cache_type(value, out)) {
+            return fail(COSPEC_ERR_INVALID_ARGUMENT, std::string(field) + ": '" + value + "' is not a cache type (" +
+                                                         cache_type_names() + ")");
+        }
+    }
+    if (const int32_t st = parse_devices(p.devices, "devices", e.devices[0]); st != COSPEC_OK) {
+        return st;
+    }
+    return parse_devices(p.devices_draft, "devices_draft", e.devices[1]);
+}
+
+static int32_t load_model(const cospec_engine_params & p, cospec_engine & e, int32_t which, model_slot & slot,
+                          bool load_mtp = false) {
     const char * path = which == 0 ? p.target_path : p.draft_path;
     const char * role = which == 0 ? "target" : "draft";
     const std::string what = std::string(role) + " model";
@@ -471,24 +493,19 @@ static int32_t load_model(const cospec_engine_params & p, int32_t which, model_s
     // CPUs in this llama.cpp version, so it is opt-in.
     mp.use_extra_bufts = p.use_extra_buffers;
     mp.load_mtp = load_mtp; // the target's multi-token-prediction layers, for its head drafter
-    load_mode(p.load_mode, mp.load_mode); // checked in cospec_engine_open
+    mp.load_mode = e.load_mode;
     progress_bridge bridge {p.progress_callback, p.progress_user_data, which, false};
     if (p.progress_callback != nullptr) {
         mp.progress_callback = on_load_progress;
         mp.progress_callback_user_data = &bridge;
     }
+    const std::vector<ggml_backend_dev_t> & chosen = e.devices[which];
+    if (!chosen.empty()) {
+        mp.devices = const_cast<ggml_backend_dev_t *>(chosen.data());
+    }
     std::vector<ggml_backend_dev_t> devices;
-    if (const int32_t st = parse_devices(which == 0 ? p.devices : p.devices_draft, which == 0 ? "devices" : "devices_draft",
-                                         devices); st != COSPEC_OK) {
-        return st;
-    }
-    if (!devices.empty()) {
-        mp.devices = devices.data();
-    }
     if (which == 0 && p.rpc_servers != nullptr && p.rpc_servers[0] != '\0') {
-        const std::vector<ggml_backend_dev_t> chosen = devices;
-        devices.clear();
-        if (const int32_t st = rpc_devices(p.rpc_servers, devices, rpc); st != COSPEC_OK) {
+        if (const int32_t st = rpc_devices(p.rpc_servers, devices, e.rpc); st != COSPEC_OK) {
             return st;
         }
         // The servers first (llama.cpp's order, least traffic), then this machine's GPUs (those
@@ -557,11 +574,8 @@ static llama_context_params context_params(const cospec_engine_params & p, cospe
     cp.n_ctx = (uint32_t) e.n_ctx;
     cp.n_batch = (uint32_t) e.n_batch;
     cp.n_ubatch = (uint32_t) e.n_ubatch;
-    ggml_type type_k = GGML_TYPE_F16, type_v = GGML_TYPE_F16; // checked in cospec_engine_open
-    cache_type(draft ? p.cache_type_k_draft : p.cache_type_k, type_k);
-    cache_type(draft ? p.cache_type_v_draft : p.cache_type_v, type_v);
-    cp.type_k = type_k;
-    cp.type_v = type_v;
+    cp.type_k = e.cache_type_k[draft ? 1 : 0];
+    cp.type_v = e.cache_type_v[draft ? 1 : 0];
     cp.n_seq_max = 1;
     const int32_t hw = (int32_t) std::max(1u, std::thread::hardware_concurrency());
     cp.n_threads = p.n_threads > 0 ? p.n_threads : hw;
@@ -776,20 +790,6 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
         params->n_threads_batch < 0) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "n_ctx, n_batch, n_ubatch and thread counts must not be negative");
     }
-    const struct { const char * field; const char * value; } caches[] = {
-        {"cache_type_k", params->cache_type_k}, {"cache_type_v", params->cache_type_v},
-        {"cache_type_k_draft", params->cache_type_k_draft}, {"cache_type_v_draft", params->cache_type_v_draft}};
-    if (llama_load_mode mode; !load_mode(params->load_mode, mode)) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, std::string("load_mode: '") + params->load_mode +
-                                                     "' is not one of auto, none, mmap, mlock, mmap+mlock, dio");
-    }
-    for (const auto & [field, value] : caches) {
-        ggml_type t;
-        if (!cache_type(value, t)) {
-            return fail(COSPEC_ERR_INVALID_ARGUMENT, std::string(field) + ": '" + value + "' is not a cache type (" +
-                                                         cache_type_names() + ")");
-        }
-    }
     if (params->n_threads > GGML_MAX_N_THREADS || params->n_threads_batch > GGML_MAX_N_THREADS) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "thread counts must be at most " + std::to_string(GGML_MAX_N_THREADS) +
                                                      " (ggml's limit)");
@@ -801,8 +801,11 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
     init_backend();
     try {
         auto e = std::make_unique<cospec_engine>();
+        if (const int32_t st = resolve_llama_settings(*params, *e); st != COSPEC_OK) {
+            return st;
+        }
         const head_info target_heads = read_head_info(params->target_path);
-        if (int32_t st = load_model(*params, 0, e->target, e->rpc, target_heads.n_nextn > 0); st != COSPEC_OK) {
+        if (int32_t st = load_model(*params, *e, 0, e->target, target_heads.n_nextn > 0); st != COSPEC_OK) {
             return st;
         }
         const bool draft_given = params->draft_path != nullptr && params->draft_path[0] != '\0';
@@ -811,7 +814,7 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
         const bool eagle3 = draft_head.arch == "eagle3";
         model_slot head_model;
         if (eagle3) {
-            if (int32_t st = load_model(*params, 1, head_model, e->rpc); st != COSPEC_OK) {
+            if (int32_t st = load_model(*params, *e, 1, head_model); st != COSPEC_OK) {
                 return st;
             }
             if (!draft_head.d2t_problem.empty()) {
@@ -832,16 +835,12 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
         }
         e->has_draft = draft_given && !eagle3;
         if (e->has_draft) {
-            if (int32_t st = load_model(*params, 1, e->draft, e->rpc); st != COSPEC_OK) {
+            if (int32_t st = load_model(*params, *e, 1, e->draft); st != COSPEC_OK) {
                 return st;
             }
             e->draft_path = params->draft_path;
             e->draft_gpu_layers = params->n_gpu_layers_draft;
             e->draft_extra_buffers = params->use_extra_buffers;
-            load_mode(params->load_mode, e->draft_load_mode);
-            parse_devices(params->devices_draft, "devices_draft", e->draft_devices); // checked when it loaded
-            cache_type(params->cache_type_k_draft, e->draft_cache_type_k);
-            cache_type(params->cache_type_v_draft, e->draft_cache_type_v);
             e->draft_cost_ratio = (double) llama_model_n_params(e->draft.model) /
                                   (double) std::max<uint64_t>(1, llama_model_n_params(e->target.model));
             e->vocab_difference = vocab_difference(e->target, e->draft);

@@ -13,7 +13,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-#include <vector>
 
 namespace cospec {
 // Like llama.cpp: vocabularies may differ by a few padding tokens at the end.
@@ -83,10 +82,12 @@ struct cospec_engine {
     // How the draft was loaded: a LoRA arbiter's folded copy of it is loaded the same way.
     int32_t draft_gpu_layers = 0;
     bool draft_extra_buffers = false;
-    llama_load_mode draft_load_mode = LLAMA_LOAD_MODE_AUTO;
-    std::vector<ggml_backend_dev_t> draft_devices; // empty: llama.cpp's choice; else null-terminated
-    ggml_type draft_cache_type_k = GGML_TYPE_F16;  // the draft context's cache (an arbiter's copies it)
-    ggml_type draft_cache_type_v = GGML_TYPE_F16;
+    // llama.cpp's loading and cache settings, resolved once from cospec_engine_params, by model
+    // (0 target, 1 draft): a LoRA arbiter's folded draft and its context take the draft's.
+    llama_load_mode load_mode = LLAMA_LOAD_MODE_AUTO;
+    std::vector<ggml_backend_dev_t> devices[2];  // empty: llama.cpp's choice; else null-terminated
+    ggml_type cache_type_k[2] = {GGML_TYPE_F16, GGML_TYPE_F16};
+    ggml_type cache_type_v[2] = {GGML_TYPE_F16, GGML_TYPE_F16};
     std::string draft_fingerprint; // computed on first use (learned arbiters check it)
     std::string draft_header;      // a hash of its metadata, read with it (a fold checks both)
     // Parameters of the draft over the target's: the draft step's cost in the

@@ -149,8 +149,8 @@ struct learned_arbiter final : cospec_arbiter {
         cp.pooling_type = LLAMA_POOLING_TYPE_NONE;
         if (b.context_from_draft) {
             // The cache receives the draft's: the same layout (its cache types, the same attention kernel).
-            cp.type_k = eng->draft_cache_type_k;
-            cp.type_v = eng->draft_cache_type_v;
+            cp.type_k = eng->cache_type_k[1];
+            cp.type_v = eng->cache_type_v[1];
             cp.flash_attn_type = eng->draft.flash_attn;
         } else {
             // F32 cache and plain attention: the hidden states must match the torch model the head was trained on.
