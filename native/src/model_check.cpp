@@ -197,6 +197,18 @@ int32_t check_experts(const std::string & who, const gguf_context * g, const std
     return COSPEC_OK;
 }
 
+// The attention head's width as llama.cpp reads it: key_length, else the embedding over the first
+// layer's head count (0 where neither says).
+double head_width(const gguf_context * g, const std::string & arch) {
+    double head_dim = 0, n_embd = 0;
+    std::vector<int64_t> heads;
+    if (!number(g, arch + ".attention.key_length", head_dim) && number(g, arch + ".embedding_length", n_embd) &&
+        per_layer(g, arch + ".attention.head_count", 1, heads) && !heads.empty() && heads[0] > 0) {
+        head_dim = std::floor(n_embd / (double) heads[0]);
+    }
+    return head_dim;
+}
+
 // Multi-section rotary embedding (mRoPE): ggml's kernel asserts that the sections fit the head
 // (GGML_ASSERT(sect_dims <= ne0)) and divides by their sum.
 int32_t check_rope_sections(const std::string & who, const gguf_context * g, const std::string & arch) {
@@ -215,12 +227,7 @@ int32_t check_rope_sections(const std::string & who, const gguf_context * g, con
     if (sum == 0 && MROPE_ARCHS.count(arch) > 0) {
         return refuse(who, key + " adds up to 0");
     }
-    double head_dim = 0, n_embd = 0;
-    std::vector<int64_t> heads;
-    if (!number(g, arch + ".attention.key_length", head_dim) && number(g, arch + ".embedding_length", n_embd) &&
-        per_layer(g, arch + ".attention.head_count", 1, heads) && !heads.empty() && heads[0] > 0) {
-        head_dim = std::floor(n_embd / (double) heads[0]);
-    }
+    const double head_dim = head_width(g, arch);
     if (head_dim > 0 && (double) sum > head_dim) {
         return refuse(who, key + " add up to " + std::to_string(sum) + ", past the head's " +
                                std::to_string((long long) head_dim) + " dimensions");
@@ -232,12 +239,7 @@ int32_t check_rope_sections(const std::string & who, const gguf_context * g, con
 // (GGML_ASSERT(n_dims <= ne0), GGML_ASSERT(n_dims % 2 == 0)). llama.cpp itself demands the whole
 // head of llama-graph architectures (llama, deci, falcon); an EAGLE-3 head runs llama's layer too.
 int32_t check_rope_dimensions(const std::string & who, const gguf_context * g, const std::string & arch) {
-    double head_dim = 0, n_embd = 0;
-    std::vector<int64_t> heads;
-    if (!number(g, arch + ".attention.key_length", head_dim) && number(g, arch + ".embedding_length", n_embd) &&
-        per_layer(g, arch + ".attention.head_count", 1, heads) && !heads.empty() && heads[0] > 0) {
-        head_dim = std::floor(n_embd / (double) heads[0]);
-    }
+    const double head_dim = head_width(g, arch);
     if (!(head_dim > 0)) {
         return COSPEC_OK; // no attention heads to rotate, or llama.cpp refuses the file itself
     }
