@@ -184,13 +184,7 @@ def generic_messages(messages: list[dict], tools: list[dict]) -> list[dict]:
 def generic_grammar(tools: list[dict], forced: str | None, parallel: bool) -> str:
     """The grammar of a reply in the generic format: a call of one of the tools (of `forced` where
     it names one; several where parallel), or, where the model may choose (forced None), an answer."""
-    chosen = [t for t in tools if not forced or t["function"]["name"] == forced]
-    if not chosen:
-        raise ToolsError(f"tool_choice names {forced!r}, which is not one of the request's tools")
-    options = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
-                                                 "arguments": t["function"].get("parameters") or {"type": "object"}},
-                "required": ["name", "arguments"]} for t in chosen]
-    one = options[0] if len(options) == 1 else {"anyOf": options}
+    one = _call_schema(tools, forced or None, "arguments")
     call = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": one, "minItems": 1}},
             "required": ["tool_calls"]} if parallel else \
         {"type": "object", "properties": {"tool_call": one}, "required": ["tool_call"]}
@@ -275,18 +269,23 @@ def tool_names(tools: list[dict]) -> list[str]:
     return names
 
 
-def call_grammar(tools: list[dict], form: str, name: str | None = None, parallel: bool = True) -> str:
-    """A grammar whose output is a call (several where parallel) of one of the tools (or of `name`),
-    in the template's form, its arguments matching the tool's JSON schema."""
+def _call_schema(tools: list[dict], name: str | None, key: str) -> dict:
+    """The JSON schema of one call of a tool (of `name` where given): its name, and under `key`
+    its arguments as the tool's parameters schema says."""
     chosen = [t for t in tools if name is None or t["function"]["name"] == name]
     if not chosen:
         raise ToolsError(f"tool_choice names {name!r}, which is not one of the request's tools")
-    key = "parameters" if form == LLAMA3 else "arguments"
     options = [{"type": "object",
                 "properties": {"name": {"const": t["function"]["name"]},
                                key: t["function"].get("parameters") or {"type": "object"}},
                 "required": ["name", key]} for t in chosen]
-    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def call_grammar(tools: list[dict], form: str, name: str | None = None, parallel: bool = True) -> str:
+    """A grammar whose output is a call (several where parallel) of one of the tools (or of `name`),
+    in the template's form, its arguments matching the tool's JSON schema."""
+    schema = _call_schema(tools, name, "parameters" if form == LLAMA3 else "arguments")
     if form == LLAMA3:
         return schema_grammar(schema)
     one = f'"{_HERMES_OPEN}\\n" tool-call "\\n{_HERMES_CLOSE}"'
