@@ -274,13 +274,17 @@ class CospecServer:
         self._count(request, 200)  # only now: a generation that fails is counted once, with its error's status
         return JSONResponse(reply.whole(done), headers=ignored_header(req))
 
-    async def _start(self, chat: bool, payload, params: GenerationParams) -> tuple[Job, PreparedPrompt]:
-        """An engine, the prompt's tokens on it, and its generation started."""
+    async def _lease(self):
+        """An engine for this request, or 503 with Retry-After where every one is busy and the queue full."""
         try:
-            lease = await self.pool.acquire()
+            return await self.pool.acquire()
         except ServerBusy:
             raise APIError(503, "every engine is busy and the queue is full; retry later", "server_error",
                            code="server_busy", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+
+    async def _start(self, chat: bool, payload, params: GenerationParams) -> tuple[Job, PreparedPrompt]:
+        """An engine, the prompt's tokens on it, and its generation started."""
+        lease = await self._lease()
         try:
             prompt = await lease.prepare(chat, payload, params)
         except BaseException as exc:

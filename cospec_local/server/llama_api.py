@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 from .. import _cospec
 from ..engine import Generation
-from .protocol import APIError, _Common, ignored_header, parse_request, refused_error
+from .protocol import APIError, _Common, ignored_header, parse_request, refused_error, validated
 
 # llama-server's stop_type of each of the engine's stop reasons.
 STOP_TYPES = {"eog": "eos", "max_tokens": "limit", "context_full": "limit", "stop_string": "word", "aborted": "none"}
@@ -270,15 +270,9 @@ class LlamaServerAPI:
 
     async def _query(self, op: str, *args):
         """An engine's answer to a question that runs no generation (it waits for a free engine)."""
-        from .scheduler import ServerBusy
         from .workers import EngineDied, EngineUnavailable, RequestRefused
 
-        s = self.server
-        try:
-            lease = await s.pool.acquire()
-        except ServerBusy:
-            raise APIError(503, "every engine is busy and the queue is full; retry later", "server_error",
-                           code="server_busy") from None
+        lease = await self.server._lease()
         try:
             return await lease.query(op, *args)
         except RequestRefused as exc:
@@ -291,7 +285,7 @@ class LlamaServerAPI:
     async def tokenize(self, request: Request) -> JSONResponse:
         s = self.server
         s._authorize(request)
-        req = _validated(TokenizeRequest, await s._json_body(request))
+        req = validated(TokenizeRequest, await s._json_body(request))
         tokens = await self._query("tokenize", req.content, req.add_special, req.parse_special, req.with_pieces)
         s._count(request, 200)
         if req.with_pieces:
@@ -301,7 +295,7 @@ class LlamaServerAPI:
     async def detokenize(self, request: Request) -> JSONResponse:
         s = self.server
         s._authorize(request)
-        req = _validated(DetokenizeRequest, await s._json_body(request))
+        req = validated(DetokenizeRequest, await s._json_body(request))
         content = await self._query("detokenize", req.tokens)
         s._count(request, 200)
         return JSONResponse({"content": content})
@@ -330,16 +324,3 @@ class LlamaServerAPI:
         raise APIError(501, "embeddings are not served: the engine's target model generates (llama-server computes "
                             "them in a server started with --embedding and a pooling model)", "server_error",
                        code="not_implemented")
-
-
-def _validated(cls, data):
-    from pydantic import ValidationError
-
-    if not isinstance(data, dict):
-        raise APIError(400, "the request body must be a JSON object")
-    try:
-        return cls.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        raise APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from None

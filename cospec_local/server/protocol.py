@@ -334,6 +334,18 @@ def known_fields(cls: type[BaseModel]) -> set[str]:
     return keys | ({"speculative"} if "speculative_n_max" in cls.model_fields else set())
 
 
+def validated(cls: type[BaseModel], data: Any) -> BaseModel:
+    """data as the model `cls`, or APIError(400) naming the first bad field."""
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
+
+
 def parse_request(cls: type[_Common], data: Any, strict: bool) -> _Common:
     """The validated request, or APIError(400) naming the first bad field. Fields it does not
     read are refused under --strict, else listed in `request.ignored` (the answer names them in
@@ -343,12 +355,7 @@ def parse_request(cls: type[_Common], data: Any, strict: bool) -> _Common:
     unknown = sorted(set(data) - known_fields(cls))
     if strict and unknown:
         raise APIError(400, f"unknown field(s): {', '.join(unknown)}", param=unknown[0], code="unknown_field")
-    try:
-        request = cls.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        raise APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
+    request = validated(cls, data)
     request.refuse_unsupported()
     request._ignored = unknown + [name for name in request.accepted_without_effect() if name in data]
     return request

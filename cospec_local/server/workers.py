@@ -183,11 +183,7 @@ def prepare_prompt(engine: Engine, chat: bool, payload, params: GenerationParams
     elif isinstance(payload, str):
         prompt = engine.tokenize(payload)
     else:
-        bad = next((t for t in payload if not 0 <= t < engine.n_vocab), None)
-        if bad is not None:
-            raise RequestRefused(400, f"token id {bad} is outside the vocabulary (0..{engine.n_vocab - 1})", param,
-                                 None)
-        prompt = list(payload)
+        prompt = _known_tokens(engine, payload, param)
     if len(prompt) >= engine.n_ctx:
         raise RequestRefused(400, f"the prompt is {len(prompt)} tokens; the context holds {engine.n_ctx} (prompt and "
                                   "reply together)", param, "context_length_exceeded")
@@ -208,11 +204,16 @@ def _tokenize(engine: Engine, text: str, add_special: bool, parse_special: bool,
     return [(t, engine.token_bytes(t)) for t in tokens] if with_pieces else tokens
 
 
-def _detokenize(engine: Engine, tokens: list[int]) -> str:
+def _known_tokens(engine: Engine, tokens, param: str) -> list[int]:
+    """The request's token ids, each checked against the vocabulary (RequestRefused naming `param`)."""
     bad = next((t for t in tokens if not 0 <= t < engine.n_vocab), None)
     if bad is not None:
-        raise RequestRefused(400, f"token id {bad} is outside the vocabulary (0..{engine.n_vocab - 1})", "tokens", None)
-    return engine.detokenize(tokens, render_special=True)
+        raise RequestRefused(400, f"token id {bad} is outside the vocabulary (0..{engine.n_vocab - 1})", param, None)
+    return list(tokens)
+
+
+def _detokenize(engine: Engine, tokens: list[int]) -> str:
+    return engine.detokenize(_known_tokens(engine, tokens, "tokens"), render_special=True)
 
 
 def _infill(engine: Engine, prefix: str, suffix: str, extra: list[tuple[str, str]], prompt: str) -> list[int]:
