@@ -245,6 +245,27 @@ def test_a_tool_result_goes_back_through_the_template(client):
     assert second.usage.prompt_tokens > first.usage.prompt_tokens + 20
 
 
+def run_weather_agent(srv, max_turns: int, **agent_options):
+    """openai-agents against this server: an agent that must call a weather tool, asked about
+    Paris. The cities the tool was called with, and the run's result."""
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)  # nothing leaves the machine
+    seen: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Get the weather in a city."""
+        seen.append(city)
+        return f"18 C and sunny in {city}"
+
+    model = OpenAIChatCompletionsModel(model="local", openai_client=openai.AsyncOpenAI(
+        base_url=srv.api, api_key="unused", max_retries=0, timeout=120))
+    agent = Agent(name="weather", instructions="Answer with the weather tool.", tools=[get_weather], model=model,
+                  model_settings=ModelSettings(tool_choice="required", temperature=0), **agent_options)
+    return seen, asyncio.run(Runner.run(agent, "What is the weather in Paris?", max_turns=max_turns))
+
+
 def test_a_template_without_tools_gets_llama_cpps_generic_format(engine_for):
     """SmolLM2's own template shows no tools: they are described in the system message, and every
     reply is held to the generic format's grammar (a call, or where the model may choose, an answer)."""
@@ -301,24 +322,8 @@ def test_an_agent_framework_calls_a_tool_on_a_model_whose_template_shows_none(ow
     """openai-agents on SmolLM2 with its own template: the agent's forced call comes back in the
     generic format, the framework runs the tool, and its output is the agent's answer (SmolLM2-135M
     asked again would call the tool again, so the agent stops at the tool's output)."""
-    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
-
     _, srv = own_template_client
-    set_tracing_disabled(True)
-    seen: list[str] = []
-
-    @function_tool
-    def get_weather(city: str) -> str:
-        """Get the weather in a city."""
-        seen.append(city)
-        return f"18 C and sunny in {city}"
-
-    model = OpenAIChatCompletionsModel(model="local", openai_client=openai.AsyncOpenAI(
-        base_url=srv.api, api_key="unused", max_retries=0, timeout=120))
-    agent = Agent(name="weather", instructions="Answer with the weather tool.", tools=[get_weather], model=model,
-                  model_settings=ModelSettings(tool_choice="required", temperature=0),
-                  tool_use_behavior="stop_on_first_tool")
-    result = asyncio.run(Runner.run(agent, "What is the weather in Paris?", max_turns=3))
+    seen, result = run_weather_agent(srv, max_turns=3, tool_use_behavior="stop_on_first_tool")
     assert seen == ["Paris"] and result.final_output == "18 C and sunny in Paris"
     assert [type(item).__name__ for item in result.new_items] == ["ToolCallItem", "ToolCallOutputItem"]
 
@@ -326,22 +331,7 @@ def test_an_agent_framework_calls_a_tool_on_a_model_whose_template_shows_none(ow
 def test_an_agent_framework_runs_a_two_step_tool_call(server):
     """openai-agents (installed from PyPI) with its Chat Completions model on this server: it forces a
     call, runs the tool, sends the result back and gets the final answer."""
-    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
-
-    set_tracing_disabled(True)  # nothing leaves the machine
-    seen: list[str] = []
-
-    @function_tool
-    def get_weather(city: str) -> str:
-        """Get the weather in a city."""
-        seen.append(city)
-        return f"18 C and sunny in {city}"
-
-    model = OpenAIChatCompletionsModel(model="local", openai_client=openai.AsyncOpenAI(
-        base_url=server.api, api_key="unused", max_retries=0, timeout=120))
-    agent = Agent(name="weather", instructions="Answer with the weather tool.", tools=[get_weather], model=model,
-                  model_settings=ModelSettings(tool_choice="required", temperature=0))
-    result = asyncio.run(Runner.run(agent, "What is the weather in Paris?", max_turns=4))
+    seen, result = run_weather_agent(server, max_turns=4)
     assert seen == ["Paris"]
     assert isinstance(result.final_output, str) and result.final_output
     kinds = [type(item).__name__ for item in result.new_items]
