@@ -30,7 +30,8 @@ LLAMA_KINDS = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngr
 
 def build_speculative_simple(out_dir: Path) -> Path:
     """llama.cpp's llama-speculative-simple from the vendored source (.venv/src/llama.cpp), linked
-    against llama-cpp-python's installed libraries (llama.cpp's own common/ included): seconds."""
+    against llama-cpp-python's installed libraries (llama.cpp's own common/ included), with
+    llama_log_flush.cpp so that its last log lines survive exit: seconds."""
     import llama_cpp
 
     from cospec_local.formats.tiny_models import llama_cpp_source
@@ -43,7 +44,7 @@ def build_speculative_simple(out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     subprocess.run(["g++", "-O2", "-std=c++17", "-I", str(src / "common"), "-I", str(src / "vendor"),
                     "-I", str(site / "include"), str(src / "examples/speculative-simple/speculative-simple.cpp"),
-                    "-o", str(binary), "-L", str(site / "lib"), "-lllama-common", "-lllama", "-lggml",
+                    str(REPO / "bench/llama_log_flush.cpp"), "-o", str(binary), "-L", str(site / "lib"), "-lllama-common", "-lllama", "-lggml",
                     "-lggml-base", f"-Wl,--disable-new-dtags,-rpath,{site / 'lib'}"], check=True)
     return binary
 
