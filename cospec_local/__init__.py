@@ -8,7 +8,8 @@ from ._cospec import version as native_version
 from .chat.template import ChatTemplate, ChatTemplateError
 from .arbiter.catalog import NAMED_ARBITERS, Arbiter
 from .arbiter.callbacks import arbiter_from_function
-from .engine import Decision, Engine, Generation, Stats, TokenEvent
+from .engine import Engine
+from .generation import Decision, Generation, Stats, TokenEvent
 from .params import MODES, GenerationParams
 from .errors import (AdapterError, ArbiterDraftError, ArbiterError, CancelledError, ContextFullError, CospecError,
                      DecodeError, GenerationError, InvalidArgumentError, ModelLoadError, NoDraftError,

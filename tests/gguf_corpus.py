@@ -42,7 +42,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import gguf
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from cospec_local import Engine
 from cospec_local.formats import tiny_models

@@ -2,7 +2,7 @@
 (shared by `cospec-local generate` and the chat REPL)."""
 from __future__ import annotations
 
-from ..engine import Generation
+from ..generation import Generation
 
 # ANSI colours for --color: which tokens came from the draft.
 COLORS = {"match": "\x1b[32m", "kept": "\x1b[35;1m", "ngram": "\x1b[36m", "head": "\x1b[34m"}

@@ -72,3 +72,10 @@ class CallReader:
         if calls:
             delta["tool_calls"] = [c.openai(i) for i, c in enumerate(calls)]
         return delta
+
+
+def openai_usage(n_prompt: int, *results) -> dict:
+    """OpenAI's `usage` object of generations (a request's choices) from one prompt of n_prompt
+    tokens: the prompt counted once, every choice's tokens."""
+    completion = sum(len(result.tokens) for result in results)
+    return {"prompt_tokens": n_prompt, "completion_tokens": completion, "total_tokens": n_prompt + completion}

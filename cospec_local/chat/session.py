@@ -6,7 +6,8 @@ import sys
 from typing import Callable, TextIO
 
 from .display import abstained_note, colored, draft_off_note, model_summary, stats_line
-from ..engine import LEARNED_KINDS, Engine
+from ..arbiter.engine_arbiters import LEARNED_KINDS
+from ..engine import Engine
 from ..errors import ContextFullError, CospecError
 from ..params import MODES, UNTIL_CONTEXT_ENDS, GenerationParams
 

@@ -26,8 +26,9 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ..arbiter.catalog import arbiters_for_draft
-from ..engine import Generation, openai_usage
-from ..chat.openai_format import CallReader, assistant_message, chat_logprobs, finish_reason, text_logprobs
+from ..chat.openai_format import (CallReader, assistant_message, chat_logprobs, finish_reason, openai_usage,
+                                  text_logprobs)
+from ..generation import Generation
 from ..params import GenerationParams
 from .llama_api import LlamaServerAPI
 from .metrics import ServerMetrics

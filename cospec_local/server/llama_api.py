@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from .. import _cospec
-from ..engine import Generation
+from ..generation import Generation
 from .protocol import APIError, _Common, ignored_header, parse_request, refused_error, validated
 
 # llama-server's stop_type of each of the engine's stop reasons.

@@ -13,7 +13,7 @@ import itertools
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..engine import Generation
+from ..generation import Generation
 from ..params import GenerationParams
 from .workers import EngineWorker, PreparedPrompt
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import _cospec
-from ..engine import Engine, Generation, TokenEvent
+from ..engine import Engine
+from ..generation import Generation, TokenEvent
 from ..params import GenerationParams
 
 
