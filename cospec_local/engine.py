@@ -28,7 +28,7 @@ from .generation import (PROVENANCE, STOP_REASONS, Decision, Generation, Logprob
                          TokenLogprobs)
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 from .native_calls import MODEL_INDEX, Background, native_errors
-from .params import UNTIL_CONTEXT_ENDS, GenerationParams, spec_type_heads, spec_type_uses_model
+from .params import UNTIL_CONTEXT_ENDS, GenerationParams, native_refusal, spec_type_heads, spec_type_uses_model
 
 
 # Engine(flash_attn=...): flash attention of the target and draft contexts (cospec.h's
@@ -366,6 +366,11 @@ class Engine(ChatMixin, ArbiterCacheMixin):
             arbiter, name = self._arbiter(params)
             params = self._trained_block_length(arbiter, params)
             self._warn_if_trained_otherwise(arbiter, name, params)
+        # The engine's own checks before any output (cospec_generate_check), its field named.
+        with native_errors():
+            refused = self._native.check(tokens, params.native(), arbiter, draft_tokens)
+        if refused is not None:
+            raise native_refusal(*refused)
         return _Request(tokens, params, arbiter, name, draft_tokens)
 
     def _token_logprobs(self, pairs) -> TokenLogprobs:

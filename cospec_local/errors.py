@@ -7,6 +7,7 @@ class CospecError(RuntimeError):
 
     status: int = -99
     status_name: str = "internal"
+    field: str | None = None  # the setting refused, where one is (the CLI names its flag, the server the field)
 
     def __init__(self, message: str, status: int | None = None, status_name: str | None = None):
         super().__init__(message)
@@ -78,6 +79,12 @@ def from_native(exc: BaseException) -> CospecError:
     status, name, message = exc.args
     cls = _BY_STATUS.get(status, CospecError)
     return cls(message, status, name)
+
+
+def error_for_status(status: int, message: str) -> CospecError:
+    """The class of a native status, with this message."""
+    cls = _BY_STATUS.get(status, CospecError)
+    return cls(message, status, cls.status_name if cls is not CospecError else None)
 
 
 class ArbiterSettingsWarning(UserWarning):

@@ -188,7 +188,11 @@ class GenerationParams:
         return replace(self, **changes)
 
     def validate(self) -> None:
-        """Refuse out-of-range values early, naming the setting (the native library checks again)."""
+        """Refuse bad settings early, naming the setting (InvalidArgumentError whose `field` is the
+        field's name here). The native library is the one authority on ranges: this asks it
+        (cospec_generate_params_check). Checked here only what C never sees: the names of modes and
+        draft sources, integers too wide for the native struct, and the arbiter's own settings
+        before an arbiter is made from them."""
         from .errors import InvalidArgumentError
 
         def bad(name: str, why: str):
@@ -202,38 +206,13 @@ class GenerationParams:
             parse_spec_type(self.spec_type)
         except ValueError as exc:
             bad("spec_type", str(exc))
-        keeping = isinstance(self.arbiter, str) and self.arbiter not in ("target", "auto")
-        if self.mode == "speculative" and keeping and not spec_type_uses_model(self.spec_type):
-            bad("spec_type", f"{self.spec_type!r} leaves the draft model out, but arbiter {self.arbiter!r} decides "
-                             "the draft model's mismatches (ngram,draft keeps both)")
         if not (0 < self.max_tokens < 2**31 or self.max_tokens == UNTIL_CONTEXT_ENDS):
             bad("max_tokens", "must be a positive 32-bit number, or -1 (until the end of text or of the context)")
-        if not 1 <= self.draft_max <= _cospec.N_DRAFT_MAX:
-            bad("draft_max", f"must be in [1, {_cospec.N_DRAFT_MAX}]")
-        if not 0 <= self.draft_min <= self.draft_max:
-            bad("draft_min", f"must be in [0, draft_max = {self.draft_max}]")
-        if not 1 <= self.draft_max_ngram <= _cospec.N_DRAFT_MAX:
-            bad("draft_max_ngram", f"must be in [1, {_cospec.N_DRAFT_MAX}]")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            bad("temperature", "must be a finite number >= 0")
-        if not 0 <= self.top_k < 2**31:
-            bad("top_k", "must be >= 0")
-        if not 0 < self.top_p <= 1:
-            bad("top_p", "must be in (0, 1]")
-        if not 0 <= self.min_p <= 1:
-            bad("min_p", "must be in [0, 1]")
-        if not (math.isfinite(self.repeat_penalty) and 0 < self.repeat_penalty <= 100):
-            bad("repeat_penalty", "must be in (0, 100]")
-        if not -1 <= self.repeat_last_n < 2**31:
-            bad("repeat_last_n", "must be >= -1")
-        if not 0 <= self.draft_p_min <= 1:
-            bad("draft_p_min", "must be in [0, 1]")
         if not 0 <= self.seed < 2**64:
             bad("seed", "must be in [0, 2^64)")
-        if not (math.isfinite(self.draft_cost) and 0 <= self.draft_cost <= 100):
-            bad("draft_cost", "must be in [0, 100] target steps (0: from the pair's sizes)")
-        if not (math.isfinite(self.verify_cost) and self.verify_cost <= 100):
-            bad("verify_cost", "must be a finite number <= 100 target steps (negative: the default)")
+        for name in ("draft_max", "draft_min", "draft_max_ngram", "top_k", "repeat_last_n", "top_logprobs"):
+            if not -2**31 <= getattr(self, name) < 2**31:
+                bad(name, "must be a 32-bit number")
         if self.arbiter_threshold is not None and not 0 <= self.arbiter_threshold <= 1:
             bad("arbiter_threshold", "must be in [0, 1]")
         if self.fly_window < 1:
@@ -242,8 +221,10 @@ class GenerationParams:
             bad("fly_entropy", "must be a finite number >= 0")
         if self.fly_top_k < 0:
             bad("fly_top_k", "must be >= 0")
-        if not 0 <= self.top_logprobs <= _cospec.N_TOP_LOGPROBS_MAX:
-            bad("top_logprobs", f"must be in [0, {_cospec.N_TOP_LOGPROBS_MAX}]")
+        until_context_ends = self.max_tokens == UNTIL_CONTEXT_ENDS  # resolved against the context later
+        refused = _cospec.generate_params_check((self.updated(max_tokens=1) if until_context_ends else self).native())
+        if refused is not None:
+            raise native_refusal(*refused)
 
     def native(self) -> "_cospec.GenerateParams":
         """The native parameters struct (arbiter, stop strings and grammar travel beside it)."""
@@ -273,6 +254,24 @@ class GenerationParams:
 
 
 DEFAULTS = GenerationParams()
+
+# The settings whose field in cospec_generate_params has another name than here (native() sets
+# each from its own); every other refused field is spelled the same on both sides.
+NATIVE_FIELD_NAMES = {"n_predict": "max_tokens", "n_draft": "draft_max", "n_draft_min": "draft_min",
+                      "n_draft_ngram": "draft_max_ngram", "n_top_logprobs": "top_logprobs", "draft_sources": "spec_type"}
+
+
+def native_refusal(status: int, field: str, message: str):
+    """The typed error of a setting the native checks refused (cospec_generate_params_check,
+    cospec_generate_check: status, the field in C's name, "FIELD: why"), told under this side's
+    name of the field, which its `field` holds."""
+    from .errors import error_for_status
+
+    name = NATIVE_FIELD_NAMES.get(field, field) or None
+    why = message[len(field) + 2:] if field and message.startswith(field + ": ") else message
+    error = error_for_status(status, f"{name}: {why}" if name else why)
+    error.field = name
+    return error
 
 # `chat` samples by default, with llama-cli's defaults for temperature, top-k, top-p and min-p
 # and Ollama's repeat penalty (1.1 over the last 64 tokens): greedy small models loop.

@@ -62,7 +62,7 @@ def test_prompt_longer_than_context(target_path, draft_paths):
     with Engine(target_path, draft_paths["disagreeing"], n_ctx=64) as engine:
         long_prompt = "word " * 200
         for mode in ("speculative", "target-only"):
-            with pytest.raises(ContextFullError, match="prompt has .* tokens but the context holds 64"):
+            with pytest.raises(ContextFullError, match="prompt: it has .* tokens but the context holds 64"):
                 engine.generate(long_prompt, mode=mode, max_tokens=8)
         # Still usable afterwards.
         assert engine.generate("Hello", max_tokens=4, ignore_eos=True).tokens
@@ -89,16 +89,35 @@ def test_invalid_parameters(engine, bad):
     assert engine.generate("Hello", max_tokens=2, ignore_eos=True).tokens
 
 
+@pytest.mark.parametrize("bad, field", [(dict(draft_max=0), "draft_max"), (dict(draft_max=4, draft_min=5), "draft_min"),
+                                        (dict(draft_max_ngram=99), "draft_max_ngram"), (dict(top_logprobs=999), "top_logprobs"),
+                                        (dict(temperature=float("nan")), "temperature"), (dict(min_p=2.0), "min_p"),
+                                        (dict(draft_cost=-1.0), "draft_cost"), (dict(repeat_last_n=-2), "repeat_last_n")])
+def test_the_engine_is_the_one_authority_on_ranges_and_names_the_field_as_python_does(bad, field):
+    """GenerationParams.validate asks cospec_generate_params_check rather than check again; the
+    refusal comes back under this side's name of the field (n_draft is draft_max here), which the
+    CLI turns into its flag and the server into the request's field."""
+    from cospec_local.params import GenerationParams
+
+    with pytest.raises(InvalidArgumentError) as refused:
+        GenerationParams(**bad).validate()
+    assert refused.value.field == field and str(refused.value).startswith(f"{field}: ")
+    native = GenerationParams(**bad).native()
+    status, native_field, message = _cospec.generate_params_check(native)
+    assert status == InvalidArgumentError.status and message.startswith(f"{native_field}: ")
+    assert message.split(": ", 1)[1] == str(refused.value).split(": ", 1)[1]  # the same words on both sides
+
+
 def test_the_longest_block_is_the_native_limit(engine):
-    """A block of COSPEC_N_DRAFT_MAX draft tokens runs; the native check refuses one more (the Python
-    check refuses it before, test_invalid_parameters)."""
+    """A block of COSPEC_N_DRAFT_MAX draft tokens runs; the native check refuses one more, the same
+    whether the Python API asks it first (test_invalid_parameters) or generation meets it."""
     keep_all = arbiter_from_function(lambda block: [True] * block["n_draft"], "keep-all")  # the whole budget is one block
     longest = engine.generate("Hello", arbiter=keep_all, max_tokens=_cospec.N_DRAFT_MAX + 1, ignore_eos=True,
                               draft_max=_cospec.N_DRAFT_MAX, adaptive_draft=False)
     assert (longest.stats.blocks, longest.stats.draft_n) == (1, _cospec.N_DRAFT_MAX)
     params = _cospec.GenerateParams()
     params.n_draft = _cospec.N_DRAFT_MAX + 1
-    with pytest.raises(_cospec.CospecError, match=rf"n_draft\) must be in \[1, {_cospec.N_DRAFT_MAX}\]"):
+    with pytest.raises(_cospec.CospecError, match=rf"n_draft: must be in \[1, {_cospec.N_DRAFT_MAX}\], got {_cospec.N_DRAFT_MAX + 1}"):
         engine._native.generate(engine.tokenize("Hello"), params)
 
 

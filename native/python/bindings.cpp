@@ -163,6 +163,14 @@ PYBIND11_MODULE(_cospec, m) {
         .def_readwrite("ignore_eos", &cospec_generate_params::ignore_eos)
         .def_readwrite("logprobs", &cospec_generate_params::logprobs)
         .def_readwrite("n_top_logprobs", &cospec_generate_params::n_top_logprobs);
+    m.def("generate_params_check", [](const cospec_generate_params & params) -> py::object {
+        const char * field = "";
+        const int32_t status = cospec_generate_params_check(&params, &field);
+        if (status == COSPEC_OK) {
+            return py::none();
+        }
+        return py::make_tuple(status, field, std::string(cospec_last_error()));
+    }, py::arg("params"), "cospec_generate_params_check: None, or (status, field, message) of the first setting it refuses.");
     m.def("model_fingerprint", [](const std::string & path) {
         char buf[32];
         int32_t n;

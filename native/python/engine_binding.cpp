@@ -250,6 +250,20 @@ py::bytes Engine::token_to_piece(int32_t token) const {
     return py::bytes(buf, (size_t) n);
 }
 
+py::object Engine::check(const std::vector<int32_t> & prompt, const cospec_generate_params & base,
+                         std::shared_ptr<Arbiter> arbiter, const std::vector<int32_t> & draft_prompt) const {
+    cospec_generate_params p = base;
+    p.arbiter = arbiter ? arbiter->get() : nullptr;
+    p.draft_prompt = draft_prompt.empty() ? nullptr : draft_prompt.data();
+    p.n_draft_prompt = (int32_t) draft_prompt.size();
+    const char * field = "";
+    const int32_t status = cospec_generate_check(get(), prompt.data(), (int32_t) prompt.size(), &p, &field);
+    if (status == COSPEC_OK) {
+        return py::none();
+    }
+    return py::make_tuple(status, field, std::string(cospec_last_error()));
+}
+
 py::dict Engine::generate(const std::vector<int32_t> & prompt, const cospec_generate_params & base, std::shared_ptr<Arbiter> arbiter,
                   const std::vector<std::string> & stop, py::object on_token, const std::vector<int32_t> & draft_prompt,
                   const std::string & grammar, const std::string & grammar_root) {
@@ -389,6 +403,9 @@ void bind_engine(py::module_ & m) {
             return file_text(s, std::strlen(s));
         }, py::arg("token"), py::arg("which") = 0)
         .def("is_eog", [](const Engine & e, int32_t t) { return cospec_token_is_eog(e.get(), t); })
+        .def("check", &Engine::check, py::arg("prompt"), py::arg("params"), py::arg("arbiter") = nullptr,
+             py::arg("draft_prompt") = std::vector<int32_t>(),
+             "cospec_generate_check: None, or (status, field, message) of the first setting it refuses.")
         .def("generate", &Engine::generate, py::arg("prompt"), py::arg("params"), py::arg("arbiter") = nullptr,
              py::arg("stop") = std::vector<std::string>(), py::arg("on_token") = py::none(),
              py::arg("draft_prompt") = std::vector<int32_t>(), py::arg("grammar") = std::string(),

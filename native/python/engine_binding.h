@@ -45,6 +45,10 @@ class Engine {
     py::bytes detokenize(const std::vector<int32_t> & tokens, bool render_special) const;
     py::bytes token_to_piece(int32_t token) const;
 
+    // cospec_generate_check: None, or (status, field, message) of the first refusal.
+    py::object check(const std::vector<int32_t> & prompt, const cospec_generate_params & base, std::shared_ptr<Arbiter> arbiter,
+                     const std::vector<int32_t> & draft_prompt) const;
+
     py::dict generate(const std::vector<int32_t> & prompt, const cospec_generate_params & base, std::shared_ptr<Arbiter> arbiter,
                       const std::vector<std::string> & stop, py::object on_token, const std::vector<int32_t> & draft_prompt,
                       const std::string & grammar, const std::string & grammar_root);

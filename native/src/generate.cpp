@@ -683,128 +683,180 @@ class generation {
     }
 };
 
-int32_t check_params(const cospec_engine * e, const cospec_token * prompt, int32_t n_prompt, const cospec_generate_params * p) {
-    using cospec::fail;
-    if (e == nullptr || p == nullptr) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, "cospec_generate: engine and params must not be NULL");
+// A refusal of one setting: *field names it for the caller (a binding maps it to its own
+// spelling), and the message reads "FIELD: why".
+int32_t refuse(const char ** field, const char * name, int32_t status, const std::string & why) {
+    if (field != nullptr) {
+        *field = name;
+    }
+    return cospec::fail(status, std::string(name) + ": " + why);
+}
+
+std::string in_range(int64_t lo, int64_t hi, int64_t got) {
+    return "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(got);
+}
+
+// Everything cospec_generate checks before it runs that depends on the engine, the prompt and
+// the arbiter; the settings' own ranges are cospec_generate_params_check's.
+int32_t check_params(const cospec_engine * e, const cospec_token * prompt, int32_t n_prompt, const cospec_generate_params * p,
+                     const char ** field) {
+    if (const int32_t status = cospec_generate_params_check(p, field); status != COSPEC_OK) {
+        return status;
+    }
+    if (e == nullptr) {
+        return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "cospec_generate: the engine must not be NULL");
     }
     if (prompt == nullptr || n_prompt <= 0) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, "the prompt is empty");
-    }
-    if (p->mode < COSPEC_MODE_SPECULATIVE || p->mode > COSPEC_MODE_DRAFT_ONLY) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, "unknown mode " + std::to_string(p->mode));
+        return refuse(field, "prompt", COSPEC_ERR_INVALID_ARGUMENT, "the prompt is empty");
     }
     bool names_model = false, names_ngram = false;
     for (int32_t i = 0; i < COSPEC_N_DRAFT_SOURCES && p->draft_sources[i] != COSPEC_DRAFT_NONE; ++i) {
         const int32_t src = p->draft_sources[i];
-        if (src < COSPEC_DRAFT_NONE || src > COSPEC_DRAFT_HEAD) {
-            return fail(COSPEC_ERR_INVALID_ARGUMENT, "unknown draft source " + std::to_string(src));
-        }
         if (src == COSPEC_DRAFT_HEAD && p->mode == COSPEC_MODE_SPECULATIVE && !e->head.ready()) {
-            return fail(COSPEC_ERR_NO_DRAFT, "the draft sources name the head drafter, but the engine has none (an "
-                                             "EAGLE-3 head opened as the draft, or a target with multi-token-prediction layers)");
+            return refuse(field, "draft_sources", COSPEC_ERR_NO_DRAFT,
+                          "they name the head drafter, but the engine has none (an EAGLE-3 head opened as the draft, or "
+                          "a target with multi-token-prediction layers)");
         }
         names_model = names_model || src == COSPEC_DRAFT_MODEL || src == COSPEC_DRAFT_AUTO;
         names_ngram = names_ngram || src == COSPEC_DRAFT_NGRAM || src == COSPEC_DRAFT_AUTO;
     }
     if (p->mode == COSPEC_MODE_DRAFT_ONLY && !e->has_draft) {
-        return fail(COSPEC_ERR_NO_DRAFT, "this mode needs a draft model, but the engine was opened without one");
+        return refuse(field, "mode", COSPEC_ERR_NO_DRAFT, "draft-only needs a draft model, but the engine was opened without one");
     }
     if (p->mode == COSPEC_MODE_SPECULATIVE && names_model && !names_ngram && !e->has_draft) {
-        return fail(COSPEC_ERR_NO_DRAFT, "the draft sources name the draft model alone, but the engine was opened "
-                                         "without one");
+        return refuse(field, "draft_sources", COSPEC_ERR_NO_DRAFT,
+                      "they name the draft model alone, but the engine was opened without one");
     }
     const bool keeping = p->mode == COSPEC_MODE_SPECULATIVE && p->arbiter != nullptr && p->arbiter->can_keep();
-    if (keeping && !(names_model && e->has_draft)) {
-        return fail(e->has_draft ? COSPEC_ERR_INVALID_ARGUMENT : COSPEC_ERR_NO_DRAFT,
-                    std::string("arbiter '") + p->arbiter->name() + "' decides the draft model's mismatches, but " +
-                        (e->has_draft ? "the draft sources leave the draft model out" : "the engine has no draft model"));
+    if (keeping && !names_model) {
+        return refuse(field, "arbiter", COSPEC_ERR_INVALID_ARGUMENT,
+                      std::string("'") + p->arbiter->name() + "' decides the draft model's mismatches, but the draft "
+                          "sources leave the draft model out (ngram,draft keeps both)");
+    }
+    if (keeping && !e->has_draft) {
+        return refuse(field, "arbiter", COSPEC_ERR_NO_DRAFT,
+                      std::string("'") + p->arbiter->name() + "' decides the draft model's mismatches, but the engine has "
+                          "no draft model");
     }
     // A LoRA arbiter runs the draft model, with its adapter, over the target's tokens at each
     // position: a draft of another vocabulary cannot read them. The features arbiter (and a
     // Python one) reads the draft where it chose its own token covering the position's text.
     if (keeping && p->arbiter->kind() == COSPEC_ARBITER_LORA && !e->vocab_difference.empty()) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, std::string("arbiter '") + p->arbiter->name() +
-                                                     "' runs the draft model over the target's tokens, which a draft of another "
-                                                     "vocabulary cannot read (" + e->vocab_difference +
-                                                     "); use a features arbiter trained for this pair, the target arbiter or fly");
+        return refuse(field, "arbiter", COSPEC_ERR_INVALID_ARGUMENT,
+                      std::string("'") + p->arbiter->name() + "' runs the draft model over the target's tokens, which a "
+                          "draft of another vocabulary cannot read (" + e->vocab_difference +
+                          "); use a features arbiter trained for this pair, the target arbiter or fly");
     }
-    if (p->n_draft_prompt < 0 || (p->n_draft_prompt > 0 && p->draft_prompt == nullptr)) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, "draft_prompt: invalid array");
+    if (p->arbiter != nullptr && p->arbiter->engine() != nullptr && p->arbiter->engine() != e) {
+        return refuse(field, "arbiter", COSPEC_ERR_INVALID_ARGUMENT,
+                      std::string("'") + p->arbiter->name() + "' was loaded for another engine");
     }
     for (int32_t i = 0; i < p->n_draft_prompt; ++i) {
         if (!e->has_draft || p->draft_prompt[i] < 0 || p->draft_prompt[i] >= e->draft.n_vocab) {
-            return fail(COSPEC_ERR_INVALID_ARGUMENT, "draft prompt token " + std::to_string(p->draft_prompt[i]) + " at index " +
-                                                         std::to_string(i) + " is outside the draft's vocabulary");
+            return refuse(field, "draft_prompt", COSPEC_ERR_INVALID_ARGUMENT,
+                          "token " + std::to_string(p->draft_prompt[i]) + " at index " + std::to_string(i) +
+                              " is outside the draft's vocabulary");
         }
-    }
-    if (p->n_predict <= 0) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, "n_predict must be positive, got " + std::to_string(p->n_predict));
-    }
-    if (p->n_draft_ngram <= 0 || p->n_draft_ngram > COSPEC_N_DRAFT_MAX) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, "the n-gram block length (n_draft_ngram) must be in [1, " +
-                                                     std::to_string(COSPEC_N_DRAFT_MAX) + "], got " +
-                                                     std::to_string(p->n_draft_ngram));
-    }
-    if (p->n_draft_min < 0 || p->n_draft_min > p->n_draft) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, "the shortest block (n_draft_min) must be in [0, n_draft = " +
-                                                     std::to_string(p->n_draft) + "], not " + std::to_string(p->n_draft_min));
-    }
-    if (p->n_draft <= 0 || p->n_draft > COSPEC_N_DRAFT_MAX) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, "the draft length (n_draft) must be in [1, " +
-                                                     std::to_string(COSPEC_N_DRAFT_MAX) + "], got " +
-                                                     std::to_string(p->n_draft));
-    }
-    if (p->arbiter != nullptr && p->arbiter->engine() != nullptr && p->arbiter->engine() != e) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, std::string("arbiter '") + p->arbiter->name() +
-                                                     "' was loaded for another engine");
-    }
-    if (!(p->temperature >= 0.0f) || !(p->temperature < 1e6f)) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, "temperature must be a finite number >= 0");
-    }
-    if (p->top_k < 0 || !(p->top_p > 0.0f && p->top_p <= 1.0f) || !(p->draft_p_min >= 0.0f && p->draft_p_min <= 1.0f)) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, "top_k must be >= 0, top_p in (0, 1] and draft_p_min in [0, 1]");
-    }
-    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, "min_p must be in [0, 1]");
-    }
-    if (!(p->repeat_penalty > 0.0f && p->repeat_penalty <= 100.0f) || p->repeat_last_n < -1) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, "repeat_penalty must be in (0, 100] and repeat_last_n >= -1");
-    }
-    if (!std::isfinite(p->draft_cost) || !std::isfinite(p->verify_cost) || p->draft_cost > 100.0f || p->verify_cost > 100.0f) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, "draft_cost and verify_cost must be finite and at most 100 target steps");
-    }
-    if (p->n_top_logprobs < 0 || p->n_top_logprobs > COSPEC_N_TOP_LOGPROBS_MAX) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, "n_top_logprobs must be in [0, " + std::to_string(COSPEC_N_TOP_LOGPROBS_MAX) +
-                                                     "], got " + std::to_string(p->n_top_logprobs));
-    }
-    if (p->n_stop < 0 || (p->n_stop > 0 && p->stop == nullptr)) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, "stop strings: invalid array");
     }
     for (int32_t i = 0; i < n_prompt; ++i) {
         if (prompt[i] < 0 || prompt[i] >= e->target.n_vocab) {
-            return fail(COSPEC_ERR_INVALID_ARGUMENT, "prompt token " + std::to_string(prompt[i]) + " at index " + std::to_string(i) +
-                                                         " is outside the vocabulary (size " + std::to_string(e->target.n_vocab) + ")");
+            return refuse(field, "prompt", COSPEC_ERR_INVALID_ARGUMENT,
+                          "token " + std::to_string(prompt[i]) + " at index " + std::to_string(i) +
+                              " is outside the vocabulary (size " + std::to_string(e->target.n_vocab) + ")");
         }
     }
     if (p->mode == COSPEC_MODE_DRAFT_ONLY && e->vocab_difference.empty()) {
         for (int32_t i = 0; i < n_prompt; ++i) {
             if (prompt[i] >= e->draft.n_vocab) {
-                return fail(COSPEC_ERR_INVALID_ARGUMENT, "prompt token " + std::to_string(prompt[i]) + " at index " + std::to_string(i) +
-                                                             " is outside the draft's vocabulary (size " +
-                                                             std::to_string(e->draft.n_vocab) + ")");
+                return refuse(field, "prompt", COSPEC_ERR_INVALID_ARGUMENT,
+                              "token " + std::to_string(prompt[i]) + " at index " + std::to_string(i) +
+                                  " is outside the draft's vocabulary (size " + std::to_string(e->draft.n_vocab) + ")");
             }
         }
     }
     if (n_prompt >= e->n_ctx) {
-        return fail(COSPEC_ERR_CONTEXT_FULL, "the prompt has " + std::to_string(n_prompt) + " tokens but the context holds " +
-                                                 std::to_string(e->n_ctx) + " (one more position is needed to generate); "
-                                                 "shorten the prompt or raise n_ctx");
+        return refuse(field, "prompt", COSPEC_ERR_CONTEXT_FULL,
+                      "it has " + std::to_string(n_prompt) + " tokens but the context holds " + std::to_string(e->n_ctx) +
+                          " (one more position is needed to generate); shorten the prompt or raise n_ctx");
     }
     return COSPEC_OK;
 }
 
 } // namespace
+
+int32_t cospec_generate_params_check(const cospec_generate_params * p, const char ** field) {
+    cospec::clear_error();
+    if (field != nullptr) {
+        *field = "";
+    }
+    if (p == nullptr) {
+        return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "the params must not be NULL");
+    }
+    const int32_t bad = COSPEC_ERR_INVALID_ARGUMENT;
+    if (p->mode < COSPEC_MODE_SPECULATIVE || p->mode > COSPEC_MODE_DRAFT_ONLY) {
+        return refuse(field, "mode", bad, "unknown mode " + std::to_string(p->mode));
+    }
+    for (int32_t i = 0; i < COSPEC_N_DRAFT_SOURCES && p->draft_sources[i] != COSPEC_DRAFT_NONE; ++i) {
+        if (p->draft_sources[i] < COSPEC_DRAFT_NONE || p->draft_sources[i] > COSPEC_DRAFT_HEAD) {
+            return refuse(field, "draft_sources", bad, "unknown draft source " + std::to_string(p->draft_sources[i]));
+        }
+    }
+    if (p->n_predict <= 0) {
+        return refuse(field, "n_predict", bad, "must be positive, got " + std::to_string(p->n_predict));
+    }
+    if (p->n_draft <= 0 || p->n_draft > COSPEC_N_DRAFT_MAX) {
+        return refuse(field, "n_draft", bad, in_range(1, COSPEC_N_DRAFT_MAX, p->n_draft));
+    }
+    if (p->n_draft_min < 0 || p->n_draft_min > p->n_draft) {
+        return refuse(field, "n_draft_min", bad, in_range(0, p->n_draft, p->n_draft_min) + " (no longer than the longest block)");
+    }
+    if (p->n_draft_ngram <= 0 || p->n_draft_ngram > COSPEC_N_DRAFT_MAX) {
+        return refuse(field, "n_draft_ngram", bad, in_range(1, COSPEC_N_DRAFT_MAX, p->n_draft_ngram));
+    }
+    if (!(p->draft_p_min >= 0.0f && p->draft_p_min <= 1.0f)) {
+        return refuse(field, "draft_p_min", bad, "must be in [0, 1]");
+    }
+    if (!(p->temperature >= 0.0f) || !(p->temperature < 1e6f)) {
+        return refuse(field, "temperature", bad, "must be a finite number >= 0");
+    }
+    if (p->top_k < 0) {
+        return refuse(field, "top_k", bad, "must be >= 0");
+    }
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f)) {
+        return refuse(field, "top_p", bad, "must be in (0, 1]");
+    }
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) {
+        return refuse(field, "min_p", bad, "must be in [0, 1]");
+    }
+    if (!(p->repeat_penalty > 0.0f && p->repeat_penalty <= 100.0f)) {
+        return refuse(field, "repeat_penalty", bad, "must be in (0, 100]");
+    }
+    if (p->repeat_last_n < -1) {
+        return refuse(field, "repeat_last_n", bad, "must be >= -1 (-1: the whole context)");
+    }
+    if (!(p->draft_cost >= 0.0f && p->draft_cost <= 100.0f)) {
+        return refuse(field, "draft_cost", bad, "must be in [0, 100] target steps (0: from the pair's sizes)");
+    }
+    if (!(std::isfinite(p->verify_cost) && p->verify_cost <= 100.0f)) {
+        return refuse(field, "verify_cost", bad, "must be a finite number <= 100 target steps (negative: the default)");
+    }
+    if (p->n_top_logprobs < 0 || p->n_top_logprobs > COSPEC_N_TOP_LOGPROBS_MAX) {
+        return refuse(field, "n_top_logprobs", bad, in_range(0, COSPEC_N_TOP_LOGPROBS_MAX, p->n_top_logprobs));
+    }
+    if (p->n_stop < 0 || (p->n_stop > 0 && p->stop == nullptr)) {
+        return refuse(field, "stop", bad, "invalid array");
+    }
+    if (p->n_draft_prompt < 0 || (p->n_draft_prompt > 0 && p->draft_prompt == nullptr)) {
+        return refuse(field, "draft_prompt", bad, "invalid array");
+    }
+    return COSPEC_OK;
+}
+
+int32_t cospec_generate_check(const cospec_engine * engine, const cospec_token * prompt, int32_t n_prompt,
+                              const cospec_generate_params * params, const char ** field) {
+    cospec::clear_error();
+    return check_params(engine, prompt, n_prompt, params, field);
+}
 
 extern "C" {
 
@@ -850,7 +902,7 @@ int32_t cospec_generate(cospec_engine * engine, const cospec_token * prompt, int
     if (out != nullptr) {
         *out = nullptr;
     }
-    if (const int32_t status = check_params(engine, prompt, n_prompt, params); status != COSPEC_OK) {
+    if (const int32_t status = check_params(engine, prompt, n_prompt, params, nullptr); status != COSPEC_OK) {
         return status;
     }
     std::unique_lock<std::mutex> lock(engine->busy, std::try_to_lock);
