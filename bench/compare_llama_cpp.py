@@ -1,7 +1,9 @@
 """Compare the sps loop with llama.cpp's own `llama-speculative-simple` on the
 same models, K, threads, offload and prompt (flash attention: each program's
 default, or -fa for both), alternating runs so machine noise hits both. Both
-draft exactly K tokens per block (our adaptive length is off).
+draft exactly K tokens per block (our adaptive length is off), from the draft model alone: the
+engine runs `--spec-type draft` beside llama.cpp's `draft-simple` (its default `auto` would add the
+n-gram drafter, which llama-speculative-simple does not run there).
 
 Build llama-speculative-simple from the llama.cpp source that llama-cpp-python
 0.3.36 vendors (its sdist's vendor/llama.cpp), with the same GGML flags as the
@@ -41,7 +43,8 @@ def run_llama(bin_dir, target, draft, k, n, threads, ngl, fa):
 
 def run_cospec(target, draft, k, n, threads, ngl, fa):
     cmd = [sys.executable, "-m", "cospec_local.cli", "generate", "-m", target, "-md", draft, "-p", PROMPT,
-           "-n", str(n), "--mode", "speculative", "--arbiter", "target", "--draft-max", str(k), "--fixed-draft", "-t", str(threads), "-c", "4096",
+           "-n", str(n), "--mode", "speculative", "--spec-type", "draft", "--arbiter", "target", "--draft-max", str(k),
+           "--fixed-draft", "-t", str(threads), "-c", "4096",
            "-ngl", str(ngl), "-ngld", str(ngl), "--json"] + (["-fa", fa] if fa else [])
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
