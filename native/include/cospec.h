@@ -639,7 +639,7 @@ typedef struct cospec_result cospec_result;
 // COSPEC_ERR_INVALID_ARGUMENT with *field (when not NULL) set to the refused field's name in
 // cospec_generate_params ("n_draft", "temperature", ...) and cospec_last_error() reading
 // "FIELD: why".
-int32_t cospec_generate_params_check(const cospec_generate_params * params, const char ** field);
+int32_t cospec_generate_params_check(const struct cospec_generate_params * params, const char ** field);
 
 // Every check cospec_generate makes before it runs, without running: the settings' own, then
 // those of this engine, prompt and arbiter (a keeping arbiter needs the draft model among the
@@ -647,7 +647,7 @@ int32_t cospec_generate_params_check(const cospec_generate_params * params, cons
 // cospec_generate would, with *field naming the refused setting: a field of the params,
 // "arbiter", "prompt" or "draft_prompt".
 int32_t cospec_generate_check(const cospec_engine * engine, const cospec_token * prompt, int32_t n_prompt,
-                              const cospec_generate_params * params, const char ** field);
+                              const struct cospec_generate_params * params, const char ** field);
 
 // Generate from prompt tokens. On return *out (if not NULL) holds a result
 // even when the status is an error after generation started, so nothing
