@@ -30,6 +30,12 @@ def test_the_public_module_binds_cospec_h_and_the_internals_are_apart():
     internals = {"NgramDrafter", "TextBridge", "utf8_complete_end", "DraftTuner", "fastest_length"}
     assert internals <= set(dir(_cospec_internals))
     assert not internals & set(dir(_cospec))
-    bindings = (Path(__file__).resolve().parents[1] / "native" / "python" / "bindings.cpp").read_text()
-    assert re.findall(r'#include "([^"]+)"', bindings) == ["cospec.h"]  # cospec.h alone
-    assert bindings.count('m.def("status_name"') == 1
+    python_dir = Path(__file__).resolve().parents[1] / "native" / "python"
+    own = {"native_call.h", "arbiter_binding.h", "engine_binding.h"}  # the module's own files, over cospec.h
+    for source in ["bindings.cpp", "native_call.cpp", "arbiter_binding.cpp", "engine_binding.cpp", *sorted(own)]:
+        included = set(re.findall(r'#include "([^"]+)"', (python_dir / source).read_text()))
+        assert included <= own | {"cospec.h"}, (source, included)  # none of the engine's internal headers
+    assert "cospec.h" in set(re.findall(r'#include "([^"]+)"', (python_dir / "native_call.h").read_text()))
+    module_text = "".join((python_dir / name).read_text() for name in ["bindings.cpp", "arbiter_binding.cpp",
+                                                                         "engine_binding.cpp"])
+    assert module_text.count('m.def("status_name"') == 1
