@@ -158,10 +158,10 @@ def test_gemma3_270m_rolls_back_past_its_sliding_window(zoo):
     """The real Gemma 3 270M (a 512-token window) with a prompt past the window, and a draft of its
     vocabulary that disagrees almost everywhere: every rollback crosses the window's edge.
 
-    Verify batches of 9 or more tokens multiply Gemma's Q4_K weights with other CPU kernels than
-    one-token steps (docs/lossless-output.md): there the output may leave target-only's at a
-    near-tie, where the batch's rounding picks the target's second choice; with shorter blocks,
-    and wherever the batches agree, it is the same token for token."""
+    Verify batches multiply Gemma's Q4_K weights with other CPU kernels than one-token steps
+    (docs/lossless-output.md): on an AVX-512 CPU from 9 tokens on, on an AVX2 one from 2. Where
+    they do, the output may leave target-only's at a near-tie, where the batch's rounding picks the
+    target's second choice; wherever the batches agree, it is the same token for token."""
     import numpy as np
 
     from cospec_local.model_paths import find_gemma3_gguf
@@ -178,8 +178,7 @@ def test_gemma3_270m_rolls_back_past_its_sliding_window(zoo):
             for k in (1, 4, 8):
                 result = engine.generate(prompt, max_tokens=48, draft_max=k, adaptive_draft=False, spec_type="draft")
                 at = first_difference(result.tokens, reference.tokens)
-                if k < 8 or at is None:
-                    assert at is None, f"K={k}"
+                if at is None:
                     continue
                 row = engine.score(prompt_tokens + reference.tokens[:at])[-1]
                 top2 = np.sort(row)[-2:]

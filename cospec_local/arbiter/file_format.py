@@ -51,7 +51,7 @@ ARBITER_FILE = "arbiter.gguf"
 ADAPTER_FILE = "adapter.gguf"
 ONNX_FILE = "head.onnx"
 INFO_FILE = "info.json"
-REFERENCE_FILE = "reference.jsonl"
+REFERENCE_FILE = "reference.jsonl"  # reference generations; reference.avx2.jsonl: the same on AVX2 kernels
 BUNDLE_FILES = (ARBITER_FILE, ADAPTER_FILE, ONNX_FILE, INFO_FILE)  # what a trained arbiter is made of
 # Where a LoRA arbiter's adapter applies (train/arbiter_model.py explains both); arbiter.gguf's `lora_context`.
 LORA_CONTEXTS = ("draft", "adapter")
@@ -395,3 +395,16 @@ def set_name(folder: str | Path, name: str) -> Path:
     import gguf
 
     return _rewrite_arbiter_file(folder, {KEY + "name": (name, gguf.GGUFValueType.STRING)}, [], set())
+
+
+def kernel_family(system_info: str) -> str:
+    """The family of CPU kernels llama.cpp multiplies with here, as far as it moves greedy tokens at
+    near-ties (_cospec.system_info()): "avx512", "avx2" or "other"."""
+    return "avx512" if "AVX512" in system_info else "avx2" if "AVX2 = 1" in system_info else "other"
+
+
+def reference_file(folder: Path, system_info: str) -> Path:
+    """A shipped arbiter's reference generations for this CPU: those recorded on its kernel family
+    where the bundle has them (reference.avx2.jsonl), else reference.jsonl."""
+    own = folder / REFERENCE_FILE.replace(".jsonl", f".{kernel_family(system_info)}.jsonl")
+    return own if own.is_file() else folder / REFERENCE_FILE

@@ -16,7 +16,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..arbiter.file_format import BUNDLE_FILES, REFERENCE_FILE
+from .. import _cospec
+from ..arbiter.file_format import BUNDLE_FILES, REFERENCE_FILE, kernel_family
 from ..engine import Engine
 from ..params import GenerationParams
 from ..evaluation.task_eval import task_draft_prompt, task_prompt
@@ -58,6 +59,10 @@ class BundleConfig:
     max_tokens: int = option(256, "Most tokens per reference generation.")
     chat_template_file: Path | None = option(None, "The target's chat template instead of its own (a base model's "
                                                    "question/answer form).")
+    threads: int = option(1, "Threads of the engine that writes them (the test reruns them with as many).")
+    this_cpu: bool = option(False, "Write them as this CPU's kernel family's (reference.avx2.jsonl on an AVX2 "
+                                   "CPU), beside reference.jsonl, whose greedy tokens another family's kernels "
+                                   "round otherwise at near-ties.")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -67,11 +72,12 @@ def main(argv: list[str] | None = None) -> None:
         if (args.arbiter / name).is_file() and args.arbiter.resolve() != args.out.resolve():
             shutil.copyfile(args.arbiter / name, args.out / name)
     template = args.chat_template_file.read_text(encoding="utf-8") if args.chat_template_file else None
-    with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=1, chat_template=template,
+    with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=args.threads, chat_template=template,
                 calibration=None) as engine:
         rows = reference_runs(engine, str(args.out), comma_list(args.tasks), args.n,
                               max_tokens=args.max_tokens, chat=args.chat)
-    (args.out / REFERENCE_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    name = REFERENCE_FILE.replace(".jsonl", f".{kernel_family(_cospec.system_info())}.jsonl") if args.this_cpu else REFERENCE_FILE
+    (args.out / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
     kept = sum(p == "kept" for r in rows for p in r["provenance"])
     print(f"{args.out}: {len(rows)} reference generations, {kept} draft tokens kept")
 
