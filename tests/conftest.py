@@ -8,6 +8,11 @@ import shutil
 import signal
 import tempfile
 
+# Two test workers (pytest -n 2, one per core): llama.cpp's OpenMP threads sleep while they wait
+# instead of spinning, or each worker's engines would spin on the core the other computes on.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import pytest
 
 from cospec_local import Engine
