@@ -7,7 +7,6 @@ and `flags` its command-line spelling (llama.cpp's where one exists).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -190,9 +189,9 @@ class GenerationParams:
     def validate(self) -> None:
         """Refuse bad settings early, naming the setting (InvalidArgumentError whose `field` is the
         field's name here). The native library is the one authority on ranges: this asks it
-        (cospec_generate_params_check). Checked here only what C never sees: the names of modes and
-        draft sources, integers too wide for the native struct, and the arbiter's own settings
-        before an arbiter is made from them."""
+        (cospec_generate_params_check, and cospec_fly/aasd_params_check for the rules' settings).
+        Checked here only what C never sees: the names of modes and draft sources, integers too
+        wide for the native struct, and a learned arbiter's threshold (None here: its own)."""
         from .errors import InvalidArgumentError
 
         def bad(name: str, why: str):
@@ -215,16 +214,16 @@ class GenerationParams:
                 bad(name, "must be a 32-bit number")
         if self.arbiter_threshold is not None and not 0 <= self.arbiter_threshold <= 1:
             bad("arbiter_threshold", "must be in [0, 1]")
-        if self.fly_window < 1:
-            bad("fly_window", "must be >= 1")
-        if not (math.isfinite(self.fly_entropy) and self.fly_entropy >= 0):
-            bad("fly_entropy", "must be a finite number >= 0")
-        if self.fly_top_k < 0:
-            bad("fly_top_k", "must be >= 0")
+        for name in ("fly_window", "fly_top_k"):
+            if not -2**31 <= getattr(self, name) < 2**31:
+                bad(name, "must be a 32-bit number")
         until_context_ends = self.max_tokens == UNTIL_CONTEXT_ENDS  # resolved against the context later
-        refused = _cospec.generate_params_check((self.updated(max_tokens=1) if until_context_ends else self).native())
-        if refused is not None:
-            raise native_refusal(*refused)
+        for refused, names in ((_cospec.generate_params_check((self.updated(max_tokens=1) if until_context_ends
+                                                               else self).native()), NATIVE_FIELD_NAMES),
+                               (_cospec.fly_params_check(self.fly_window, self.fly_entropy, self.fly_top_k), _FLY_FIELDS),
+                               (_cospec.aasd_params_check(self.aasd_alpha, self.aasd_beta), _AASD_FIELDS)):
+            if refused is not None:
+                raise native_refusal(*refused, names=names)
 
     def native(self) -> "_cospec.GenerateParams":
         """The native parameters struct (arbiter, stop strings and grammar travel beside it)."""
@@ -261,14 +260,20 @@ NATIVE_FIELD_NAMES = {"n_predict": "max_tokens", "n_draft": "draft_max", "n_draf
                       "n_draft_ngram": "draft_max_ngram", "n_top_logprobs": "top_logprobs", "draft_sources": "spec_type"}
 
 
-def native_refusal(status: int, field: str, message: str):
+# The rules' settings (cospec_fly_params, cospec_aasd_params) under their names here.
+_FLY_FIELDS = {"window": "fly_window", "entropy_threshold": "fly_entropy", "entropy_top_k": "fly_top_k"}
+_AASD_FIELDS = {"alpha": "aasd_alpha", "beta": "aasd_beta"}
+
+
+def native_refusal(status: int, field: str, message: str, names: dict[str, str] = NATIVE_FIELD_NAMES):
     """The typed error of a setting the native checks refused (cospec_generate_params_check,
-    cospec_generate_check: status, the field in C's name, "FIELD: why"), told under this side's
-    name of the field, which its `field` holds."""
+    cospec_generate_check, cospec_fly/aasd_params_check: status, the field in C's name, "[RULE: ]FIELD:
+    why"), told under this side's name of the field (`names`), which its `field` holds."""
     from .errors import error_for_status
 
-    name = NATIVE_FIELD_NAMES.get(field, field) or None
-    why = message[len(field) + 2:] if field and message.startswith(field + ": ") else message
+    name = names.get(field, field) or None
+    marker = f"{field}: "
+    why = message[message.index(marker) + len(marker):] if field and marker in message else message
     error = error_for_status(status, f"{name}: {why}" if name else why)
     error.field = name
     return error

@@ -1,5 +1,6 @@
 """Bad input gets a clear error, loses nothing, and leaves the process (and
 the engine) working."""
+import re
 import threading
 import time
 
@@ -106,6 +107,23 @@ def test_the_engine_is_the_one_authority_on_ranges_and_names_the_field_as_python
     status, native_field, message = _cospec.generate_params_check(native)
     assert status == InvalidArgumentError.status and message.startswith(f"{native_field}: ")
     assert message.split(": ", 1)[1] == str(refused.value).split(": ", 1)[1]  # the same words on both sides
+
+
+@pytest.mark.parametrize("bad, field", [(dict(fly_window=0), "fly_window"), (dict(fly_entropy=float("inf")), "fly_entropy"),
+                                        (dict(fly_top_k=-1), "fly_top_k"), (dict(aasd_beta=1.5), "aasd_beta")])
+def test_the_rules_settings_are_checked_by_the_engine_too(bad, field):
+    """FLy's and AASD's settings: cospec_fly/aasd_params_check, which the rules' constructors run,
+    answer validate() too, under this side's names."""
+    from cospec_local.params import GenerationParams
+
+    with pytest.raises(InvalidArgumentError) as refused:
+        GenerationParams(**bad).validate()
+    assert refused.value.field == field and str(refused.value).startswith(f"{field}: ")
+    rule = field.split("_")[0]
+    with pytest.raises(_cospec.CospecError, match=rf"{rule}: \w+: {re.escape(str(refused.value).split(': ', 1)[1])}"):
+        params = GenerationParams(**bad)
+        (_cospec.Arbiter.fly(params.fly_window, params.fly_entropy, params.fly_top_k) if rule == "fly"
+         else _cospec.Arbiter.aasd(params.aasd_alpha, params.aasd_beta))
 
 
 def test_the_longest_block_is_the_native_limit(engine):

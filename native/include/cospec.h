@@ -332,6 +332,12 @@ cospec_arbiter * cospec_arbiter_init_fly(struct cospec_fly_params params);
 // AASD's conditional verification (above): a mismatch is kept where the target found the draft's token
 // likely enough for how unsure it was.
 cospec_arbiter * cospec_arbiter_init_aasd(struct cospec_aasd_params params);
+// The rules' settings checked without making the arbiter (the init functions check the same):
+// COSPEC_OK, or COSPEC_ERR_INVALID_ARGUMENT with *field (when not NULL) naming the refused field
+// ("window", "entropy_threshold", "entropy_top_k"; "alpha", "beta") and cospec_last_error()
+// reading "fly: FIELD: why" / "aasd: FIELD: why".
+int32_t cospec_fly_params_check(const struct cospec_fly_params * params, const char ** field);
+int32_t cospec_aasd_params_check(const struct cospec_aasd_params * params, const char ** field);
 // A user function, e.g. a Python arbiter for experiments and training.
 cospec_arbiter * cospec_arbiter_init_callback(const char * name, cospec_arbiter_fn fn, void * user_data);
 cospec_arbiter * cospec_arbiter_init_callbacks(const char * name, const struct cospec_arbiter_callbacks * callbacks,

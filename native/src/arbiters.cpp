@@ -144,27 +144,57 @@ cospec_arbiter * cospec_arbiter_init_target(void) {
     return new (std::nothrow) target_arbiter();
 }
 
-cospec_arbiter * cospec_arbiter_init_fly(cospec_fly_params params) {
+namespace {
+
+int32_t refuse_rule(const char ** field, const char * rule, const char * name, const std::string & why) {
+    if (field != nullptr) {
+        *field = name;
+    }
+    return cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, std::string(rule) + ": " + name + ": " + why);
+}
+
+} // namespace
+
+int32_t cospec_fly_params_check(const cospec_fly_params * params, const char ** field) {
     cospec::clear_error();
-    if (params.window < 1) {
-        cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "fly: window must be at least 1, got " + std::to_string(params.window));
-        return nullptr;
+    if (field != nullptr) {
+        *field = "";
     }
-    if (!(params.entropy_threshold >= 0.0f) || !(params.entropy_threshold < 1e30f)) {
-        cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "fly: entropy_threshold must be a finite non-negative number");
-        return nullptr;
+    if (params->window < 1) {
+        return refuse_rule(field, "fly", "window", "must be >= 1, got " + std::to_string(params->window));
     }
-    if (params.entropy_top_k < 0) {
-        cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "fly: entropy_top_k must be >= 0 (0: full entropy)");
+    if (!(params->entropy_threshold >= 0.0f) || !(params->entropy_threshold < 1e30f)) {
+        return refuse_rule(field, "fly", "entropy_threshold", "must be a finite number >= 0");
+    }
+    if (params->entropy_top_k < 0) {
+        return refuse_rule(field, "fly", "entropy_top_k", "must be >= 0 (0: the full entropy)");
+    }
+    return COSPEC_OK;
+}
+
+int32_t cospec_aasd_params_check(const cospec_aasd_params * params, const char ** field) {
+    cospec::clear_error();
+    if (field != nullptr) {
+        *field = "";
+    }
+    if (!(params->alpha >= 0.0f && params->alpha < 1e30f)) {
+        return refuse_rule(field, "aasd", "alpha", "must be a finite number >= 0");
+    }
+    if (!(params->beta >= 0.0f && params->beta <= 1.0f)) {
+        return refuse_rule(field, "aasd", "beta", "must be in [0, 1]");
+    }
+    return COSPEC_OK;
+}
+
+cospec_arbiter * cospec_arbiter_init_fly(cospec_fly_params params) {
+    if (cospec_fly_params_check(&params, nullptr) != COSPEC_OK) {
         return nullptr;
     }
     return new (std::nothrow) fly_arbiter(params);
 }
 
 cospec_arbiter * cospec_arbiter_init_aasd(cospec_aasd_params params) {
-    cospec::clear_error();
-    if (!(params.alpha >= 0.0f && params.alpha < 1e30f) || !(params.beta >= 0.0f && params.beta <= 1.0f)) {
-        cospec::fail(COSPEC_ERR_INVALID_ARGUMENT, "aasd: alpha must be a finite non-negative number and beta lie in [0, 1]");
+    if (cospec_aasd_params_check(&params, nullptr) != COSPEC_OK) {
         return nullptr;
     }
     return new (std::nothrow) aasd_arbiter(params);
