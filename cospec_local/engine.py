@@ -54,6 +54,7 @@ class _Request:
     arbiter: Arbiter | None
     arbiter_name: str | None
     draft_prompt: list[int]  # a draft of another vocabulary: its own reading of the prompt (empty: the prompt's text)
+    native: _cospec.GenerateParams  # params.native(), built once: the engine checks and then runs the same one
 
 
 class Engine(ChatMixin, ArbiterCacheMixin):
@@ -367,11 +368,12 @@ class Engine(ChatMixin, ArbiterCacheMixin):
             params = self._trained_block_length(arbiter, params)
             self._warn_if_trained_otherwise(arbiter, name, params)
         # The engine's own checks before any output (cospec_generate_check), its field named.
+        native = params.native()
         with native_errors():
-            refused = self._native.check(tokens, params.native(), arbiter, draft_tokens)
+            refused = self._native.check(tokens, native, arbiter, draft_tokens)
         if refused is not None:
             raise native_refusal(*refused)
-        return _Request(tokens, params, arbiter, name, draft_tokens)
+        return _Request(tokens, params, arbiter, name, draft_tokens, native)
 
     def _token_logprobs(self, pairs) -> TokenLogprobs:
         """The native (token, logprob) pairs of one token: its own, then the likeliest (-1: none there)."""
@@ -405,7 +407,7 @@ class Engine(ChatMixin, ArbiterCacheMixin):
 
     def _native_generate(self, request: _Request, on_token=None) -> dict:
         p = request.params
-        return self._native.generate(request.prompt, p.native(), request.arbiter, list(p.stop), on_token,
+        return self._native.generate(request.prompt, request.native, request.arbiter, list(p.stop), on_token,
                                      request.draft_prompt, p.grammar or "")
 
     def _run(self, request: _Request, on_token=None) -> dict:

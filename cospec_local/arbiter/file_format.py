@@ -403,8 +403,13 @@ def kernel_family(system_info: str) -> str:
     return "avx512" if "AVX512" in system_info else "avx2" if "AVX2 = 1" in system_info else "other"
 
 
+def kernel_reference_file(system_info: str) -> str:
+    """The name of reference generations recorded on this CPU's kernel family (reference.avx2.jsonl)."""
+    return REFERENCE_FILE.replace(".jsonl", f".{kernel_family(system_info)}.jsonl")
+
+
 def reference_file(folder: Path, system_info: str) -> Path:
     """A shipped arbiter's reference generations for this CPU: those recorded on its kernel family
-    where the bundle has them (reference.avx2.jsonl), else reference.jsonl."""
-    own = folder / REFERENCE_FILE.replace(".jsonl", f".{kernel_family(system_info)}.jsonl")
+    where the bundle has them, else reference.jsonl."""
+    own = folder / kernel_reference_file(system_info)
     return own if own.is_file() else folder / REFERENCE_FILE

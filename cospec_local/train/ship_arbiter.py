@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import _cospec
-from ..arbiter.file_format import BUNDLE_FILES, REFERENCE_FILE, kernel_family
+from ..arbiter.file_format import BUNDLE_FILES, REFERENCE_FILE, kernel_reference_file
 from ..engine import Engine
 from ..params import GenerationParams
 from ..evaluation.task_eval import task_draft_prompt, task_prompt
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
                 calibration=None) as engine:
         rows = reference_runs(engine, str(args.out), comma_list(args.tasks), args.n,
                               max_tokens=args.max_tokens, chat=args.chat)
-    name = REFERENCE_FILE.replace(".jsonl", f".{kernel_family(_cospec.system_info())}.jsonl") if args.this_cpu else REFERENCE_FILE
+    name = kernel_reference_file(_cospec.system_info()) if args.this_cpu else REFERENCE_FILE
     (args.out / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
     kept = sum(p == "kept" for r in rows for p in r["provenance"])
     print(f"{args.out}: {len(rows)} reference generations, {kept} draft tokens kept")

@@ -187,19 +187,27 @@ py::list decisions_to_list(const cospec_decision * d, int32_t n) {
     return out;
 }
 
-std::shared_ptr<Arbiter> Arbiter::fly(int32_t window, float entropy_threshold, int32_t entropy_top_k) {
+cospec_fly_params fly_params(int32_t window, float entropy_threshold, int32_t entropy_top_k) {
     cospec_fly_params p = cospec_fly_default_params();
     p.window = window;
     p.entropy_threshold = entropy_threshold;
     p.entropy_top_k = entropy_top_k;
-    return wrap(cospec_arbiter_init_fly(p));
+    return p;
 }
 
-std::shared_ptr<Arbiter> Arbiter::aasd(float alpha, float beta) {
+cospec_aasd_params aasd_params(float alpha, float beta) {
     cospec_aasd_params p = cospec_aasd_default_params();
     p.alpha = alpha;
     p.beta = beta;
-    return wrap(cospec_arbiter_init_aasd(p));
+    return p;
+}
+
+std::shared_ptr<Arbiter> Arbiter::fly(int32_t window, float entropy_threshold, int32_t entropy_top_k) {
+    return wrap(cospec_arbiter_init_fly(fly_params(window, entropy_threshold, entropy_top_k)));
+}
+
+std::shared_ptr<Arbiter> Arbiter::aasd(float alpha, float beta) {
+    return wrap(cospec_arbiter_init_aasd(aasd_params(alpha, beta)));
 }
 
 std::shared_ptr<Arbiter> Arbiter::callback(const std::string & name, py::object fn, py::object begin, py::object taken,
@@ -317,6 +325,20 @@ void bind_arbiter(py::module_ & m) {
         }
         return out;
     }, py::arg("block"), "Per-position features of a block dict (draft, target, target_logits, draft_logits).");
+
+    m.def("fly_params_check", [](int32_t window, float entropy_threshold, int32_t entropy_top_k) {
+        const cospec_fly_params p = fly_params(window, entropy_threshold, entropy_top_k);
+        const char * field = "";
+        const int32_t status = cospec_fly_params_check(&p, &field);
+        return refusal(status, field);
+    }, py::arg("window"), py::arg("entropy_threshold"), py::arg("entropy_top_k"),
+       "cospec_fly_params_check: None, or (status, field, message).");
+    m.def("aasd_params_check", [](float alpha, float beta) {
+        const cospec_aasd_params p = aasd_params(alpha, beta);
+        const char * field = "";
+        const int32_t status = cospec_aasd_params_check(&p, &field);
+        return refusal(status, field);
+    }, py::arg("alpha"), py::arg("beta"), "cospec_aasd_params_check: None, or (status, field, message).");
 
     py::class_<Arbiter, std::shared_ptr<Arbiter>>(m, "Arbiter")
         .def_static("target", &Arbiter::target)

@@ -34,6 +34,10 @@ struct arbiter_state {
     py::object reset;
 };
 
+// The rules' settings from their Python arguments, the other fields at their defaults.
+cospec_fly_params fly_params(int32_t window, float entropy_threshold, int32_t entropy_top_k);
+cospec_aasd_params aasd_params(float alpha, float beta);
+
 // Decisions as a list of (block, position, token_index, p_keep, keep) tuples.
 py::list decisions_to_list(const cospec_decision * d, int32_t n);
 

@@ -163,36 +163,11 @@ PYBIND11_MODULE(_cospec, m) {
         .def_readwrite("ignore_eos", &cospec_generate_params::ignore_eos)
         .def_readwrite("logprobs", &cospec_generate_params::logprobs)
         .def_readwrite("n_top_logprobs", &cospec_generate_params::n_top_logprobs);
-    m.def("generate_params_check", [](const cospec_generate_params & params) -> py::object {
+    m.def("generate_params_check", [](const cospec_generate_params & params) {
         const char * field = "";
         const int32_t status = cospec_generate_params_check(&params, &field);
-        if (status == COSPEC_OK) {
-            return py::none();
-        }
-        return py::make_tuple(status, field, std::string(cospec_last_error()));
+        return refusal(status, field);
     }, py::arg("params"), "cospec_generate_params_check: None, or (status, field, message) of the first setting it refuses.");
-    m.def("fly_params_check", [](int32_t window, float entropy_threshold, int32_t entropy_top_k) -> py::object {
-        cospec_fly_params p = cospec_fly_default_params();
-        p.window = window;
-        p.entropy_threshold = entropy_threshold;
-        p.entropy_top_k = entropy_top_k;
-        const char * field = "";
-        if (cospec_fly_params_check(&p, &field) == COSPEC_OK) {
-            return py::none();
-        }
-        return py::make_tuple((int32_t) COSPEC_ERR_INVALID_ARGUMENT, field, std::string(cospec_last_error()));
-    }, py::arg("window"), py::arg("entropy_threshold"), py::arg("entropy_top_k"),
-       "cospec_fly_params_check: None, or (status, field, message).");
-    m.def("aasd_params_check", [](float alpha, float beta) -> py::object {
-        cospec_aasd_params p = cospec_aasd_default_params();
-        p.alpha = alpha;
-        p.beta = beta;
-        const char * field = "";
-        if (cospec_aasd_params_check(&p, &field) == COSPEC_OK) {
-            return py::none();
-        }
-        return py::make_tuple((int32_t) COSPEC_ERR_INVALID_ARGUMENT, field, std::string(cospec_last_error()));
-    }, py::arg("alpha"), py::arg("beta"), "cospec_aasd_params_check: None, or (status, field, message).");
     m.def("model_fingerprint", [](const std::string & path) {
         char buf[32];
         int32_t n;

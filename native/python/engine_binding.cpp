@@ -120,6 +120,16 @@ cospec_calibration calibration_from(const py::dict & d) {
     return c;
 }
 
+// The settings with a request's arbiter and draft prompt: what check and generate both run on.
+cospec_generate_params with_request(const cospec_generate_params & base, const std::shared_ptr<Arbiter> & arbiter,
+                                    const std::vector<int32_t> & draft_prompt) {
+    cospec_generate_params p = base;
+    p.arbiter = arbiter ? arbiter->get() : nullptr;
+    p.draft_prompt = draft_prompt.empty() ? nullptr : draft_prompt.data();
+    p.n_draft_prompt = (int32_t) draft_prompt.size();
+    return p;
+}
+
 } // namespace
 
 Engine::Engine(const std::string & target_path, std::optional<std::string> draft_path, int32_t n_ctx, int32_t n_batch,
@@ -252,27 +262,18 @@ py::bytes Engine::token_to_piece(int32_t token) const {
 
 py::object Engine::check(const std::vector<int32_t> & prompt, const cospec_generate_params & base,
                          std::shared_ptr<Arbiter> arbiter, const std::vector<int32_t> & draft_prompt) const {
-    cospec_generate_params p = base;
-    p.arbiter = arbiter ? arbiter->get() : nullptr;
-    p.draft_prompt = draft_prompt.empty() ? nullptr : draft_prompt.data();
-    p.n_draft_prompt = (int32_t) draft_prompt.size();
+    const cospec_generate_params p = with_request(base, arbiter, draft_prompt);
     const char * field = "";
     const int32_t status = cospec_generate_check(get(), prompt.data(), (int32_t) prompt.size(), &p, &field);
-    if (status == COSPEC_OK) {
-        return py::none();
-    }
-    return py::make_tuple(status, field, std::string(cospec_last_error()));
+    return refusal(status, field);
 }
 
 py::dict Engine::generate(const std::vector<int32_t> & prompt, const cospec_generate_params & base, std::shared_ptr<Arbiter> arbiter,
                   const std::vector<std::string> & stop, py::object on_token, const std::vector<int32_t> & draft_prompt,
                   const std::string & grammar, const std::string & grammar_root) {
-    cospec_generate_params p = base;
+    cospec_generate_params p = with_request(base, arbiter, draft_prompt);
     p.grammar = grammar.empty() ? nullptr : grammar.c_str();
     p.grammar_root = grammar_root.empty() ? nullptr : grammar_root.c_str();
-    p.arbiter = arbiter ? arbiter->get() : nullptr;
-    p.draft_prompt = draft_prompt.empty() ? nullptr : draft_prompt.data();
-    p.n_draft_prompt = (int32_t) draft_prompt.size();
     std::vector<const char *> stop_ptrs;
     for (const auto & s : stop) {
         stop_ptrs.push_back(s.c_str());

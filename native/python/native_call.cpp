@@ -68,4 +68,11 @@ py::object opt_str(const char * s) {
     throw native_error {status, cospec_last_error()};
 }
 
+py::object refusal(int32_t status, const char * field) {
+    if (status == COSPEC_OK) {
+        return py::none();
+    }
+    return py::make_tuple(status, field, std::string(cospec_last_error()));
+}
+
 } // namespace cospec_python

@@ -68,6 +68,11 @@ struct native_error {
 // The status and the message cospec_last_error() holds, raised.
 [[noreturn]] void raise_status(int32_t status);
 
+// What a cospec_*_check call answers in Python: None where status is COSPEC_OK, else
+// (status, field, message) with the message cospec_last_error() holds. Run the check into a
+// variable first: as refusal(check(&field), field), field could be read before the check sets it.
+py::object refusal(int32_t status, const char * field);
+
 // A Python callable called from native code (arbiter, load progress, token
 // stream). An exception it raises is kept here and re-raised once native code
 // has returned.
