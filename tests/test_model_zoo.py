@@ -102,7 +102,8 @@ def test_a_hybrid_rollback_decodes_only_the_accepted_tokens(zoo):
 def test_head_drafters_carry_llama_cpps_mtp_layer_and_eagle3_head():
     """qwen35-mtp is qwen35 plus one multi-token-prediction layer under the names llama.cpp's MTP
     drafter loads; as a plain target the layer is skipped and it is qwen35, logit for logit.
-    llama-eagle3 is an EAGLE-3 head for llama: three of llama's layers in, llama's vocabulary."""
+    llama-eagle3 is an EAGLE-3 head for llama: three of llama's layers in, llama's vocabulary;
+    qwen35-eagle3 the same for the hybrid qwen35."""
     import gguf
     import numpy as np
 
@@ -139,6 +140,12 @@ def test_head_drafters_carry_llama_cpps_mtp_layer_and_eagle3_head():
     assert "blk.0.attn_norm_2.weight" in head and "d2t" not in head
     assert list(head["output.weight"].shape) == list(target["output.weight"].shape)
     assert key("llama-eagle3", "tokenizer.ggml.tokens") == key("llama", "tokenizer.ggml.tokens")
+    # qwen35-eagle3 reads the hybrid qwen35: its layers 1 and 3 attend, layer 2 is recurrent.
+    assert key("qwen35-eagle3", "general.architecture") == "eagle3"
+    assert key("qwen35-eagle3", "eagle3.target_layers") == tiny_models.EAGLE3_TARGET_LAYERS
+    assert key("qwen35-eagle3", "eagle3.target_hidden_size") == key("qwen35", "qwen35.embedding_length")
+    assert [key("qwen35", "qwen35.attention.recurrent_layers")[i] for i in tiny_models.EAGLE3_TARGET_LAYERS] == \
+        [False, True, False]
 
     with Engine(models["qwen35-mtp"], None, n_ctx=512, n_threads=1, calibration=None) as with_mtp, \
             Engine(models["qwen35"], None, n_ctx=512, n_threads=1, calibration=None) as plain:

@@ -216,6 +216,68 @@ def add_ffn_blocks(src: str | Path, dst: str | Path, n_blocks: int, n_ff: int,
     return rewrite_gguf(reader, dst, kv_edit, add_kv=add_kv, add_tensors=extra_tensors(), arch=new_arch)
 
 
+# Weight types whose all-zero bytes are the value 0 in every block (a zero scale, a zero minimum).
+ZERO_BYTES_ARE_ZERO = {gguf.GGMLQuantizationType[t] for t in (
+    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")}
+_FFN_IN = ("ffn_gate", "ffn_up")  # [n_embd -> n_ff]: a channel is a row
+_FFN_OUT = "ffn_down"             # [n_ff -> n_embd]: a channel is a column
+
+
+def widen_ffn(src: str | Path, dst: str | Path, n_ff: int) -> Path:
+    """Write to `dst` the llama model `src` with every FFN widened to `n_ff` channels whose weights
+    are zero, in each tensor's own type: `src`'s function at the multiply count of a larger model,
+    still in llama's architecture (whose graph gives an EAGLE-3 head the layers it reads, where
+    `add_ffn_blocks`' `deci` does not), with its layer ids unchanged.
+
+    A new channel's gate and up rows are zero, so it carries silu(0) * 0 = 0 into a down column
+    of zeros: every product it adds is exactly 0. The original channels come first and are read
+    in the same blocks, so their sums (and the quantized activations they multiply) are the same,
+    bit for bit.
+    """
+    reader = open_gguf(src)
+    arch = architecture(reader)
+    if arch != "llama":
+        raise ValueError(f"only llama models can be widened, not {arch!r}")
+    experts = reader.get_field(f"{arch}.expert_count")
+    if experts is not None and experts.contents():
+        raise ValueError("mixture-of-experts models are not supported")
+    field = reader.get_field(f"{arch}.feed_forward_length")
+    if field is None or isinstance(field.contents(), list):
+        raise ValueError(f"{src} needs one {arch}.feed_forward_length for all blocks")
+    old_ff = int(field.contents())
+    ffn = {t.name: t for t in reader.tensors if _BLOCK_RE.match(t.name) and t.name.split(".")[2] in (*_FFN_IN, _FFN_OUT)}
+    for t in ffn.values():
+        if t.tensor_type not in ZERO_BYTES_ARE_ZERO:
+            raise ValueError(f"{t.name} is {t.tensor_type.name}, whose zero bytes are not known to be the value 0")
+        block = gguf.GGML_QUANT_SIZES[t.tensor_type][0]
+        if (n_ff - old_ff) % block:
+            raise ValueError(f"n_ff - {old_ff} must be a multiple of {t.name}'s block of {block}")
+    if not isinstance(n_ff, int) or n_ff <= old_ff:
+        raise ValueError(f"n_ff must be an int above the model's {old_ff}, got {n_ff!r}")
+
+    def kv_edit(key: str, value: Any) -> Any:
+        if key == f"{arch}.feed_forward_length":
+            return n_ff
+        return None if key == gguf.Keys.General.NAME else value
+
+    def widened():
+        for name, t in ffn.items():
+            block, type_size = gguf.GGML_QUANT_SIZES[t.tensor_type]
+            data = np.asarray(t.data)  # numpy order: a row per output, quantized rows as bytes
+            if name.split(".")[2] in _FFN_IN:
+                pad = np.zeros((n_ff - old_ff, *data.shape[1:]), dtype=data.dtype)
+                data = np.concatenate([data, pad], axis=0)
+            else:
+                per_row = (n_ff - old_ff) // block * (type_size if data.dtype == np.uint8 else block)
+                data = np.concatenate([data, np.zeros((data.shape[0], per_row), dtype=data.dtype)], axis=1)
+            yield name, data, t.tensor_type if data.dtype == np.uint8 else None
+
+    old = reader.get_field(gguf.Keys.General.NAME)
+    name = f"{old.contents() if old else Path(src).stem} (FFN widened to {n_ff} by zero channels: same function)"
+    return rewrite_gguf(reader, dst, kv_edit, keep_tensor=lambda n: n not in ffn,
+                        add_kv={gguf.Keys.General.NAME: (name, gguf.GGUFValueType.STRING)}, add_tensors=widened())
+
+
 # Where a layer's output reaches the residual stream only through these weights, a layer whose
 # every one of them is zero adds exactly 0 (Gemma 3: the attention output and the FFN's down
 # projection, each then RMS-normed, and an RMS norm of a zero vector is zero).

@@ -7,9 +7,10 @@ vocabulary step), so any two of them, and SmolLM2 itself, make a draft/target pa
 random: outputs are noise, but each architecture's real graph, memory kind (attention, sliding
 window, recurrent, hybrid) and rollback path run. The zoo test and the rollback benchmark use them.
 
-Two more names are llama.cpp's own speculative heads, tiny and random the same way: `qwen35-mtp`
-(the zoo's qwen35 with one multi-token-prediction layer, for llama.cpp's MTP drafter) and
-`llama-eagle3` (an EAGLE-3 head for the zoo's llama, which llama.cpp loads as its own `eagle3` model).
+More names are llama.cpp's own speculative heads, tiny and random the same way: `qwen35-mtp`
+(the zoo's qwen35 with one multi-token-prediction layer, for llama.cpp's MTP drafter), and
+`llama-eagle3` and `qwen35-eagle3` (EAGLE-3 heads for the zoo's llama and hybrid qwen35, which
+llama.cpp loads as its own `eagle3` model).
 
     python -m cospec_local.formats.tiny_models --out DIR [NAME ...]     # default: every name
 
@@ -152,6 +153,7 @@ ARCHITECTURES = {
 HEAD_DRAFTERS = {
     "qwen35-mtp": ("qwen35", "qwen35 (the same trunk, byte for byte) with one multi-token-prediction layer"),
     "llama-eagle3": ("llama", "an EAGLE-3 head for llama: one decoder layer fed by three of llama's layers"),
+    "qwen35-eagle3": ("qwen35", "an EAGLE-3 head for the hybrid qwen35, fed by three of its layers (both kinds)"),
 }
 # The target layers whose inputs an EAGLE-3 head reads: llama.cpp takes exactly three, each below the
 # target's layer count (the count itself would mean its last hidden state). Low, middle and high, as
@@ -289,7 +291,7 @@ def _convert(name: str, out: Path, vocab_source: Path, n_vocab: int) -> Path:
 
     hf_dir = out / f".{name}-hf"
     target_dir = None
-    if name == "llama-eagle3":
+    if name.endswith("-eagle3"):
         # The converter reads the target's sizes and layer count from its config.json; no weights needed.
         target_dir = out / f".{name}-target"
         _config(HEAD_DRAFTERS[name][0], n_vocab).save_pretrained(target_dir)

@@ -86,9 +86,6 @@ int32_t head_drafter::open(llama_model * target_model, llama_context * target, l
             return fail(COSPEC_ERR_INVALID_ARGUMENT, "an EAGLE-3 head reads the target's layer inputs, which llama.cpp's " +
                                                          arch + " graph does not expose");
         }
-        if (llama_model_is_recurrent(target_model) || llama_model_is_hybrid(target_model)) {
-            return fail(COSPEC_ERR_INVALID_ARGUMENT, "an EAGLE-3 head on a recurrent or hybrid target is not supported yet");
-        }
         const uint32_t n_ids = llama_model_target_layer_ids_n(head_model);
         const int32_t * ids = llama_model_target_layer_ids(head_model);
         const int32_t n_layer = llama_model_n_layer(target_model);
