@@ -72,8 +72,11 @@ class Engine(ChatMixin, ArbiterCacheMixin):
                  calibration: str | os.PathLike | Calibration | None = "auto", n_ubatch: int = 0,
                  cache_type_k: str | None = None, cache_type_v: str | None = None,
                  cache_type_k_draft: str | None = None, cache_type_v_draft: str | None = None,
-                 load_mode: str | None = None, devices: str | None = None, devices_draft: str | None = None):
-        """chat_template: a Jinja chat template (or a name: "chatml", "gemma") used instead of the target's own; it
+                 load_mode: str | None = None, devices: str | None = None, devices_draft: str | None = None,
+                 head: str | os.PathLike | None = None):
+        """head: an EAGLE-3 head beside the draft model (a draft given as `draft` that is an EAGLE-3
+        head is one too, as llama.cpp's -md takes it, and the engine then has no draft model).
+        chat_template: a Jinja chat template (or a name: "chatml", "gemma") used instead of the target's own; it
         is compiled here, so a broken one fails now (ChatTemplateError). draft_chat_template: the
         same for a draft of another vocabulary, which reads a conversation in its own format
         (render_draft_chat).
@@ -99,13 +102,14 @@ class Engine(ChatMixin, ArbiterCacheMixin):
         # Named models ("smollm2-135m") resolve to files; anything else is a path.
         self.target_path = os.fspath(resolve_model(target))
         self.draft_path = os.fspath(resolve_model(draft)) if draft is not None else None
+        self.head_path = os.fspath(resolve_model(head)) if head is not None else None
         # Loading runs beside this thread so that Ctrl-C here cancels it.
         loading = Background("cospec-load", lambda: _cospec.Engine(
             self.target_path, self.draft_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
             n_threads_batch=n_threads_batch, n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
             progress=native_progress, rpc_servers=rpc if isinstance(rpc, str) else ",".join(rpc or ()),
             flash_attn=flash_attn_setting(flash_attn), n_ubatch=n_ubatch,
-            **{name: value or "" for name, value in llama_settings.items()}))
+            head_path=self.head_path or "", **{name: value or "" for name, value in llama_settings.items()}))
         try:
             loading.wait()
         except BaseException:
@@ -231,11 +235,18 @@ class Engine(ChatMixin, ArbiterCacheMixin):
 
     @property
     def head(self) -> str | None:
-        """The head drafter llama.cpp runs for this target: "eagle3" (an EAGLE-3 head opened as
-        the draft, which is then no draft model), "mtp" (the target's multi-token-prediction
-        layers) or None."""
+        """The head drafter llama.cpp runs for this target: "eagle3" (an EAGLE-3 head, given as
+        `head` or as the draft, which is then no draft model), "mtp" (the target's
+        multi-token-prediction layers) or None."""
         with native_errors():
             return self._native.head
+
+    @property
+    def head_file(self) -> str | None:
+        """The file the head drafter's weights come from: the EAGLE-3 head's, or the target's own
+        for its MTP layers; None without a head."""
+        kind = self.head
+        return (self.head_path or self.draft_path) if kind == "eagle3" else self.target_path if kind == "mtp" else None
 
     @property
     def vocab_difference(self) -> str | None:
@@ -302,8 +313,8 @@ class Engine(ChatMixin, ArbiterCacheMixin):
         if params.mode == "speculative" and wanted and wanted != {self.head}:
             error = InvalidArgumentError(
                 f"spec_type: {params.spec_type!r} asks for the {'/'.join(sorted(wanted))} head drafter, but this engine "
-                f"has {'the ' + self.head + ' one' if self.head else 'none'} (an EAGLE-3 head is opened as the draft, "
-                f"-md HEAD.gguf; MTP comes with a target that carries its layers)")
+                f"has {'the ' + self.head + ' one' if self.head else 'none'} (an EAGLE-3 head is given as the draft, "
+                f"-md HEAD.gguf, or beside it, --model-head HEAD.gguf; MTP comes with a target that carries its layers)")
             error.field = "spec_type"
             raise error
         if params.grammar:

@@ -96,6 +96,39 @@ def test_the_mtp_layers_of_a_hybrid_target_draft_losslessly(models):
         assert kept.stats.arbiter_keeps == len(kept.decisions)
 
 
+def test_an_eagle3_head_and_a_draft_model_draft_in_one_engine(models):
+    """A head given beside the draft model (`head=`, the CLI's -mh): greedy output stays
+    target-only's with either drafting, and beside an arbiter that keeps every mismatch the head's
+    matches stand while the draft model drafts each position the arbiter decides."""
+    with Engine(models["llama"], models["qwen35"], head=models["llama-eagle3"], n_ctx=512, n_threads=1,
+                calibration=None) as engine, \
+            Engine(models["llama"], models["qwen35"], n_ctx=512, n_threads=1, calibration=None) as control:
+        assert engine.head == "eagle3" and engine.has_draft and engine.head_file == str(models["llama-eagle3"])
+        check_lossless(engine, control, "draft-eagle3", restores=False)
+        reference = control.generate(ZOO_PROMPT, max_tokens=N_PREDICT, mode="target-only").tokens
+        both = engine.generate(ZOO_PROMPT, max_tokens=N_PREDICT, spec_type="head,draft", draft_max=4,
+                               adaptive_draft=False)
+        assert both.tokens == reference and both.stats.blocks_head > 0
+        keep_all = arbiter_from_function(lambda block: np.ones(len(block["draft"])), name="keep-all")
+        kept = engine.generate(ZOO_PROMPT, max_tokens=N_PREDICT, spec_type="head,draft", arbiter=keep_all,
+                               draft_max=4, adaptive_draft=False)
+        assert kept.stats.blocks_head > 0 and kept.stats.target_fallbacks == 0
+        assert kept.decisions and all(d.keep for d in kept.decisions)
+
+
+def test_a_head_in_the_heads_place_must_be_one(models, tmp_path):
+    from cospec_local.errors import CospecError
+
+    with pytest.raises(CospecError, match="is not an EAGLE-3 head \\(its architecture is qwen35\\); a draft model "
+                                          "goes in the draft's place"):
+        Engine(models["llama"], None, head=models["qwen35"], n_ctx=512, n_threads=1, calibration=None)
+    with pytest.raises(InvalidArgumentError, match="two EAGLE-3 heads were given"):
+        Engine(models["llama"], models["llama-eagle3"], head=models["llama-eagle3"], n_ctx=512, n_threads=1,
+               calibration=None)
+    with pytest.raises(CospecError, match="EAGLE-3 head.*not found|EAGLE-3 head.*does not exist|no such"):
+        Engine(models["llama"], None, head=tmp_path / "missing.gguf", n_ctx=512, n_threads=1, calibration=None)
+
+
 def test_a_head_made_for_another_target_is_refused_at_load(models):
     from cospec_local.errors import CospecError
     from cospec_local.models import resolve_model
@@ -138,6 +171,7 @@ def test_an_engine_without_a_head_refuses_one(models):
 
 
 def test_the_command_line_names_the_head_it_drafts_with(models):
+    import json
     import subprocess
     import sys
 
@@ -146,6 +180,19 @@ def test_the_command_line_names_the_head_it_drafts_with(models):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert f"draft:  {models['llama-eagle3']} (an EAGLE-3 head)" in out.stderr
+    # Beside a draft model: -mh.
+    both = ["generate", "-m", str(models["llama"]), "-md", str(models["qwen35"]), "-mh", str(models["llama-eagle3"]),
+            "-p", ZOO_PROMPT, "-n", "12", "--draft-max", "3", "-t", "1", "--spec-type", "head,draft",
+            "--calibration", "none"]
+    out = subprocess.run([sys.executable, "-m", "cospec_local.cli", *both], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert f"draft:  {models['qwen35']}\nhead:   {models['llama-eagle3']} (an EAGLE-3 head)" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "cospec_local.cli", *both, "--json"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    record = json.loads(out.stdout)
+    assert record["models"]["draft"] == str(models["qwen35"])
+    assert record["models"]["head"] == {"kind": "eagle3", "path": str(models["llama-eagle3"])}
 
 
 def test_bench_measures_a_head_given_as_the_draft(models):

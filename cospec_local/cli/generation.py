@@ -23,10 +23,9 @@ def run_record(engine: Engine, params: GenerationParams, result) -> dict:
     """A generation as --json prints it: the result, and what produced it (the models, the draft
     sources asked for and the blocks each drafted)."""
     s = result.stats
-    head = engine.draft_path if engine.head == "eagle3" else engine.target_path if engine.head == "mtp" else None
     return {**result.to_json(),
             "models": {"target": engine.target_path, "draft": engine.draft_path if engine.has_draft else None,
-                       "head": None if engine.head is None else {"kind": engine.head, "path": head}},
+                       "head": None if engine.head is None else {"kind": engine.head, "path": engine.head_file}},
             "spec_type": params.spec_type if params.mode == "speculative" else None,
             "blocks_by_source": {"ngram": s.blocks_ngram, "head": s.blocks_head,
                                  "draft": s.blocks - s.blocks_ngram - s.blocks_head}}

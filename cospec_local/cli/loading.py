@@ -85,6 +85,8 @@ def open_engine(load: LoadSettings, draft: str | None, quiet: bool = False,
     try:
         if not quiet:
             click.echo(f"target: {resolve_model(load.target)}\ndraft:  {drafting_line(draft, params)}", err=True)
+            if load.head is not None:
+                click.echo(f"head:   {resolve_model(load.head)} (an EAGLE-3 head)", err=True)
         engine = Engine(**load.engine_options(draft), progress=progress)
         if not quiet and (note := other_vocab_note(engine)) is not None:
             click.echo(f"note: {note}", err=True)

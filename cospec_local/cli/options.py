@@ -33,13 +33,14 @@ class LoadSettings:
     draft_chat_template: str | None  # None: the draft's own (a draft of another vocabulary reads its own format)
     verbose: bool
     calibration: str = "auto"  # auto, none or a file (cospec_local.calibration)
+    head: str | None = None  # an EAGLE-3 head beside the draft model
     # llama.cpp's own loading settings, passed through as its flags name them (None: its default).
     llama: dict = field(default_factory=dict)
 
     def engine_options(self, draft: str | None) -> dict:
         """Engine's keyword arguments for these settings and `draft` (the one chosen for the mode)."""
         all_layers = -1
-        return dict(target=self.target, draft=draft, n_ctx=self.n_ctx, n_threads=self.n_threads,
+        return dict(target=self.target, draft=draft, head=self.head, n_ctx=self.n_ctx, n_threads=self.n_threads,
                     n_gpu_layers=all_layers if self.n_gpu_layers is None else self.n_gpu_layers,
                     n_gpu_layers_draft=all_layers if self.n_gpu_layers_draft is None else self.n_gpu_layers_draft,
                     rpc=self.rpc, flash_attn=self.flash_attn, chat_template=self.chat_template,
@@ -63,6 +64,10 @@ def model_options(fn):
                      help=f"Draft GGUF file or named model (default: {DEFAULT_DRAFT} with the default target; for "
                           "another target its bundled draft, or a smaller named model with its vocabulary, else "
                           "target-only decoding)."),
+        click.option("-mh", "--model-head", "head", default=None,
+                     help="An EAGLE-3 head GGUF file or named head beside the draft model, so that both draft: "
+                          "the head where the target would agree anyway, the draft model where an arbiter decides "
+                          "(-md HEAD.gguf alone, llama.cpp's way, makes the head the only drafter)."),
         click.option("-c", "--ctx-size", "n_ctx", default=_cospec.DEFAULT_N_CTX, show_default=True,
                      type=click.IntRange(0, 1 << 24), callback=_check_ctx,
                      help="Context window in tokens, at most what the models were trained for (the demo pair: 512; "
@@ -123,7 +128,7 @@ def model_options(fn):
                           "acceptance too); a file kept from an earlier one (its tokens again); none: priors."),
     ]
     names = ("target", "draft", "n_ctx", "n_threads", "n_gpu_layers", "n_gpu_layers_draft", "rpc", "flash_attn",
-             "chat_template", "draft_chat_template", "verbose", "calibration")
+             "chat_template", "draft_chat_template", "verbose", "calibration", "head")
 
     def wrapper(**kwargs):
         for name, flag in (("chat_template", "--chat-template"), ("draft_chat_template", "--chat-template-draft")):

@@ -309,6 +309,7 @@ def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], s
         out_dir.mkdir(parents=True, exist_ok=True)
         config = {"title": title, "target": model_identity(engine.target_path),
                   "draft": model_identity(engine.draft_path) if engine.draft_path else None,
+                  **({"head": model_identity(engine.head_path)} if engine.head_path else {}),
                   "runs": run_config(engine, runs, params), "chat": as_chat, "problems": [p.id for p in problems],
                   "machines": []}
         config_path = out_dir / "config.json"

@@ -44,6 +44,7 @@ class EngineSpec:
     draft_chat_template: str | None = None  # None: the draft's own (a draft of another vocabulary)
     verbose: bool = False
     calibration: str | None = "auto"  # cospec_local.calibration: auto, a file, or None
+    head: str | None = None  # an EAGLE-3 head beside the draft model
     preload: GenerationParams | None = None
     llama: dict = field(default_factory=dict)  # llama.cpp's loading settings, as Engine takes them (n_ubatch, ...)
 
@@ -250,7 +251,7 @@ def _engine_main(conn, spec: EngineSpec, stop_request) -> None:
                             n_gpu_layers=spec.n_gpu_layers, n_gpu_layers_draft=spec.n_gpu_layers_draft,
                             verbose=spec.verbose, rpc=spec.rpc, flash_attn=spec.flash_attn,
                             chat_template=spec.chat_template, draft_chat_template=spec.draft_chat_template,
-                            calibration=spec.calibration, **spec.llama)
+                            calibration=spec.calibration, head=spec.head, **spec.llama)
         for notice in notices:
             print(f"note: {notice.message}", file=sys.stderr, flush=True)
         if (note := other_vocab_note(engine)) is not None:

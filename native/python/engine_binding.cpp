@@ -144,6 +144,7 @@ Engine::Engine(const std::string & target_path, std::optional<std::string> draft
     p.load_mode = text.load_mode.c_str();
     p.devices = text.devices.c_str();
     p.devices_draft = text.devices_draft.c_str();
+    p.head_path = text.head_path.c_str();
     if (flash_attn) {
         p.flash_attn = *flash_attn;
     }
@@ -334,18 +335,20 @@ void bind_engine(py::module_ & m) {
                          int32_t n_threads, int32_t n_threads_batch, int32_t n_gpu_layers, int32_t n_gpu_layers_draft,
                          py::object progress, const std::string & rpc_servers, std::optional<int32_t> flash_attn,
                          int32_t n_ubatch, std::string cache_type_k, std::string cache_type_v, std::string cache_type_k_draft,
-                         std::string cache_type_v_draft, std::string load_mode, std::string devices, std::string devices_draft) {
+                         std::string cache_type_v_draft, std::string load_mode, std::string devices, std::string devices_draft,
+                         std::string head_path) {
                  return std::make_unique<Engine>(target_path, draft_path, n_ctx, n_batch, n_threads, n_threads_batch,
                                                  n_gpu_layers, n_gpu_layers_draft, progress, rpc_servers, flash_attn, n_ubatch,
                                                  Engine::text_settings {cache_type_k, cache_type_v, cache_type_k_draft,
-                                                                        cache_type_v_draft, load_mode, devices, devices_draft});
+                                                                        cache_type_v_draft, load_mode, devices, devices_draft,
+                                                                        head_path});
              }),
              py::arg("target_path"), py::arg("draft_path") = py::none(), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512,
              py::arg("n_threads") = 0, py::arg("n_threads_batch") = 0, py::arg("n_gpu_layers") = -1,
              py::arg("n_gpu_layers_draft") = -1, py::arg("progress") = py::none(), py::arg("rpc_servers") = "",
              py::arg("flash_attn") = py::none(), py::arg("n_ubatch") = 0, py::arg("cache_type_k") = "",
              py::arg("cache_type_v") = "", py::arg("cache_type_k_draft") = "", py::arg("cache_type_v_draft") = "",
-             py::arg("load_mode") = "", py::arg("devices") = "", py::arg("devices_draft") = "")
+             py::arg("load_mode") = "", py::arg("devices") = "", py::arg("devices_draft") = "", py::arg("head_path") = "")
         .def("close", [](Engine & e) { e.close(); })
         .def("abort", [](Engine & e) { cospec_engine_abort(e.handle); })
         .def("reset", [](Engine & e) {

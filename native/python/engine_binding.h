@@ -15,7 +15,8 @@ class Engine {
   public:
     // llama.cpp's loading and cache settings, by cospec_engine_params' names ("" = the default).
     struct text_settings {
-        std::string cache_type_k, cache_type_v, cache_type_k_draft, cache_type_v_draft, load_mode, devices, devices_draft;
+        std::string cache_type_k, cache_type_v, cache_type_k_draft, cache_type_v_draft, load_mode, devices, devices_draft,
+            head_path;
     };
 
     Engine(const std::string & target_path, std::optional<std::string> draft_path, int32_t n_ctx, int32_t n_batch,

@@ -476,11 +476,12 @@ static int32_t resolve_llama_settings(const cospec_engine_params & p, cospec_eng
     return parse_devices(p.devices_draft, "devices_draft", e.devices[1]);
 }
 
+// which: 0 the target, 1 the draft model; head_path: an EAGLE-3 head instead, on the draft's devices.
 static int32_t load_model(const cospec_engine_params & p, cospec_engine & e, int32_t which, model_slot & slot,
-                          bool load_mtp = false) {
-    const char * path = which == 0 ? p.target_path : p.draft_path;
-    const char * role = which == 0 ? "target" : "draft";
-    const std::string what = std::string(role) + " model";
+                          bool load_mtp = false, const char * head_path = nullptr) {
+    const char * path = head_path != nullptr ? head_path : which == 0 ? p.target_path : p.draft_path;
+    const char * role = head_path != nullptr ? "EAGLE-3 head" : which == 0 ? "target" : "draft";
+    const std::string what = head_path != nullptr ? std::string(role) : std::string(role) + " model";
     if (const int32_t st = check_gguf_file(what.c_str(), path); st != COSPEC_OK) {
         return st;
     }
@@ -755,6 +756,7 @@ cospec_engine_params cospec_engine_default_params(void) {
     cospec_engine_params p {};
     p.target_path = nullptr;
     p.draft_path = nullptr;
+    p.head_path = nullptr;
     p.n_ctx = COSPEC_DEFAULT_N_CTX;
     p.n_batch = 512;
     p.n_threads = 0;
@@ -809,31 +811,49 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
             return st;
         }
         const bool draft_given = params->draft_path != nullptr && params->draft_path[0] != '\0';
+        const bool head_given = params->head_path != nullptr && params->head_path[0] != '\0';
         // An EAGLE-3 head given as the draft drafts from the target's hidden states: no draft model.
-        const head_info draft_head = draft_given ? read_head_info(params->draft_path) : head_info {};
-        const bool eagle3 = draft_head.arch == "eagle3";
-        model_slot head_model;
-        if (eagle3) {
-            if (int32_t st = load_model(*params, *e, 1, head_model); st != COSPEC_OK) {
+        const head_info draft_info = draft_given ? read_head_info(params->draft_path) : head_info {};
+        const bool draft_is_head = draft_info.arch == "eagle3";
+        if (head_given && draft_is_head) {
+            return fail(COSPEC_ERR_INVALID_ARGUMENT, "two EAGLE-3 heads were given (as the draft and as the head); "
+                                                     "an engine drafts with one");
+        }
+        const head_info head_file = head_given ? read_head_info(params->head_path) : draft_info;
+        if (head_given) {
+            if (int32_t st = check_gguf_file("EAGLE-3 head", params->head_path); st != COSPEC_OK) {
                 return st;
             }
-            if (!draft_head.d2t_problem.empty()) {
-                return fail(COSPEC_ERR_MODEL_LOAD, "the EAGLE-3 head cannot be used: " + draft_head.d2t_problem);
+            if (head_file.arch != "eagle3") {
+                return fail(COSPEC_ERR_MODEL_LOAD, std::string("'") + params->head_path + "' is not an EAGLE-3 head (its "
+                                                   "architecture is " + (head_file.arch.empty() ? "unreadable" : head_file.arch) +
+                                                   "); a draft model goes in the draft's place");
+            }
+        }
+        const bool eagle3 = head_file.arch == "eagle3";
+        model_slot head_model;
+        if (eagle3) {
+            if (int32_t st = load_model(*params, *e, 1, head_model, false, head_given ? params->head_path : nullptr);
+                st != COSPEC_OK) {
+                return st;
+            }
+            if (!head_file.d2t_problem.empty()) {
+                return fail(COSPEC_ERR_MODEL_LOAD, "the EAGLE-3 head cannot be used: " + head_file.d2t_problem);
             }
             // Widths llama.cpp's graphs assume equal (a mismatch would abort in a matrix product).
             const int64_t n_embd_target = llama_model_n_embd(e->target.model);
-            if (draft_head.target_hidden != n_embd_target) {
+            if (head_file.target_hidden != n_embd_target) {
                 return fail(COSPEC_ERR_MODEL_LOAD, "the EAGLE-3 head reads target hidden states of width " +
-                                                       std::to_string(draft_head.target_hidden) + ", the target's are " +
+                                                       std::to_string(head_file.target_hidden) + ", the target's are " +
                                                        std::to_string(n_embd_target) + ": a head made for another target");
             }
-            if (!draft_head.own_token_embd && llama_model_n_embd(head_model.model) != n_embd_target) {
+            if (!head_file.own_token_embd && llama_model_n_embd(head_model.model) != n_embd_target) {
                 return fail(COSPEC_ERR_MODEL_LOAD, "the EAGLE-3 head has no token embeddings of its own and is " +
                                                        std::to_string(llama_model_n_embd(head_model.model)) +
                                                        " wide, the target's embeddings " + std::to_string(n_embd_target));
             }
         }
-        e->has_draft = draft_given && !eagle3;
+        e->has_draft = draft_given && !draft_is_head;
         if (e->has_draft) {
             if (int32_t st = load_model(*params, *e, 1, e->draft); st != COSPEC_OK) {
                 return st;
