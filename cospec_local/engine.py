@@ -74,8 +74,8 @@ class Engine(ChatMixin, ArbiterCacheMixin):
                  cache_type_k_draft: str | None = None, cache_type_v_draft: str | None = None,
                  load_mode: str | None = None, devices: str | None = None, devices_draft: str | None = None,
                  head: str | os.PathLike | None = None):
-        """head: an EAGLE-3 head beside the draft model (a draft given as `draft` that is an EAGLE-3
-        head is one too, as llama.cpp's -md takes it, and the engine then has no draft model).
+        """head: a head drafter (an EAGLE-3 head, a DFlash drafter) beside the draft model (one given
+        as `draft` is one too, as llama.cpp's -md takes it, and the engine then has no draft model).
         chat_template: a Jinja chat template (or a name: "chatml", "gemma") used instead of the target's own; it
         is compiled here, so a broken one fails now (ChatTemplateError). draft_chat_template: the
         same for a draft of another vocabulary, which reads a conversation in its own format
@@ -235,9 +235,9 @@ class Engine(ChatMixin, ArbiterCacheMixin):
 
     @property
     def head(self) -> str | None:
-        """The head drafter llama.cpp runs for this target: "eagle3" (an EAGLE-3 head, given as
-        `head` or as the draft, which is then no draft model), "mtp" (the target's
-        multi-token-prediction layers) or None."""
+        """The head drafter llama.cpp runs for this target: "eagle3" (an EAGLE-3 head) or "dflash" (a
+        DFlash drafter), given as `head` or as the draft, which is then no draft model; "mtp" (the
+        target's multi-token-prediction layers); or None."""
         with native_errors():
             return self._native.head
 
@@ -246,7 +246,7 @@ class Engine(ChatMixin, ArbiterCacheMixin):
         """The file the head drafter's weights come from: the EAGLE-3 head's, or the target's own
         for its MTP layers; None without a head."""
         kind = self.head
-        return (self.head_path or self.draft_path) if kind == "eagle3" else self.target_path if kind == "mtp" else None
+        return self.target_path if kind == "mtp" else (self.head_path or self.draft_path) if kind else None
 
     @property
     def vocab_difference(self) -> str | None:
@@ -313,8 +313,8 @@ class Engine(ChatMixin, ArbiterCacheMixin):
         if params.mode == "speculative" and wanted and wanted != {self.head}:
             error = InvalidArgumentError(
                 f"spec_type: {params.spec_type!r} asks for the {'/'.join(sorted(wanted))} head drafter, but this engine "
-                f"has {'the ' + self.head + ' one' if self.head else 'none'} (an EAGLE-3 head is given as the draft, "
-                f"-md HEAD.gguf, or beside it, --model-head HEAD.gguf; MTP comes with a target that carries its layers)")
+                f"has {'the ' + self.head + ' one' if self.head else 'none'} (an EAGLE-3 head or DFlash drafter is given as the "
+                f"draft, -md HEAD.gguf, or beside it, --model-head HEAD.gguf; MTP comes with a target that carries its layers)")
             error.field = "spec_type"
             raise error
         if params.grammar:

@@ -28,14 +28,14 @@ _NATIVE_MODE = {"speculative": _cospec.MODE_SPECULATIVE, "target-only": _cospec.
 # llama.cpp spells it where the meaning is the same (its draft-simple is the draft model).
 SPEC_TYPES = {"ngram": _cospec.DRAFT_NGRAM, "draft": _cospec.DRAFT_MODEL, "draft-simple": _cospec.DRAFT_MODEL,
               "head": _cospec.DRAFT_HEAD, "draft-eagle3": _cospec.DRAFT_HEAD, "draft-mtp": _cospec.DRAFT_HEAD,
-              "auto": _cospec.DRAFT_AUTO, "none": _cospec.DRAFT_NONE}
+              "draft-dflash": _cospec.DRAFT_HEAD, "auto": _cospec.DRAFT_AUTO, "none": _cospec.DRAFT_NONE}
 # The head drafter each of llama.cpp's head spellings asks for (Engine.head must be it).
-HEAD_SPEC_TYPES = {"draft-eagle3": "eagle3", "draft-mtp": "mtp"}
+HEAD_SPEC_TYPES = {"draft-eagle3": "eagle3", "draft-mtp": "mtp", "draft-dflash": "dflash"}
 # llama.cpp's n-gram kinds: each is this engine's n-gram drafter (the longest earlier match of the
 # text's end, over the prompt, the reply and earlier requests, with its acceptance per match length),
 # which does what each of them does and more; the kinds it has not: what to use instead.
 LLAMA_NGRAM_KINDS = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-_FOREIGN_SPEC_TYPES = ("draft-dflash", "draft-dspark")
+_FOREIGN_SPEC_TYPES = ("draft-dspark",)
 
 
 def parse_spec_type(text: str) -> list[int]:
@@ -46,9 +46,9 @@ def parse_spec_type(text: str) -> list[int]:
     for name in names:
         if name in _FOREIGN_SPEC_TYPES:
             raise ValueError(f"{name!r} is one of llama.cpp's kinds that this engine does not have; use head "
-                             "(an EAGLE-3 head as -md, or the target's MTP layers), draft (the draft model) or ngram")
+                             "(an EAGLE-3 head or a DFlash drafter as -md, or the target's MTP layers), draft (the draft model) or ngram")
         if name not in SPEC_TYPES and name not in LLAMA_NGRAM_KINDS:
-            raise ValueError(f"unknown {name!r}: use ngram, draft, head (draft-eagle3, draft-mtp), a comma list of "
+            raise ValueError(f"unknown {name!r}: use ngram, draft, head (draft-eagle3, draft-mtp, draft-dflash), a comma list of "
                              "two of them (ngram,draft), auto or none")
         source = SPEC_TYPES.get(name, _cospec.DRAFT_NGRAM)
         if source in sources or ((name in ("auto", "none")) and len(names) > 1):
@@ -68,7 +68,7 @@ def spec_type_note(text: str) -> str | None:
 
 
 def spec_type_heads(text: str) -> set[str]:
-    """The head drafters these draft sources ask for by llama.cpp's names ("eagle3", "mtp")."""
+    """The head drafters these draft sources ask for by llama.cpp's names ("eagle3", "mtp", "dflash")."""
     return {HEAD_SPEC_TYPES[n.strip()] for n in str(text).split(",") if n.strip() in HEAD_SPEC_TYPES}
 
 
@@ -100,8 +100,8 @@ class GenerationParams:
                                 "followed the longest earlier match of the text's end, in the prompt, the reply or "
                                 "earlier requests; llama.cpp's ngram-simple, ngram-mod, ngram-map-k, ngram-map-k4v and ngram-cache "
                                 "name it too), draft (the draft model), head (llama.cpp's head drafter: an EAGLE-3 "
-                                "head given as the draft, or the target's MTP layers; also spelled draft-eagle3, "
-                                "draft-mtp), ngram,draft (the n-gram proposal where there is one, else the draft "
+                                "head or a DFlash drafter given as the draft or with -mh, or the target's MTP layers; "
+                                "also spelled draft-eagle3, draft-mtp, draft-dflash), ngram,draft (the n-gram proposal where there is one, else the draft "
                                 "model's), none. auto: ngram, then the head where the engine has one, then the draft "
                                 "model; the draft model alone with an arbiter that keeps mismatches (it decides the "
                                 "draft model's).",

@@ -391,8 +391,9 @@ def arbiter_cases(out: Path, target: Path, draft: Path, arbiters: dict[str, Path
 
 
 def head_cases(out: Path, target: Path, head: Path) -> list[Case]:
-    """An EAGLE-3 head with one thing corrupted (a key, the layers it reads, a tensor info, the
-    header), opened beside the clean target it was made for and drafted from."""
+    """A head drafter (an EAGLE-3 head, a DFlash drafter) with one thing corrupted (a key, the
+    layers it reads, the width it names, its mask token, a tensor info, the header), opened beside
+    the clean target it was made for and drafted from."""
     out.mkdir(parents=True, exist_ok=True)
     reader = open_gguf(head)
     arch = str(reader.get_field(gguf.Keys.General.ARCHITECTURE).contents())
@@ -401,7 +402,8 @@ def head_cases(out: Path, target: Path, head: Path) -> list[Case]:
     made = kv_cases(head, out, "head", lambda key: not key.startswith("tokenizer.") or key == gguf.Keys.Tokenizer.LIST,
                     write=spliced_kv)
     layers = f"{arch}.target_layers"
-    width = f"{arch}.target_hidden_size"
+    # (EAGLE-3 names the target's width; DFlash is as wide as the target)
+    width = f"{arch}.target_hidden_size" if arch == "eagle3" else f"{arch}.embedding_length"
     for label, value in (("past-the-target", [2, 15, 99]), ("negative", [-1, 15, 27]), ("two", [2, 15]),
                          ("four", [2, 15, 27, 28]), ("one", [15]), ("last-plus-one", [2, 15, 31])):
         name = f"head-{layers.replace('.', '_')}-{label}"
@@ -409,8 +411,19 @@ def head_cases(out: Path, target: Path, head: Path) -> list[Case]:
     for label, value in (("half", 288), ("double", 1152), ("one", 1)):
         name = f"head-{width.replace('.', '_')}-{label}"
         made.append((name, spliced_kv(head, out / f"{name}.gguf", width, value, T.UINT32)))
+    if arch == "dflash":
+        mask = gguf.Keys.Tokenizer.MASK_ID
+        n_vocab = len(reader.get_field(gguf.Keys.Tokenizer.LIST).data)
+        for label, value in (("vocab-size", n_vocab), ("huge", 2**31 - 1)):
+            name = f"head-mask-{label}"
+            made.append((name, spliced_kv(head, out / f"{name}.gguf", mask, value, T.UINT32)))
+        made.append(("head-mask-none", with_kv(head, out / "head-mask-none.gguf", mask, None)))
+        for label, value in (("zero", 0), ("one", 1), ("huge", 2**31 - 1)):
+            name = f"head-block-{label}"
+            made.append((name, spliced_kv(head, out / f"{name}.gguf", "dflash.block_size", value, T.UINT32)))
     tensors = [t.name for t in reader.tensors]
-    chosen = [n for n in tensors if n in ("fc.weight", "d2t", "output.weight", "output_norm.weight")
+    chosen = [n for n in tensors if n in ("fc.weight", "d2t", "output.weight", "output_norm.weight",
+                                          "enc.output_norm.weight")
               or n.startswith(("blk.0.attn_q", "blk.0.attn_norm_2"))]
     made += tensor_cases(head, out, "head", chosen) + header_cases(head, out, "head", bit_flips=24)
     return [Case(name, str(target), str(path), head=True) for name, path in made]
@@ -434,9 +447,9 @@ for line in sys.stdin:
             prompt = engine.tokenize("Mei has 94 stamps. How many stamps does Mei have now?")
             runs = [engine.generate(prompt, mode="target-only", max_tokens=8, ignore_eos=True)]
             if case.get("head"):
-                runs.append(engine.generate(prompt, max_tokens=8, ignore_eos=True, spec_type="draft-eagle3",
+                runs.append(engine.generate(prompt, max_tokens=8, ignore_eos=True, spec_type="head",
                                             draft_max=4, adaptive_draft=False))
-                runs.append(engine.generate(prompt, max_tokens=8, ignore_eos=True, spec_type="draft-eagle3",
+                runs.append(engine.generate(prompt, max_tokens=8, ignore_eos=True, spec_type="head",
                                             temperature=0.8, seed=1))
             elif case["draft"]:
                 runs.append(engine.generate(prompt, max_tokens=8, ignore_eos=True, draft_max=4, adaptive_draft=False))

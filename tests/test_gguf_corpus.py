@@ -1,5 +1,5 @@
 """No model file may abort, hang or exhaust the process: the corpus of structured corruptions of
-the demo pair (tests/gguf_corpus.py, over 1,000 cases), the shipped arbiters and an EAGLE-3 head
+the demo pair (tests/gguf_corpus.py, over 1,000 cases), the shipped arbiters, an EAGLE-3 head and a DFlash drafter
 ends, case by case, in a clean typed error with a short, valid message, or in a correct run with
 finite logits."""
 import pytest
@@ -47,4 +47,18 @@ def test_every_corrupted_head_is_a_clean_error_or_a_correct_run(tmp_path):
 
     cases = head_cases(tmp_path, resolve_model("smollm2-135m"), resolve_model("smollm2-135m-eagle3"))
     assert len(cases) >= 200
+    assert_clean(cases, {"ModelLoadError", "VocabMismatchError", "InvalidArgumentError"})
+
+
+@pytest.mark.slow
+def test_every_corrupted_dflash_drafter_is_a_clean_error_or_a_correct_run(tmp_path):
+    """The same for a DFlash drafter (the zoo's, beside the zoo's llama), its mask token and block
+    length corrupted too: llama.cpp takes both on trust."""
+    from pathlib import Path
+
+    from cospec_local.formats import tiny_models
+
+    models = tiny_models.build(["llama", "llama-dflash"], tiny_models.cache_dir(Path(__file__).resolve().parents[1]))
+    cases = head_cases(tmp_path, models["llama"], models["llama-dflash"])
+    assert len(cases) >= 150
     assert_clean(cases, {"ModelLoadError", "VocabMismatchError", "InvalidArgumentError"})

@@ -28,7 +28,7 @@ N_PREDICT = 40
 
 @pytest.fixture(scope="module")
 def models() -> dict[str, Path]:
-    return tiny_models.build(["llama", "llama-eagle3", "qwen35", "qwen35-mtp", "qwen35-eagle3"],
+    return tiny_models.build(["llama", "llama-eagle3", "qwen35", "qwen35-mtp", "qwen35-eagle3", "llama-dflash"],
                              tiny_models.cache_dir(REPO))
 
 
@@ -78,6 +78,30 @@ def test_an_eagle3_head_drafts_for_a_hybrid_target_losslessly(models):
             Engine(models["qwen35"], models["llama"], n_ctx=512, n_threads=1, calibration=None) as control:
         assert engine.head == "eagle3" and not engine.has_draft
         check_lossless(engine, control, "draft-eagle3", restores=True)
+
+
+def test_a_dflash_drafter_drafts_its_block_for_its_target_losslessly(models):
+    """llama.cpp's DFlash drafter (-md, its `dflash` model) drafts a block from mask tokens in one
+    pass over a cache of the target's hidden states, which a cut back (a prompt that leaves the
+    last one) trims; at most its trained block less the anchor a call, whatever K asks."""
+    with Engine(models["llama"], models["llama-dflash"], n_ctx=512, n_threads=1, calibration=None) as engine, \
+            Engine(models["llama"], models["qwen35"], n_ctx=512, n_threads=1, calibration=None) as control:
+        assert engine.head == "dflash" and not engine.has_draft
+        check_lossless(engine, control, "draft-dflash", restores=False)
+        long = engine.generate(ZOO_PROMPT, max_tokens=N_PREDICT, spec_type="draft-dflash", draft_max=8,
+                               adaptive_draft=False)
+        assert long.stats.blocks_head > 0
+        assert long.stats.draft_n_head <= (tiny_models.DFLASH_BLOCK - 1) * long.stats.blocks_head
+        with pytest.raises(InvalidArgumentError, match="eagle3 head drafter, but this engine has the dflash one"):
+            engine.generate(ZOO_PROMPT, max_tokens=8, spec_type="draft-eagle3")
+        reference = control.generate(ZOO_PROMPT, max_tokens=N_PREDICT, mode="target-only").tokens
+    # Beside a draft model (-mh): lossless with either drafting.
+    with Engine(models["llama"], models["qwen35"], head=models["llama-dflash"], n_ctx=512, n_threads=1,
+                calibration=None) as both:
+        assert both.head == "dflash" and both.has_draft
+        result = both.generate(ZOO_PROMPT, max_tokens=N_PREDICT, spec_type="head,draft", draft_max=4,
+                               adaptive_draft=False)
+        assert result.tokens == reference and result.stats.blocks_head > 0
 
 
 def test_the_mtp_layers_of_a_hybrid_target_draft_losslessly(models):

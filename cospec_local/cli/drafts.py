@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from ..models import DEFAULT_TARGET
+from ..models import DEFAULT_TARGET, resolve_model
 from ..params import GenerationParams
 
 
@@ -33,14 +33,17 @@ def draft_for_mode(target: str, draft: str | None, params: GenerationParams,
     it out), and the settings; said once on stderr. Without a draft model the n-gram drafter
     drafts alone; where --spec-type asks for the draft model and none is to be had, that is an
     error, and where nothing can draft the mode is target-only."""
-    from ..params import spec_type_heads, spec_type_note, spec_type_uses_model
+    from .. import _cospec
+    from ..params import parse_spec_type, spec_type_note, spec_type_uses_model
+    from .loading import HEAD_DRAFTER_WORDS, gguf_architecture
 
     if params.mode == "target-only":
         return None, params
     if not quiet and (note := spec_type_note(params.spec_type)) is not None:
         click.echo(f"note: {note}", err=True)
-    if params.mode == "speculative" and draft is not None and "eagle3" in spec_type_heads(params.spec_type):
-        return draft, params  # -md is the EAGLE-3 head the engine drafts with
+    if params.mode == "speculative" and draft is not None and _cospec.DRAFT_HEAD in parse_spec_type(params.spec_type) \
+            and gguf_architecture(resolve_model(draft)) in HEAD_DRAFTER_WORDS:
+        return draft, params  # -md is the head drafter the engine drafts with
     if params.mode == "speculative" and not spec_type_uses_model(params.spec_type):
         if draft is not None and not quiet:
             click.echo(f"note: --spec-type {params.spec_type} leaves the draft model out: -md {draft} not loaded",

@@ -30,8 +30,12 @@ def drafting_line(draft: str | None, params: GenerationParams | None) -> str:
     if draft is None:
         return "- (the n-gram drafter drafts; -md DRAFT adds a draft model)" if ngram else "-"
     path = resolve_model(draft)
-    return f"{path}" + (" (an EAGLE-3 head)" if gguf_architecture(path) == "eagle3" else "") + \
+    return f"{path}" + HEAD_DRAFTER_WORDS.get(gguf_architecture(path), "") + \
         (" and the n-gram drafter" if ngram else "")
+
+
+# How the draft line names a head drafter file, by its architecture.
+HEAD_DRAFTER_WORDS = {"eagle3": " (an EAGLE-3 head)", "dflash": " (a DFlash drafter)"}
 
 
 def gguf_architecture(path) -> str | None:
@@ -86,7 +90,7 @@ def open_engine(load: LoadSettings, draft: str | None, quiet: bool = False,
         if not quiet:
             click.echo(f"target: {resolve_model(load.target)}\ndraft:  {drafting_line(draft, params)}", err=True)
             if load.head is not None:
-                click.echo(f"head:   {resolve_model(load.head)} (an EAGLE-3 head)", err=True)
+                click.echo(f"head:   {drafting_line(load.head, None)}", err=True)
         engine = Engine(**load.engine_options(draft), progress=progress)
         if not quiet and (note := other_vocab_note(engine)) is not None:
             click.echo(f"note: {note}", err=True)

@@ -14,7 +14,7 @@ from ..models import resolve_model
 from ..params import GenerationParams
 from .drafts import pick_draft
 from .group import main
-from .loading import gguf_architecture, open_engine
+from .loading import HEAD_DRAFTER_WORDS, gguf_architecture, open_engine
 from .options import generation_options, model_options
 
 
@@ -91,7 +91,7 @@ def parse_runs_option(text: str | None, draft: str | None, default: str = ""):
 
     try:
         draft_path = resolve_model(draft) if draft else None
-        if text is None and draft_path is not None and gguf_architecture(draft_path) == "eagle3":
+        if text is None and draft_path is not None and gguf_architecture(draft_path) in HEAD_DRAFTER_WORDS:
             text = "target-only,ngram,head,sps"  # a head is no draft model: nothing for an arbiter to keep
         if text is None:
             text = default + (",cospec" if bundled_arbiter_for(draft_path) else "")

@@ -65,7 +65,8 @@ def model_options(fn):
                           "another target its bundled draft, or a smaller named model with its vocabulary, else "
                           "target-only decoding)."),
         click.option("-mh", "--model-head", "head", default=None,
-                     help="An EAGLE-3 head GGUF file or named head beside the draft model, so that both draft: "
+                     help="A head drafter (an EAGLE-3 head or DFlash drafter: GGUF file or named head) beside "
+                          "the draft model, so that both draft: "
                           "the head where the target would agree anyway, the draft model where an arbiter decides "
                           "(-md HEAD.gguf alone, llama.cpp's way, makes the head the only drafter)."),
         click.option("-c", "--ctx-size", "n_ctx", default=_cospec.DEFAULT_N_CTX, show_default=True,

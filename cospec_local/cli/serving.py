@@ -56,7 +56,7 @@ def serve(load, params, host, port, parallel, max_waiting, api_key, alias, stric
     gpu_notice(load, quiet=False)
     click.echo(f"target: {resolve_model(load.target)}\ndraft:  {drafting_line(draft, params)}", err=True)
     if load.head is not None:
-        click.echo(f"head:   {resolve_model(load.head)} (an EAGLE-3 head)", err=True)
+        click.echo(f"head:   {drafting_line(load.head, None)}", err=True)
     options = load.engine_options(draft)
     spec = EngineSpec(**{k: v for k, v in options.items() if k not in load.llama}, preload=params,
                       llama={k: v for k, v in options.items() if k in load.llama})

@@ -10,7 +10,8 @@ window, recurrent, hybrid) and rollback path run. The zoo test and the rollback 
 More names are llama.cpp's own speculative heads, tiny and random the same way: `qwen35-mtp`
 (the zoo's qwen35 with one multi-token-prediction layer, for llama.cpp's MTP drafter), and
 `llama-eagle3` and `qwen35-eagle3` (EAGLE-3 heads for the zoo's llama and hybrid qwen35, which
-llama.cpp loads as its own `eagle3` model).
+llama.cpp loads as its own `eagle3` model), and `llama-dflash` (a DFlash drafter for llama, its
+`dflash` model).
 
     python -m cospec_local.formats.tiny_models --out DIR [NAME ...]     # default: every name
 
@@ -154,11 +155,17 @@ HEAD_DRAFTERS = {
     "qwen35-mtp": ("qwen35", "qwen35 (the same trunk, byte for byte) with one multi-token-prediction layer"),
     "llama-eagle3": ("llama", "an EAGLE-3 head for llama: one decoder layer fed by three of llama's layers"),
     "qwen35-eagle3": ("qwen35", "an EAGLE-3 head for the hybrid qwen35, fed by three of its layers (both kinds)"),
+    "llama-dflash": ("llama", "a DFlash block-diffusion drafter for llama: one Qwen3 layer over three of llama's "
+                              "layers, drafting a block of 3 from mask tokens in one pass"),
 }
 # The target layers whose inputs an EAGLE-3 head reads: llama.cpp takes exactly three, each below the
 # target's layer count (the count itself would mean its last hidden state). Low, middle and high, as
 # trained heads pick them; the converter's default for 4 layers, [2, 2, 1], repeats one.
 EAGLE3_TARGET_LAYERS = [1, 2, 3]
+# DFlash: its trained block (the anchor and block - 1 mask positions, drafted in one pass), and the
+# token it reads as a mask (SmolLM2's last; DFlash's releases add one of their own).
+DFLASH_BLOCK = 4
+DFLASH_MASK_TOKEN = -1  # from the end of the vocabulary
 
 
 def vocabulary_source() -> Path:
@@ -282,6 +289,45 @@ def _write_eagle3_head(hf_dir: Path, n_vocab: int, seed: int) -> None:
     save_file(tensors, hf_dir / "model.safetensors", metadata={"format": "pt"})
 
 
+def _write_dflash_drafter(hf_dir: Path, n_vocab: int, seed: int) -> None:
+    """A DFlash drafter checkpoint in the layout of the published ones (z-lab's; transformers has no
+    DFlash model): Qwen3 decoder layers whose keys and values also come from the target's hidden
+    states (fc fuses three layers, hidden_norm normalises them), sharing the target's embeddings and
+    output head (it has none of its own). HF counts target layers from 0 at the output of the
+    first; the converter writes them as llama.cpp's layer inputs (+1): EAGLE3_TARGET_LAYERS."""
+    import torch
+    import transformers as tf
+    from safetensors.torch import save_file
+
+    hf_dir.mkdir(parents=True, exist_ok=True)
+    config = tf.Qwen3Config(**{**_common(n_vocab), "num_hidden_layers": 1}, head_dim=HEAD_DIM).to_dict()
+    config.update(architectures=["DFlashDraftModel"],
+                  dflash_config={"mask_token_id": n_vocab + DFLASH_MASK_TOKEN, "block_size": DFLASH_BLOCK,
+                                 "target_layer_ids": [i - 1 for i in EAGLE3_TARGET_LAYERS]})
+    (hf_dir / "config.json").write_text(json.dumps(config, indent=2))
+    q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    layer = "model.layers.0."
+    shapes = {
+        "model.fc.weight": (HIDDEN, len(EAGLE3_TARGET_LAYERS) * HIDDEN),
+        "model.hidden_norm.weight": (HIDDEN,),
+        layer + "input_layernorm.weight": (HIDDEN,),
+        layer + "self_attn.q_proj.weight": (q, HIDDEN),
+        layer + "self_attn.k_proj.weight": (kv, HIDDEN),
+        layer + "self_attn.v_proj.weight": (kv, HIDDEN),
+        layer + "self_attn.o_proj.weight": (HIDDEN, q),
+        layer + "self_attn.q_norm.weight": (HEAD_DIM,),
+        layer + "self_attn.k_norm.weight": (HEAD_DIM,),
+        layer + "post_attention_layernorm.weight": (HIDDEN,),
+        layer + "mlp.gate_proj.weight": (FFN, HIDDEN),
+        layer + "mlp.up_proj.weight": (FFN, HIDDEN),
+        layer + "mlp.down_proj.weight": (HIDDEN, FFN),
+        "model.norm.weight": (HIDDEN,),
+    }
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {k: torch.ones(s) if len(s) == 1 else _random(s, generator) for k, s in shapes.items()}
+    save_file(tensors, hf_dir / "model.safetensors", metadata={"format": "pt"})
+
+
 def _convert(name: str, out: Path, vocab_source: Path, n_vocab: int) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
@@ -291,11 +337,12 @@ def _convert(name: str, out: Path, vocab_source: Path, n_vocab: int) -> Path:
 
     hf_dir = out / f".{name}-hf"
     target_dir = None
-    if name.endswith("-eagle3"):
+    if name.endswith(("-eagle3", "-dflash")):
         # The converter reads the target's sizes and layer count from its config.json; no weights needed.
         target_dir = out / f".{name}-target"
         _config(HEAD_DRAFTERS[name][0], n_vocab).save_pretrained(target_dir)
-        _write_eagle3_head(hf_dir, n_vocab, sum(map(ord, name)))
+        write = _write_eagle3_head if name.endswith("-eagle3") else _write_dflash_drafter
+        write(hf_dir, n_vocab, sum(map(ord, name)))
     else:
         base = HEAD_DRAFTERS[name][0] if name in HEAD_DRAFTERS else name
         torch.manual_seed(sum(map(ord, base)))  # qwen35-mtp's trunk is qwen35's
@@ -321,6 +368,9 @@ def _convert(name: str, out: Path, vocab_source: Path, n_vocab: int) -> Path:
     # SmolLM2's vocabulary in place of the converter's tokenizer step: no tokenizer files needed,
     # and every zoo model pairs with every other.
     instance.set_vocab = lambda: copy_vocabulary(instance.gguf_writer, vocab_source)
+    if name.endswith("-dflash"):  # what DFlash's own vocabulary step adds
+        instance.set_vocab = lambda: (copy_vocabulary(instance.gguf_writer, vocab_source),
+                                      instance.gguf_writer.add_mask_token_id(n_vocab + DFLASH_MASK_TOKEN))
     instance.write()
     partial.replace(target)
     shutil.rmtree(hf_dir)

@@ -350,6 +350,11 @@ static std::string check_d2t(const char * path, gguf_context * g, ggml_context *
     return "";
 }
 
+// The architectures a head drafter file has (llama.cpp's eagle3 and dflash models).
+static bool is_head_drafter(const std::string & arch) {
+    return arch == "eagle3" || arch == "dflash";
+}
+
 static head_info read_head_info(const char * path) {
     head_info info;
     if (check_gguf_file("model", path) != COSPEC_OK) {
@@ -476,11 +481,11 @@ static int32_t resolve_llama_settings(const cospec_engine_params & p, cospec_eng
     return parse_devices(p.devices_draft, "devices_draft", e.devices[1]);
 }
 
-// which: 0 the target, 1 the draft model; head_path: an EAGLE-3 head instead, on the draft's devices.
+// which: 0 the target, 1 the draft model; head_path: a head drafter instead, on the draft's devices.
 static int32_t load_model(const cospec_engine_params & p, cospec_engine & e, int32_t which, model_slot & slot,
                           bool load_mtp = false, const char * head_path = nullptr) {
     const char * path = head_path != nullptr ? head_path : which == 0 ? p.target_path : p.draft_path;
-    const char * role = head_path != nullptr ? "EAGLE-3 head" : which == 0 ? "target" : "draft";
+    const char * role = head_path != nullptr ? "head drafter" : which == 0 ? "target" : "draft";
     const std::string what = head_path != nullptr ? std::string(role) : std::string(role) + " model";
     if (const int32_t st = check_gguf_file(what.c_str(), path); st != COSPEC_OK) {
         return st;
@@ -812,28 +817,37 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
         }
         const bool draft_given = params->draft_path != nullptr && params->draft_path[0] != '\0';
         const bool head_given = params->head_path != nullptr && params->head_path[0] != '\0';
-        // An EAGLE-3 head given as the draft drafts from the target's hidden states: no draft model.
+        // A head drafter given as the draft (an EAGLE-3 head, a DFlash drafter: llama.cpp's -md)
+        // drafts from the target's hidden states: no draft model.
         const head_info draft_info = draft_given ? read_head_info(params->draft_path) : head_info {};
-        const bool draft_is_head = draft_info.arch == "eagle3";
+        const bool draft_is_head = is_head_drafter(draft_info.arch);
         if (head_given && draft_is_head) {
-            return fail(COSPEC_ERR_INVALID_ARGUMENT, "two EAGLE-3 heads were given (as the draft and as the head); "
+            return fail(COSPEC_ERR_INVALID_ARGUMENT, "two head drafters were given (as the draft and as the head); "
                                                      "an engine drafts with one");
         }
         const head_info head_file = head_given ? read_head_info(params->head_path) : draft_info;
         if (head_given) {
-            if (int32_t st = check_gguf_file("EAGLE-3 head", params->head_path); st != COSPEC_OK) {
+            if (int32_t st = check_gguf_file("head drafter", params->head_path); st != COSPEC_OK) {
                 return st;
             }
-            if (head_file.arch != "eagle3") {
-                return fail(COSPEC_ERR_MODEL_LOAD, std::string("'") + params->head_path + "' is not an EAGLE-3 head (its "
-                                                   "architecture is " + (head_file.arch.empty() ? "unreadable" : head_file.arch) +
+            if (!is_head_drafter(head_file.arch)) {
+                return fail(COSPEC_ERR_MODEL_LOAD, std::string("'") + params->head_path + "' is not a head drafter (an "
+                                                   "EAGLE-3 head or a DFlash drafter; its architecture is " +
+                                                   (head_file.arch.empty() ? "unreadable" : head_file.arch) +
                                                    "); a draft model goes in the draft's place");
             }
         }
         const bool eagle3 = head_file.arch == "eagle3";
+        const bool dflash = head_file.arch == "dflash";
         model_slot head_model;
+        if (dflash) {
+            if (int32_t st = load_model(*params, *e, 1, head_model, false, head_given ? params->head_path : params->draft_path);
+                st != COSPEC_OK) {
+                return st;
+            }
+        }
         if (eagle3) {
-            if (int32_t st = load_model(*params, *e, 1, head_model, false, head_given ? params->head_path : nullptr);
+            if (int32_t st = load_model(*params, *e, 1, head_model, false, head_given ? params->head_path : params->draft_path);
                 st != COSPEC_OK) {
                 return st;
             }
@@ -892,12 +906,13 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
                 return st;
             }
         }
-        if (eagle3 || target_heads.n_nextn > 0) {
+        if (eagle3 || dflash || target_heads.n_nextn > 0) {
             const llama_context_params cp = context_params(*params, *e, e->target.flash_attn);
             llama_model * own = head_model.model;
             head_model.model = nullptr; // the head drafter frees it from here
-            const int32_t st = e->head.open(e->target.model, e->target.ctx, own, cp);
-            if (st != COSPEC_OK && eagle3) {
+            const int32_t st = e->head.open(e->target.model, e->target.ctx, own,
+                                            dflash ? cospec::head_kind::dflash : cospec::head_kind::eagle3, cp);
+            if (st != COSPEC_OK && (eagle3 || dflash)) {
                 return st;
             }
             if (st != COSPEC_OK) {

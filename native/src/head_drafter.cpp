@@ -26,6 +26,7 @@ const char * head_kind_name(head_kind kind) {
     switch (kind) {
         case head_kind::eagle3: return "eagle3";
         case head_kind::mtp:    return "mtp";
+        case head_kind::dflash: return "dflash";
         default:                return "none";
     }
 }
@@ -75,12 +76,16 @@ void head_drafter::free_spec() {
     }
 }
 
-int32_t head_drafter::open(llama_model * target_model, llama_context * target, llama_model * head_model,
+int32_t head_drafter::open(llama_model * target_model, llama_context * target, llama_model * head_model, head_kind kind,
                            const llama_context_params & base) {
     own_model = head_model;
     target_ctx = target;
-    kind_ = head_model != nullptr ? head_kind::eagle3 : head_kind::mtp;
-    if (kind_ == head_kind::eagle3) {
+    kind_ = head_model != nullptr ? kind : head_kind::mtp;
+    if (kind_ == head_kind::dflash) {
+        if (const int32_t st = check_dflash(target_model); st != COSPEC_OK) {
+            return st;
+        }
+    } else if (kind_ == head_kind::eagle3) {
         const std::string arch = architecture(target_model);
         if (!exposes_layer_inputs(arch)) {
             return fail(COSPEC_ERR_INVALID_ARGUMENT, "an EAGLE-3 head reads the target's layer inputs, which llama.cpp's " +
@@ -110,6 +115,11 @@ int32_t head_drafter::open(llama_model * target_model, llama_context * target, l
     llama_context_params cp = base;
     cp.n_outputs_max = 1;
     cp.n_outputs_max_per_seq = 1;
+    if (kind_ == head_kind::dflash) {
+        // Its block, the anchor and the masks after it, is decoded at once, a row out for each
+        // (common_speculative_get_params_from_base's block drafts).
+        cp.n_outputs_max = (uint32_t) draft_limit_ + 1;
+    }
     cp.n_rs_seq = 0;
     cp.ctx_other = target;
     cp.embeddings = false;
@@ -127,6 +137,56 @@ int32_t head_drafter::open(llama_model * target_model, llama_context * target, l
     }
     mirror = new common_batch(target);
     return start_spec();
+}
+
+// What llama.cpp's DFlash drafter takes on trust, checked: the target's graph keeps the layer
+// inputs it reads (else llama.cpp aborts), each is a layer of the target's, its hidden states are
+// as wide as its own (it concatenates them into its fc's input), the target's vocabulary is its
+// own, and it has the mask token its block is made of.
+int32_t head_drafter::check_dflash(llama_model * target_model) {
+    const std::string arch = architecture(target_model);
+    if (!exposes_layer_inputs(arch)) {
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, "a DFlash drafter reads the target's layer inputs, which llama.cpp's " +
+                                                     arch + " graph does not expose");
+    }
+    const uint32_t n_ids = llama_model_target_layer_ids_n(own_model);
+    const int32_t * ids = llama_model_target_layer_ids(own_model);
+    const int32_t n_layer = llama_model_n_layer(target_model);
+    if (n_ids == 0 || ids == nullptr) {
+        return fail(COSPEC_ERR_MODEL_LOAD, "the DFlash drafter names no target layers to read");
+    }
+    for (uint32_t i = 0; i < n_ids; ++i) {
+        if (ids[i] < 0 || ids[i] >= n_layer) {
+            return fail(COSPEC_ERR_MODEL_LOAD, "the DFlash drafter reads target layer " + std::to_string(ids[i]) +
+                                                   ", but the target has " + std::to_string(n_layer));
+        }
+    }
+    if (llama_model_n_embd(own_model) != llama_model_n_embd(target_model)) {
+        return fail(COSPEC_ERR_MODEL_LOAD, "the DFlash drafter is " + std::to_string(llama_model_n_embd(own_model)) +
+                                               " wide, the target's hidden states " +
+                                               std::to_string(llama_model_n_embd(target_model)) +
+                                               ": a drafter made for another target");
+    }
+    const llama_vocab * vocab = llama_model_get_vocab(own_model);
+    if (llama_vocab_n_tokens(vocab) != llama_vocab_n_tokens(llama_model_get_vocab(target_model))) {
+        return fail(COSPEC_ERR_VOCAB_MISMATCH, "the DFlash drafter's vocabulary is not the target's");
+    }
+    const llama_token mask = llama_vocab_mask(vocab);
+    if (mask < 0 || mask >= llama_vocab_n_tokens(vocab)) {
+        return fail(COSPEC_ERR_MODEL_LOAD, "the DFlash drafter has no mask token (tokenizer.ggml.mask_token_id) to "
+                                           "draft from");
+    }
+    char buf[32] = {0};
+    int32_t block = 16; // llama.cpp's default where the file does not say
+    if (llama_model_meta_val_str(own_model, "dflash.block_size", buf, sizeof(buf)) > 0) {
+        block = std::atoi(buf);
+    }
+    if (block < 2 || block > 256) {
+        return fail(COSPEC_ERR_MODEL_LOAD, "the DFlash drafter's block of " + std::to_string(block) +
+                                               " tokens is out of range (2 to 256)");
+    }
+    draft_limit_ = block - 1;
+    return COSPEC_OK;
 }
 
 int32_t head_drafter::open_eagle3(llama_model * target_model) {
@@ -167,11 +227,12 @@ int32_t head_drafter::start_spec() {
     free_spec();
     primed = false;
     common_params_speculative sp;
-    sp.types = {COMMON_SPECULATIVE_TYPE_DRAFT_MTP};
+    sp.types = {kind_ == head_kind::dflash ? COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH : COMMON_SPECULATIVE_TYPE_DRAFT_MTP};
     // llama.cpp's MTP drafter always drafts n_max tokens (the engine's tuner can only cut the
     // block after), reusing a one-layer head past the depth it was trained for: a short cap
-    // bounds what a block the tuner wanted short costs.
-    sp.draft.n_max = MTP_DRAFT_MAX;
+    // bounds what a block the tuner wanted short costs. DFlash drafts its whole block in one
+    // pass, whatever of it is used.
+    sp.draft.n_max = kind_ == head_kind::dflash ? draft_limit_ : MTP_DRAFT_MAX;
     sp.draft.n_min = 0;
     sp.draft.p_min = 0.0f;
     sp.draft.backend_sampling = false; // its top-1 on the CPU: no sampler in the draft's graph
@@ -300,6 +361,13 @@ void head_drafter::kept(size_t n_valid) {
 
 void head_drafter::truncate(size_t n) {
     if (!ready() || stale_ || n >= seen.size()) {
+        return;
+    }
+    if (kind_ == head_kind::dflash && n > 0) {
+        // Its state is its cache of the target's hidden states, position by position.
+        seen.resize(n);
+        last_batch_end = 0;
+        llama_memory_seq_rm(llama_get_memory(ctx), 0, (llama_pos) n, -1);
         return;
     }
     if (kind_ != head_kind::eagle3 || n == 0) {

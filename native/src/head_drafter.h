@@ -1,7 +1,9 @@
 // Head drafters, which draft from the target's own hidden states: an EAGLE-3 head, a one-layer
-// model of its own that reads three of the target's layers, and the multi-token-prediction (MTP)
+// model of its own that reads three of the target's layers, the multi-token-prediction (MTP)
 // layers some targets carry (Qwen3.5, Qwen3-Next), run in a second context on the target's own
-// weights. MTP runs through llama.cpp's common/speculative.cpp (libllama-common). EAGLE-3 follows
+// weights, and a DFlash drafter, whose cache holds the target's hidden states and which drafts a
+// whole block from mask tokens in one pass. MTP and DFlash run through llama.cpp's
+// common/speculative.cpp (libllama-common). EAGLE-3 follows
 // llama.cpp's implementation step by step (its encoder, its decoder's input convention, its
 // deferred boundary) but is driven here, because llama.cpp's drafts always as many tokens as the
 // drafter was opened with and this engine's tuner picks each block's length.
@@ -23,7 +25,7 @@ struct common_batch;
 
 namespace cospec {
 
-enum class head_kind { none, eagle3, mtp };
+enum class head_kind { none, eagle3, mtp, dflash };
 
 const char * head_kind_name(head_kind kind);
 
@@ -36,13 +38,16 @@ class head_drafter {
     // Free the drafter, its context and an EAGLE-3 head's model: no head from here.
     void close();
 
-    // Open llama.cpp's drafter beside the target's context: with head_model an EAGLE-3 head
-    // (loaded by the caller, freed here), else the target's own MTP layers. base: the target
-    // context's parameters (threads, batch, flash attention). A status and fail()'s message.
-    int32_t open(llama_model * target_model, llama_context * target_ctx, llama_model * head_model,
+    // Open llama.cpp's drafter beside the target's context: with head_model an EAGLE-3 head or a
+    // DFlash drafter (`kind`; loaded by the caller, freed here), else the target's own MTP layers.
+    // base: the target context's parameters (threads, batch, flash attention). A status and
+    // fail()'s message.
+    int32_t open(llama_model * target_model, llama_context * target_ctx, llama_model * head_model, head_kind kind,
                  const llama_context_params & base);
     head_kind kind() const { return kind_; }
     bool ready() const { return spec != nullptr || (kind_ == head_kind::eagle3 && ctx != nullptr); }
+    // The most tokens one draft call gives (DFlash: its trained block less the anchor); 0: no limit.
+    int32_t draft_limit() const { return draft_limit_; }
 
     // Whether this call's target decodes are heard (a call that drafts with the head).
     bool listening = false;
@@ -77,6 +82,7 @@ class head_drafter {
     void free_spec();
     int32_t prime();
     int32_t open_eagle3(llama_model * target_model);
+    int32_t check_dflash(llama_model * target_model);
     int32_t eagle3_heard(const llama_batch & batch);
     void eagle3_kept(size_t n_valid);
     int32_t eagle3_flush();
@@ -84,6 +90,7 @@ class head_drafter {
     void eagle3_forget();
 
     head_kind kind_ = head_kind::none;
+    int32_t draft_limit_ = 0;
     llama_model * own_model = nullptr; // an EAGLE-3 head's (MTP runs on the target's)
     llama_context * target_ctx = nullptr;
     llama_context * ctx = nullptr; // the drafter's context
