@@ -225,8 +225,10 @@ def run_cli(*args):
 
 
 def test_spec_type_refusals_are_one_clear_line():
-    out = run_cli("generate", "-p", "Hi", "-n", 2, "--spec-type", "draft-dflash")
+    out = run_cli("generate", "-p", "Hi", "-n", 2, "--spec-type", "draft-dspark")
     assert out.returncode != 0 and "is one of llama.cpp's kinds that this engine does not have" in out.stderr
+    out = run_cli("generate", "-p", "Hi", "-n", 2, "--spec-type", "draft-dflash")
+    assert out.returncode != 0 and "asks for the dflash head drafter, but this engine has none" in out.stderr
     assert "Traceback" not in out.stderr
     out = run_cli("generate", "-p", "Hi", "-n", 2, "--spec-type", "bogus")
     assert out.returncode != 0 and "--spec-type" in out.stderr and "unknown 'bogus'" in out.stderr
