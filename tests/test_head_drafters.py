@@ -143,13 +143,13 @@ def test_an_eagle3_head_and_a_draft_model_draft_in_one_engine(models):
 def test_a_head_in_the_heads_place_must_be_one(models, tmp_path):
     from cospec_local.errors import CospecError
 
-    with pytest.raises(CospecError, match="is not an EAGLE-3 head \\(its architecture is qwen35\\); a draft model "
-                                          "goes in the draft's place"):
+    with pytest.raises(CospecError, match="is not a head drafter \\(an EAGLE-3 head or a DFlash drafter; its "
+                                          "architecture is qwen35\\); a draft model goes in the draft's place"):
         Engine(models["llama"], None, head=models["qwen35"], n_ctx=512, n_threads=1, calibration=None)
-    with pytest.raises(InvalidArgumentError, match="two EAGLE-3 heads were given"):
+    with pytest.raises(InvalidArgumentError, match="two head drafters were given"):
         Engine(models["llama"], models["llama-eagle3"], head=models["llama-eagle3"], n_ctx=512, n_threads=1,
                calibration=None)
-    with pytest.raises(CospecError, match="EAGLE-3 head.*not found|EAGLE-3 head.*does not exist|no such"):
+    with pytest.raises(CospecError, match="head drafter.*(not found|does not exist|no such)"):
         Engine(models["llama"], None, head=tmp_path / "missing.gguf", n_ctx=512, n_threads=1, calibration=None)
 
 
@@ -261,3 +261,34 @@ def test_sampled_head_blocks_keep_the_targets_distribution():
     common = [k for k in set(a) | set(b) if a[k] + b[k] >= 10]
     rows = [[c[k] for k in common] + [sum(c.values()) - sum(c[k] for k in common)] for c in (a, b)]
     assert chi2_contingency(rows)[1] > 1e-3
+
+
+def test_a_head_drafts_under_a_grammar_and_in_the_server(models):
+    """Everything a block source has: under a grammar the head's blocks keep target-only's output
+    (a proposal the grammar refuses is cut there), and `serve` with a head as -md drafts with it,
+    counted under the head source in /metrics."""
+    import re
+
+    import httpx
+
+    from cospec_local.server.process import ServerProcess
+
+    grammar = 'root ::= [a-z ]+ "."'
+    with Engine(models["llama"], models["llama-eagle3"], n_ctx=512, n_threads=1, calibration=None) as engine:
+        for k in (1, 4):
+            plain = engine.generate(ZOO_PROMPT, max_tokens=N_PREDICT, mode="target-only", grammar=grammar)
+            headed = engine.generate(ZOO_PROMPT, max_tokens=N_PREDICT, spec_type="draft-eagle3", grammar=grammar,
+                                     draft_max=k, adaptive_draft=False)
+            assert re.fullmatch(r"[a-z ]+\.?", plain.text) and headed.tokens == plain.tokens, f"K={k}"
+            assert headed.stats.blocks_head > 0
+    server = ServerProcess("-m", str(models["llama"]), "-md", str(models["llama-eagle3"]), "-c", "512", "-t", "1",
+                           "--calibration", "none", "--spec-type", "draft-eagle3", "--draft-max", "4")
+    try:
+        reply = httpx.post(server.api + "/completions", timeout=60,
+                           json={"prompt": ZOO_PROMPT, "max_tokens": N_PREDICT, "temperature": 0}).json()
+        assert reply["usage"]["completion_tokens"] == N_PREDICT
+        _, text = server.get("/metrics")
+        drafted = re.search(r'^cospec_draft_tokens_by_source_total\{source="head"\} (\S+)$', text.decode(), re.M)
+        assert drafted and float(drafted.group(1)) > 0
+    finally:
+        server.stop()
