@@ -243,8 +243,8 @@ class Engine(ChatMixin, ArbiterCacheMixin):
 
     @property
     def head_file(self) -> str | None:
-        """The file the head drafter's weights come from: the EAGLE-3 head's, or the target's own
-        for its MTP layers; None without a head."""
+        """The file the head drafter's weights come from: the EAGLE-3 head's or DFlash drafter's,
+        or the target's own for its MTP layers; None without a head."""
         kind = self.head
         return self.target_path if kind == "mtp" else (self.head_path or self.draft_path) if kind else None
 

@@ -61,17 +61,17 @@ def test_a_stand_in_never_gets_its_source_as_draft(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-def test_widened_ffns_keep_smollm2s_function_and_its_heads_blocks(tmp_path):
+def test_widened_ffns_keep_smollm2s_function_and_its_heads_blocks():
     """`widen_ffn` gives every FFN zero channels in its own type: the logits are SmolLM2's bit for
     bit, and, since the layers an EAGLE-3 head reads are unchanged too, the head trained for SmolLM2
     drafts and is accepted on the widened model exactly as on SmolLM2."""
-    from cospec_local.formats.gguf_edit import widen_ffn
+    from cospec_local.models import SMOLLM2_WIDE_FFN, SMOLLM2_WIDE_NAME
 
     source = resolve_model("smollm2-135m")
-    wide = widen_ffn(source, tmp_path / "wide.gguf", 1536 + 256)
+    wide = resolve_model(SMOLLM2_WIDE_NAME)  # the named stand-in, made by widen_ffn
     reader = open_gguf(wide)
-    assert reader.get_field("llama.feed_forward_length").contents() == 1792
-    assert {tuple(t.shape) for t in reader.tensors if t.name.endswith("ffn_down.weight")} == {(1792, 576)}
+    assert reader.get_field("llama.feed_forward_length").contents() == SMOLLM2_WIDE_FFN == 20224
+    assert {tuple(t.shape) for t in reader.tensors if t.name.endswith("ffn_down.weight")} == {(20224, 576)}
     with Engine(source, resolve_model("smollm2-135m-eagle3"), n_ctx=1024, n_threads=2, calibration=None) as real, \
             Engine(wide, resolve_model("smollm2-135m-eagle3"), n_ctx=1024, n_threads=2, calibration=None) as widened:
         long_prompt = real.tokenize(LONG_TEXT)
@@ -90,7 +90,7 @@ def test_ffns_are_widened_only_where_zero_channels_are_known_to_add_nothing(tmp_
 
     with pytest.raises(ValueError, match="only llama models can be widened, not 'gemma3'"):
         widen_ffn(resolve_model("gemma3-270m"), tmp_path / "x.gguf", 4096)
-    with pytest.raises(ValueError, match="must be a multiple of blk.0.ffn_down.weight's block of 32"):
+    with pytest.raises(ValueError, match="whole blocks of 256 channels \\(the model's 1536, asked 1552\\)"):
         widen_ffn(resolve_model("smollm2-135m"), tmp_path / "x.gguf", 1536 + 16)
     with pytest.raises(ValueError, match="above the model's 1536"):
         widen_ffn(resolve_model("smollm2-135m"), tmp_path / "x.gguf", 1024)

@@ -78,6 +78,12 @@ def test_an_eagle3_head_drafts_for_a_hybrid_target_losslessly(models):
             Engine(models["qwen35"], models["llama"], n_ctx=512, n_threads=1, calibration=None) as control:
         assert engine.head == "eagle3" and not engine.has_draft
         check_lossless(engine, control, "draft-eagle3", restores=True)
+    # A head file given to a target that carries MTP layers wins over them (they stay unloaded).
+    with Engine(models["qwen35-mtp"], None, head=models["qwen35-eagle3"], n_ctx=512, n_threads=1,
+                calibration=None) as engine:
+        assert engine.head == "eagle3" and engine.head_file == str(models["qwen35-eagle3"])
+        assert engine.generate(ZOO_PROMPT, max_tokens=16, spec_type="draft-eagle3", draft_max=4,
+                               adaptive_draft=False).stats.blocks_head > 0
 
 
 def test_a_dflash_drafter_drafts_its_block_for_its_target_losslessly(models):
@@ -95,13 +101,39 @@ def test_a_dflash_drafter_drafts_its_block_for_its_target_losslessly(models):
         with pytest.raises(InvalidArgumentError, match="eagle3 head drafter, but this engine has the dflash one"):
             engine.generate(ZOO_PROMPT, max_tokens=8, spec_type="draft-eagle3")
         reference = control.generate(ZOO_PROMPT, max_tokens=N_PREDICT, mode="target-only").tokens
-    # Beside a draft model (-mh): lossless with either drafting.
+    # Beside a draft model (-mh): lossless, and beside an arbiter that keeps every mismatch the
+    # draft model drafts each position the arbiter decides.
     with Engine(models["llama"], models["qwen35"], head=models["llama-dflash"], n_ctx=512, n_threads=1,
                 calibration=None) as both:
         assert both.head == "dflash" and both.has_draft
         result = both.generate(ZOO_PROMPT, max_tokens=N_PREDICT, spec_type="head,draft", draft_max=4,
                                adaptive_draft=False)
         assert result.tokens == reference and result.stats.blocks_head > 0
+        keep_all = arbiter_from_function(lambda block: np.ones(len(block["draft"])), name="keep-all")
+        kept = both.generate(ZOO_PROMPT, max_tokens=N_PREDICT, spec_type="head,draft", arbiter=keep_all,
+                             draft_max=4, adaptive_draft=False)
+        assert kept.stats.blocks_head > 0 and kept.stats.target_fallbacks == 0
+        assert kept.decisions and all(d.keep for d in kept.decisions)
+
+
+def test_a_dspark_drafter_is_refused_by_name(models, tmp_path):
+    """DSpark (DFlash's variant with a Markov head) is a dflash file llama.cpp drafts another way:
+    refused at load rather than run as DFlash, one position off."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from gguf_corpus import with_kv
+
+    dspark = with_kv(models["llama-dflash"], tmp_path / "dspark.gguf", "dflash.hyper_connection.count", 4,
+                     gguf_type("UINT32"))
+    with pytest.raises(InvalidArgumentError, match="a DSpark drafter .* is not supported"):
+        Engine(models["llama"], dspark, n_ctx=512, n_threads=1, calibration=None)
+
+
+def gguf_type(name: str):
+    import gguf
+
+    return getattr(gguf.GGUFValueType, name)
 
 
 def test_the_mtp_layers_of_a_hybrid_target_draft_losslessly(models):

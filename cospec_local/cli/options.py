@@ -33,7 +33,7 @@ class LoadSettings:
     draft_chat_template: str | None  # None: the draft's own (a draft of another vocabulary reads its own format)
     verbose: bool
     calibration: str = "auto"  # auto, none or a file (cospec_local.calibration)
-    head: str | None = None  # an EAGLE-3 head beside the draft model
+    head: str | None = None  # a head drafter (EAGLE-3, DFlash) beside the draft model
     # llama.cpp's own loading settings, passed through as its flags name them (None: its default).
     llama: dict = field(default_factory=dict)
 

@@ -232,7 +232,9 @@ def widen_ffn(src: str | Path, dst: str | Path, n_ff: int) -> Path:
     A new channel's gate and up rows are zero, so it carries silu(0) * 0 = 0 into a down column
     of zeros: every product it adds is exactly 0. The original channels come first and are read
     in the same blocks, so their sums (and the quantized activations they multiply) are the same,
-    bit for bit.
+    bit for bit on the CPU, where both widths are whole 256-channel blocks: ggml's dot products
+    then take the original channels in the same SIMD steps and add the new ones after them (a GPU
+    library may split a longer sum otherwise).
     """
     reader = open_gguf(src)
     arch = architecture(reader)
@@ -245,15 +247,16 @@ def widen_ffn(src: str | Path, dst: str | Path, n_ff: int) -> Path:
     if field is None or isinstance(field.contents(), list):
         raise ValueError(f"{src} needs one {arch}.feed_forward_length for all blocks")
     old_ff = int(field.contents())
-    ffn = {t.name: t for t in reader.tensors if _BLOCK_RE.match(t.name) and t.name.split(".")[2] in (*_FFN_IN, _FFN_OUT)}
+    ffn = {t.name: t for t in reader.tensors if _BLOCK_RE.match(t.name) and t.name.split(".")[2] in (*_FFN_IN, _FFN_OUT)
+           and t.name.endswith(".weight") and len(t.shape) == 2}  # (biases keep their width)
+    if not isinstance(n_ff, int) or n_ff <= old_ff:
+        raise ValueError(f"n_ff must be an int above the model's {old_ff}, got {n_ff!r}")
+    # (every weight type's block divides 256)
+    if old_ff % 256 or n_ff % 256:
+        raise ValueError(f"the FFN widths must be whole blocks of 256 channels (the model's {old_ff}, asked {n_ff})")
     for t in ffn.values():
         if t.tensor_type not in ZERO_BYTES_ARE_ZERO:
             raise ValueError(f"{t.name} is {t.tensor_type.name}, whose zero bytes are not known to be the value 0")
-        block = gguf.GGML_QUANT_SIZES[t.tensor_type][0]
-        if (n_ff - old_ff) % block:
-            raise ValueError(f"n_ff - {old_ff} must be a multiple of {t.name}'s block of {block}")
-    if not isinstance(n_ff, int) or n_ff <= old_ff:
-        raise ValueError(f"n_ff must be an int above the model's {old_ff}, got {n_ff!r}")
 
     def kv_edit(key: str, value: Any) -> Any:
         if key == f"{arch}.feed_forward_length":

@@ -44,7 +44,7 @@ class EngineSpec:
     draft_chat_template: str | None = None  # None: the draft's own (a draft of another vocabulary)
     verbose: bool = False
     calibration: str | None = "auto"  # cospec_local.calibration: auto, a file, or None
-    head: str | None = None  # an EAGLE-3 head beside the draft model
+    head: str | None = None  # a head drafter (EAGLE-3, DFlash) beside the draft model
     preload: GenerationParams | None = None
     llama: dict = field(default_factory=dict)  # llama.cpp's loading settings, as Engine takes them (n_ubatch, ...)
 

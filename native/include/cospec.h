@@ -106,10 +106,8 @@ enum cospec_flash_attn {
 
 struct cospec_engine_params {
     const char * target_path;    // GGUF file of the target model (required)
-    const char * draft_path;     // GGUF file of the draft model (NULL: target-only engine), or of an
-                                 // EAGLE-3 head (llama.cpp's -md): the engine then has no draft model
-    const char * head_path;      // GGUF file of an EAGLE-3 head beside the draft model (NULL: none), so
-                                 // that one engine drafts with both; it loads on the draft's devices
+    const char * draft_path;     // GGUF file of the draft model (NULL: target-only engine), or of a
+                                 // head drafter (llama.cpp's -md): the engine then has no draft model
     int32_t n_ctx;               // context window in tokens for both models (0 = COSPEC_DEFAULT_N_CTX), capped by
                                  // the context either model was trained for
     int32_t n_batch;             // largest batch for prompt processing (0 = 512)
@@ -143,6 +141,9 @@ struct cospec_engine_params {
     const char * devices_draft;
     cospec_progress_fn progress_callback;
     void * progress_user_data;
+    // GGUF file of a head drafter (an EAGLE-3 head or a DFlash drafter) beside the draft model
+    // (NULL or "": none), so that one engine drafts with both; it loads on the draft's devices.
+    const char * head_path;
 };
 
 struct cospec_engine_params cospec_engine_default_params(void);
@@ -167,8 +168,9 @@ void    cospec_engine_free(cospec_engine * engine);
 void cospec_engine_abort(cospec_engine * engine);
 
 bool    cospec_engine_has_draft(const cospec_engine * engine);
-// The engine's head drafter: "eagle3" (head_path, or a draft_path that was an EAGLE-3 head and is then no draft
-// model), "mtp" (the target carries multi-token-prediction layers) or NULL (none).
+// The engine's head drafter: "eagle3" or "dflash" (head_path, or a draft_path that was an EAGLE-3 head
+// or a DFlash drafter and is then no draft model), "mtp" (the target carries multi-token-prediction
+// layers and no head file was given) or NULL (none).
 const char * cospec_engine_head(const cospec_engine * engine);
 // NULL where the draft shares the target's vocabulary (or there is no draft); else how the two
 // vocabularies differ: the draft's proposals then reach the target as text. Valid while the engine lives.

@@ -408,6 +408,10 @@ bool head_source::offer(const draft_context & ctx, proposal & /*out*/, std::opti
         return false;
     }
     k = offered_length(env, *length_tuner, ctx.room, 0);
+    // A block the drafter cannot make longer is not one it declined to: its tuner asks no more.
+    if (const int32_t limit = env.e.head.draft_limit(); limit > 0) {
+        k = std::min(k, limit);
+    }
     return k > 0;
 }
 

@@ -311,6 +311,7 @@ struct head_info {
     // Its draft-to-target vocabulary map (d2t), which llama.cpp's graph scatters the logits by
     // unchecked: "" where it is absent or sound, else what is wrong with it.
     std::string d2t_problem;
+    bool dspark = false; // a DFlash file that is DSpark's (which llama.cpp drafts another way)
 };
 
 // d2t: I64, one entry per row of the head's output matrix, each a distinct target token id.
@@ -381,7 +382,10 @@ static head_info read_head_info(const char * path) {
             info.target_hidden = gguf_get_val_u32(g, hidden);
         }
         info.own_token_embd = gguf_find_tensor(g, "token_embd.weight") >= 0;
-        if (info.arch == "eagle3") {
+        // DSpark: DFlash with a Markov head, or on DeepSeek-V4's blocks (llama.cpp's draft-dspark).
+        info.dspark = info.arch == "dflash" && (gguf_find_tensor(g, "markov_w1.weight") >= 0 ||
+                                                gguf_find_key(g, "dflash.hyper_connection.count") >= 0);
+        if (info.arch == "eagle3" || info.arch == "dflash") {
             const int64_t vocab = gguf_find_key(g, "tokenizer.ggml.tokens");
             const int64_t n_vocab = vocab >= 0 && gguf_get_kv_type(g, vocab) == GGUF_TYPE_ARRAY ? (int64_t) gguf_get_arr_n(g, vocab) : 0;
             info.d2t_problem = check_d2t(path, g, meta, n_vocab);
@@ -761,7 +765,6 @@ cospec_engine_params cospec_engine_default_params(void) {
     cospec_engine_params p {};
     p.target_path = nullptr;
     p.draft_path = nullptr;
-    p.head_path = nullptr;
     p.n_ctx = COSPEC_DEFAULT_N_CTX;
     p.n_batch = 512;
     p.n_threads = 0;
@@ -781,6 +784,7 @@ cospec_engine_params cospec_engine_default_params(void) {
     p.devices_draft = nullptr;
     p.progress_callback = nullptr;
     p.progress_user_data = nullptr;
+    p.head_path = nullptr;
     return p;
 }
 
@@ -811,10 +815,6 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
         if (const int32_t st = resolve_llama_settings(*params, *e); st != COSPEC_OK) {
             return st;
         }
-        const head_info target_heads = read_head_info(params->target_path);
-        if (int32_t st = load_model(*params, *e, 0, e->target, target_heads.n_nextn > 0); st != COSPEC_OK) {
-            return st;
-        }
         const bool draft_given = params->draft_path != nullptr && params->draft_path[0] != '\0';
         const bool head_given = params->head_path != nullptr && params->head_path[0] != '\0';
         // A head drafter given as the draft (an EAGLE-3 head, a DFlash drafter: llama.cpp's -md)
@@ -839,8 +839,21 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
         }
         const bool eagle3 = head_file.arch == "eagle3";
         const bool dflash = head_file.arch == "dflash";
+        // The target's MTP layers load where they will draft: a head file given wins over them.
+        const head_info target_heads = read_head_info(params->target_path);
+        if (int32_t st = load_model(*params, *e, 0, e->target, target_heads.n_nextn > 0 && !eagle3 && !dflash); st != COSPEC_OK) {
+            return st;
+        }
         model_slot head_model;
         if (dflash) {
+            if (head_file.dspark) {
+                return fail(COSPEC_ERR_INVALID_ARGUMENT, "a DSpark drafter (DFlash with a Markov head, llama.cpp's "
+                                                         "draft-dspark) is not supported; use a DFlash or EAGLE-3 "
+                                                         "head, or a draft model");
+            }
+            if (!head_file.d2t_problem.empty()) {
+                return fail(COSPEC_ERR_MODEL_LOAD, "the DFlash drafter cannot be used: " + head_file.d2t_problem);
+            }
             if (int32_t st = load_model(*params, *e, 1, head_model, false, head_given ? params->head_path : params->draft_path);
                 st != COSPEC_OK) {
                 return st;

@@ -64,6 +64,7 @@ void head_drafter::close() {
         own_model = nullptr;
     }
     kind_ = head_kind::none;
+    draft_limit_ = 0;
     seen.clear();
     stale_ = false;
     listening = false;
@@ -116,15 +117,19 @@ int32_t head_drafter::open(llama_model * target_model, llama_context * target, l
     cp.n_outputs_max = 1;
     cp.n_outputs_max_per_seq = 1;
     if (kind_ == head_kind::dflash) {
-        // Its block, the anchor and the masks after it, is decoded at once, a row out for each
-        // (common_speculative_get_params_from_base's block drafts).
-        cp.n_outputs_max = (uint32_t) draft_limit_ + 1;
+        // Its block, the anchor and the masks after it, is one non-causal batch: llama.cpp asserts
+        // where the batch or the physical batch (-b, -ub) is shorter.
+        cp.n_batch = std::max<uint32_t>(cp.n_batch, (uint32_t) draft_limit_ + 1);
+        cp.n_ubatch = std::max<uint32_t>(cp.n_ubatch, (uint32_t) draft_limit_ + 1);
     }
     cp.n_rs_seq = 0;
     cp.ctx_other = target;
     cp.embeddings = false;
     if (kind_ == head_kind::mtp) {
         cp.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
+    }
+    if (kind_ == head_kind::mtp) {
+        draft_limit_ = MTP_DRAFT_MAX;
     }
     ctx = llama_init_from_model(head_model != nullptr ? head_model : target_model, cp);
     if (ctx == nullptr) {
@@ -303,7 +308,8 @@ int32_t head_drafter::heard(const llama_batch & batch) {
     seen.insert(seen.end(), batch.token, batch.token + n);
     last_batch_pos0 = pos0;
     last_batch_end = pos0 + n;
-    return primed ? COSPEC_OK : prime();
+    // (DFlash's accept does nothing: it needs no draft before it)
+    return primed || kind_ == head_kind::dflash ? COSPEC_OK : prime();
 }
 
 // llama.cpp's accept() goes to the drafter that drafted last, and asserts where none has: a
@@ -352,8 +358,12 @@ void head_drafter::kept(size_t n_valid) {
         return;
     }
     // llama.cpp's accept: the last batch's first rows stand (its first input and the draft
-    // tokens the target took after it), the rest are dropped from the head's cache too.
-    common_speculative_accept(spec, 0, (uint16_t) std::min<size_t>(n_valid - last_batch_pos0 - 1, UINT16_MAX));
+    // tokens the target took after it), the rest are dropped from the head's cache too. It
+    // asserts where the drafter has not drafted (a priming draft that found no room, near the
+    // context's end), and DFlash's does nothing.
+    if (primed && kind_ != head_kind::dflash) {
+        common_speculative_accept(spec, 0, (uint16_t) std::min<size_t>(n_valid - last_batch_pos0 - 1, UINT16_MAX));
+    }
     llama_memory_seq_rm(llama_get_memory(ctx), 0, (llama_pos) n_valid, -1);
     seen.resize(n_valid);
     last_batch_end = 0;

@@ -46,7 +46,8 @@ class head_drafter {
                  const llama_context_params & base);
     head_kind kind() const { return kind_; }
     bool ready() const { return spec != nullptr || (kind_ == head_kind::eagle3 && ctx != nullptr); }
-    // The most tokens one draft call gives (DFlash: its trained block less the anchor); 0: no limit.
+    // The most tokens one draft call gives (DFlash: its trained block less the anchor; MTP: the
+    // engine's cap on llama.cpp's fixed length); 0: as many as asked (EAGLE-3).
     int32_t draft_limit() const { return draft_limit_; }
 
     // Whether this call's target decodes are heard (a call that drafts with the head).
