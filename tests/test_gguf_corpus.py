@@ -60,5 +60,9 @@ def test_every_corrupted_dflash_drafter_is_a_clean_error_or_a_correct_run(tmp_pa
 
     models = tiny_models.build(["llama", "llama-dflash"], tiny_models.cache_dir(Path(__file__).resolve().parents[1]))
     cases = head_cases(tmp_path, models["llama"], models["llama-dflash"])
-    assert len(cases) >= 150
+    # Every case of what is DFlash's own (its keys, layers, width, mask, block, fc and encoder
+    # norm), and half of the generic ones, which the EAGLE-3 head's corpus runs in full.
+    own = ("dflash", "mask", "block", "fc", "enc")
+    cases = [c for i, c in enumerate(cases) if i % 2 == 0 or any(k in c.name for k in own)]
+    assert len(cases) >= 120
     assert_clean(cases, {"ModelLoadError", "VocabMismatchError", "InvalidArgumentError"})
