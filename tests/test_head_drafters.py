@@ -55,6 +55,25 @@ def check_lossless(engine: Engine, control: Engine, spec_type: str, restores: bo
                 assert s.restored > 0, f"prompt {i}, K={k}"
 
 
+def check_beside_a_keeping_arbiter(engine: Engine) -> None:
+    """Beside an arbiter that keeps every mismatch it decides, a head is a lookup's peer: its
+    matches stand, and at its mismatch the draft model drafts the position for the arbiter, so no
+    target token ever replaces a draft token."""
+    keep_all = arbiter_from_function(lambda block: np.ones(len(block["draft"])), name="keep-all")
+    kept = engine.generate(ZOO_PROMPT, max_tokens=N_PREDICT, spec_type="head,draft", arbiter=keep_all, draft_max=4,
+                           adaptive_draft=False)
+    assert kept.stats.blocks_head > 0 and kept.stats.target_fallbacks == 0
+    assert kept.decisions and all(d.keep for d in kept.decisions)
+    assert kept.stats.arbiter_keeps == len(kept.decisions)
+
+
+def check_beside_a_draft_model(engine: Engine, reference: list[int]) -> None:
+    """A head beside a draft model (-mh): lossless with either drafting, and beside a keeping arbiter."""
+    both = engine.generate(ZOO_PROMPT, max_tokens=N_PREDICT, spec_type="head,draft", draft_max=4, adaptive_draft=False)
+    assert both.tokens == reference and both.stats.blocks_head > 0
+    check_beside_a_keeping_arbiter(engine)
+
+
 def test_an_eagle3_head_drafts_for_its_target_losslessly(models):
     with Engine(models["llama"], models["llama-eagle3"], n_ctx=512, n_threads=1, calibration=None) as engine, \
             Engine(models["llama"], models["qwen35"], n_ctx=512, n_threads=1, calibration=None) as control:
@@ -106,34 +125,19 @@ def test_a_dflash_drafter_drafts_its_block_for_its_target_losslessly(models):
     with Engine(models["llama"], models["qwen35"], head=models["llama-dflash"], n_ctx=512, n_threads=1,
                 calibration=None) as both:
         assert both.head == "dflash" and both.has_draft
-        result = both.generate(ZOO_PROMPT, max_tokens=N_PREDICT, spec_type="head,draft", draft_max=4,
-                               adaptive_draft=False)
-        assert result.tokens == reference and result.stats.blocks_head > 0
-        keep_all = arbiter_from_function(lambda block: np.ones(len(block["draft"])), name="keep-all")
-        kept = both.generate(ZOO_PROMPT, max_tokens=N_PREDICT, spec_type="head,draft", arbiter=keep_all,
-                             draft_max=4, adaptive_draft=False)
-        assert kept.stats.blocks_head > 0 and kept.stats.target_fallbacks == 0
-        assert kept.decisions and all(d.keep for d in kept.decisions)
+        check_beside_a_draft_model(both, reference)
 
 
 def test_a_dspark_drafter_is_refused_by_name(models, tmp_path):
     """DSpark (DFlash's variant with a Markov head) is a dflash file llama.cpp drafts another way:
     refused at load rather than run as DFlash, one position off."""
-    import sys
-
-    sys.path.insert(0, str(REPO / "tests"))
+    import gguf
     from gguf_corpus import with_kv
 
     dspark = with_kv(models["llama-dflash"], tmp_path / "dspark.gguf", "dflash.hyper_connection.count", 4,
-                     gguf_type("UINT32"))
+                     gguf.GGUFValueType.UINT32)
     with pytest.raises(InvalidArgumentError, match="a DSpark drafter .* is not supported"):
         Engine(models["llama"], dspark, n_ctx=512, n_threads=1, calibration=None)
-
-
-def gguf_type(name: str):
-    import gguf
-
-    return getattr(gguf.GGUFValueType, name)
 
 
 def test_the_mtp_layers_of_a_hybrid_target_draft_losslessly(models):
@@ -141,15 +145,7 @@ def test_the_mtp_layers_of_a_hybrid_target_draft_losslessly(models):
             Engine(models["qwen35-mtp"], models["llama"], n_ctx=512, n_threads=1, calibration=None) as control:
         assert engine.head == "mtp" and not engine.has_draft and control.head == "mtp"
         check_lossless(engine, control, "draft-mtp", restores=True)
-        # Beside an arbiter that keeps every mismatch it decides, the head is a lookup's peer: its
-        # matches stand, and at its mismatch the draft model drafts the position for the arbiter,
-        # so no target token ever replaces a draft token.
-        keep_all = arbiter_from_function(lambda block: np.ones(len(block["draft"])), name="keep-all")
-        kept = control.generate(ZOO_PROMPT, max_tokens=N_PREDICT, spec_type="head,draft", arbiter=keep_all,
-                                draft_max=4, adaptive_draft=False)
-        assert kept.stats.blocks_head > 0 and kept.stats.target_fallbacks == 0
-        assert kept.decisions and all(d.keep for d in kept.decisions)
-        assert kept.stats.arbiter_keeps == len(kept.decisions)
+        check_beside_a_keeping_arbiter(control)  # the MTP head beside the draft model
 
 
 def test_an_eagle3_head_and_a_draft_model_draft_in_one_engine(models):
@@ -161,15 +157,7 @@ def test_an_eagle3_head_and_a_draft_model_draft_in_one_engine(models):
             Engine(models["llama"], models["qwen35"], n_ctx=512, n_threads=1, calibration=None) as control:
         assert engine.head == "eagle3" and engine.has_draft and engine.head_file == str(models["llama-eagle3"])
         check_lossless(engine, control, "draft-eagle3", restores=False)
-        reference = control.generate(ZOO_PROMPT, max_tokens=N_PREDICT, mode="target-only").tokens
-        both = engine.generate(ZOO_PROMPT, max_tokens=N_PREDICT, spec_type="head,draft", draft_max=4,
-                               adaptive_draft=False)
-        assert both.tokens == reference and both.stats.blocks_head > 0
-        keep_all = arbiter_from_function(lambda block: np.ones(len(block["draft"])), name="keep-all")
-        kept = engine.generate(ZOO_PROMPT, max_tokens=N_PREDICT, spec_type="head,draft", arbiter=keep_all,
-                               draft_max=4, adaptive_draft=False)
-        assert kept.stats.blocks_head > 0 and kept.stats.target_fallbacks == 0
-        assert kept.decisions and all(d.keep for d in kept.decisions)
+        check_beside_a_draft_model(engine, control.generate(ZOO_PROMPT, max_tokens=N_PREDICT, mode="target-only").tokens)
 
 
 def test_a_head_in_the_heads_place_must_be_one(models, tmp_path):

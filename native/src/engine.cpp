@@ -845,14 +845,15 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
             return st;
         }
         model_slot head_model;
-        if (dflash) {
+        if (eagle3 || dflash) {
             if (head_file.dspark) {
                 return fail(COSPEC_ERR_INVALID_ARGUMENT, "a DSpark drafter (DFlash with a Markov head, llama.cpp's "
                                                          "draft-dspark) is not supported; use a DFlash or EAGLE-3 "
                                                          "head, or a draft model");
             }
             if (!head_file.d2t_problem.empty()) {
-                return fail(COSPEC_ERR_MODEL_LOAD, "the DFlash drafter cannot be used: " + head_file.d2t_problem);
+                return fail(COSPEC_ERR_MODEL_LOAD, std::string(eagle3 ? "the EAGLE-3 head" : "the DFlash drafter") +
+                                                       " cannot be used: " + head_file.d2t_problem);
             }
             if (int32_t st = load_model(*params, *e, 1, head_model, false, head_given ? params->head_path : params->draft_path);
                 st != COSPEC_OK) {
@@ -860,13 +861,6 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
             }
         }
         if (eagle3) {
-            if (int32_t st = load_model(*params, *e, 1, head_model, false, head_given ? params->head_path : params->draft_path);
-                st != COSPEC_OK) {
-                return st;
-            }
-            if (!head_file.d2t_problem.empty()) {
-                return fail(COSPEC_ERR_MODEL_LOAD, "the EAGLE-3 head cannot be used: " + head_file.d2t_problem);
-            }
             // Widths llama.cpp's graphs assume equal (a mismatch would abort in a matrix product).
             const int64_t n_embd_target = llama_model_n_embd(e->target.model);
             if (head_file.target_hidden != n_embd_target) {

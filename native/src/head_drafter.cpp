@@ -87,26 +87,10 @@ int32_t head_drafter::open(llama_model * target_model, llama_context * target, l
             return st;
         }
     } else if (kind_ == head_kind::eagle3) {
-        const std::string arch = architecture(target_model);
-        if (!exposes_layer_inputs(arch)) {
-            return fail(COSPEC_ERR_INVALID_ARGUMENT, "an EAGLE-3 head reads the target's layer inputs, which llama.cpp's " +
-                                                         arch + " graph does not expose");
-        }
-        const uint32_t n_ids = llama_model_target_layer_ids_n(head_model);
-        const int32_t * ids = llama_model_target_layer_ids(head_model);
-        const int32_t n_layer = llama_model_n_layer(target_model);
-        if (n_ids != 3 || ids == nullptr) {
-            return fail(COSPEC_ERR_MODEL_LOAD, "the EAGLE-3 head names " + std::to_string(n_ids) +
-                                                   " target layers to read, not 3");
-        }
-        for (uint32_t i = 0; i < n_ids; ++i) {
-            if (ids[i] < 0 || ids[i] > n_layer) {
-                return fail(COSPEC_ERR_MODEL_LOAD, "the EAGLE-3 head reads target layer " + std::to_string(ids[i]) +
-                                                       ", but the target has " + std::to_string(n_layer));
-            }
-        }
-        if (llama_vocab_n_tokens(llama_model_get_vocab(head_model)) != llama_vocab_n_tokens(llama_model_get_vocab(target_model))) {
-            return fail(COSPEC_ERR_VOCAB_MISMATCH, "the EAGLE-3 head's vocabulary is not the target's");
+        // Exactly three layers, the last of which may be the final norm's input (id n_layer).
+        if (const int32_t st = check_reads_target_layers(target_model, "an", 3, llama_model_n_layer(target_model));
+            st != COSPEC_OK) {
+            return st;
         }
     } else if (llama_model_n_layer_nextn(target_model) <= 0) {
         return fail(COSPEC_ERR_INVALID_ARGUMENT, "the target carries no multi-token-prediction layers");
@@ -127,8 +111,6 @@ int32_t head_drafter::open(llama_model * target_model, llama_context * target, l
     cp.embeddings = false;
     if (kind_ == head_kind::mtp) {
         cp.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
-    }
-    if (kind_ == head_kind::mtp) {
         draft_limit_ = MTP_DRAFT_MAX;
     }
     ctx = llama_init_from_model(head_model != nullptr ? head_model : target_model, cp);
@@ -144,27 +126,44 @@ int32_t head_drafter::open(llama_model * target_model, llama_context * target, l
     return start_spec();
 }
 
-// What llama.cpp's DFlash drafter takes on trust, checked: the target's graph keeps the layer
-// inputs it reads (else llama.cpp aborts), each is a layer of the target's, its hidden states are
-// as wide as its own (it concatenates them into its fc's input), the target's vocabulary is its
-// own, and it has the mask token its block is made of.
-int32_t head_drafter::check_dflash(llama_model * target_model) {
+// What llama.cpp's drafters that read the target's layer inputs (EAGLE-3, DFlash) take on trust,
+// checked: the target's graph keeps those inputs (else llama.cpp aborts), the drafter names
+// n_wanted layers (0: any number but none), each at most max_id, and the target's vocabulary is
+// its own. article: "a" or "an" before the drafter's name.
+int32_t head_drafter::check_reads_target_layers(llama_model * target_model, const char * article, uint32_t n_wanted,
+                                                int32_t max_id) {
+    const std::string name = kind_ == head_kind::dflash ? "DFlash drafter" : "EAGLE-3 head";
     const std::string arch = architecture(target_model);
     if (!exposes_layer_inputs(arch)) {
-        return fail(COSPEC_ERR_INVALID_ARGUMENT, "a DFlash drafter reads the target's layer inputs, which llama.cpp's " +
-                                                     arch + " graph does not expose");
+        return fail(COSPEC_ERR_INVALID_ARGUMENT, std::string(article) + " " + name + " reads the target's layer inputs, "
+                                                     "which llama.cpp's " + arch + " graph does not expose");
     }
     const uint32_t n_ids = llama_model_target_layer_ids_n(own_model);
     const int32_t * ids = llama_model_target_layer_ids(own_model);
-    const int32_t n_layer = llama_model_n_layer(target_model);
-    if (n_ids == 0 || ids == nullptr) {
-        return fail(COSPEC_ERR_MODEL_LOAD, "the DFlash drafter names no target layers to read");
+    if (ids == nullptr || n_ids == 0 || (n_wanted > 0 && n_ids != n_wanted)) {
+        return fail(COSPEC_ERR_MODEL_LOAD, n_wanted > 0 ? "the " + name + " names " + std::to_string(n_ids) +
+                                                              " target layers to read, not " + std::to_string(n_wanted)
+                                                        : "the " + name + " names no target layers to read");
     }
     for (uint32_t i = 0; i < n_ids; ++i) {
-        if (ids[i] < 0 || ids[i] >= n_layer) {
-            return fail(COSPEC_ERR_MODEL_LOAD, "the DFlash drafter reads target layer " + std::to_string(ids[i]) +
-                                                   ", but the target has " + std::to_string(n_layer));
+        if (ids[i] < 0 || ids[i] > max_id) {
+            return fail(COSPEC_ERR_MODEL_LOAD, "the " + name + " reads target layer " + std::to_string(ids[i]) +
+                                                   ", but the target has " + std::to_string(llama_model_n_layer(target_model)));
         }
+    }
+    if (llama_vocab_n_tokens(llama_model_get_vocab(own_model)) != llama_vocab_n_tokens(llama_model_get_vocab(target_model))) {
+        return fail(COSPEC_ERR_VOCAB_MISMATCH, "the " + name + "'s vocabulary is not the target's");
+    }
+    return COSPEC_OK;
+}
+
+// And what llama.cpp's DFlash drafter takes on trust besides: each layer it reads is one of the
+// target's (it has no final-norm case), its hidden states are as wide as its own (it concatenates
+// them into its fc's input), and it has the mask token its block is made of.
+int32_t head_drafter::check_dflash(llama_model * target_model) {
+    if (const int32_t st = check_reads_target_layers(target_model, "a", 0, llama_model_n_layer(target_model) - 1);
+        st != COSPEC_OK) {
+        return st;
     }
     if (llama_model_n_embd(own_model) != llama_model_n_embd(target_model)) {
         return fail(COSPEC_ERR_MODEL_LOAD, "the DFlash drafter is " + std::to_string(llama_model_n_embd(own_model)) +
@@ -173,9 +172,6 @@ int32_t head_drafter::check_dflash(llama_model * target_model) {
                                                ": a drafter made for another target");
     }
     const llama_vocab * vocab = llama_model_get_vocab(own_model);
-    if (llama_vocab_n_tokens(vocab) != llama_vocab_n_tokens(llama_model_get_vocab(target_model))) {
-        return fail(COSPEC_ERR_VOCAB_MISMATCH, "the DFlash drafter's vocabulary is not the target's");
-    }
     const llama_token mask = llama_vocab_mask(vocab);
     if (mask < 0 || mask >= llama_vocab_n_tokens(vocab)) {
         return fail(COSPEC_ERR_MODEL_LOAD, "the DFlash drafter has no mask token (tokenizer.ggml.mask_token_id) to "

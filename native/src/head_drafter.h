@@ -83,6 +83,7 @@ class head_drafter {
     void free_spec();
     int32_t prime();
     int32_t open_eagle3(llama_model * target_model);
+    int32_t check_reads_target_layers(llama_model * target_model, const char * article, uint32_t n_wanted, int32_t max_id);
     int32_t check_dflash(llama_model * target_model);
     int32_t eagle3_heard(const llama_batch & batch);
     void eagle3_kept(size_t n_valid);
