@@ -30,7 +30,7 @@ PROMPT = "Once upon a time, in a small village by the sea,"
 def run_llama(bin_dir, target, draft, k, n, threads, ngl, fa):
     cmd = [f"{bin_dir}/llama-speculative-simple", "-m", target, "-md", draft, "-p", PROMPT, "-n", str(n),
            "--spec-type", "draft-simple", "--spec-draft-n-max", str(k), "--temp", "0", "--top-k", "1",
-           "-t", str(threads), "-td", str(threads), "-c", "4096", "--no-repack", "--draft-p-min", "0",
+           "-t", str(threads), "-td", str(threads), "-c", "4096", "--draft-p-min", "0",
            "-ngl", str(ngl), "-ngld", str(ngl)] + (["-fa", fa] if fa else [])
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", out.stderr + out.stdout)

@@ -32,7 +32,7 @@ from results_report import command, report  # noqa: E402
 def run_llama(binary: Path, target: Path, head: Path, prompt: str, k: int, n: int, threads: int) -> dict:
     return run_speculative_simple(binary, ["-m", str(target), "-md", str(head), "--spec-type", "draft-eagle3",
                                            "--spec-draft-n-max", str(k), "-p", prompt, "-n", str(n), "--temp", "0",
-                                           "--top-k", "1", "--no-repack", "-t", str(threads), "-td", str(threads),
+                                           "--top-k", "1", "-t", str(threads), "-td", str(threads),
                                            "-c", "4096"], "draft-eagle3")
 
 

@@ -63,7 +63,7 @@ def run_speculative_simple(binary: Path, args: list[str], kind: str) -> dict:
 
 def run_llama(binary: Path, target: Path, prompt: str, kind: str, n: int, threads: int) -> dict:
     return run_speculative_simple(binary, ["-m", str(target), "-p", prompt, "--spec-type", kind, "-n", str(n),
-                                           "--temp", "0", "--top-k", "1", "--ignore-eos", "--no-repack", "-t",
+                                           "--temp", "0", "--top-k", "1", "--ignore-eos", "-t",
                                            str(threads), "-c", "4096"], kind)
 
 

@@ -34,7 +34,7 @@ PROMPT = ("Speculative decoding lets a small draft model propose a block of toke
 def llama_sps_seconds(binary: Path, target: Path, draft: Path, prompt: str, k: int, n: int, threads: int) -> float:
     cmd = [str(binary), "-m", str(target), "-md", str(draft), "-p", prompt, "--spec-type", "draft-simple",
            "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--draft-p-min", "0", "-n", str(n), "--temp", "0",
-           "--top-k", "1", "--ignore-eos", "--no-repack", "-t", str(threads), "-td", str(threads), "-c", "2048"]
+           "--top-k", "1", "--ignore-eos", "-t", str(threads), "-td", str(threads), "-c", "2048"]
     # errors="replace": a random model's text is not valid UTF-8
     out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=600)
     text = out.stdout + out.stderr

@@ -8,13 +8,19 @@ process drafts from its first block at lengths fitted to this machine, and those
 lengths from its fixed numbers and the call's own tokens: the same calibration, inputs, settings
 and seed give the same tokens in any process (`--json`, bench and eval records name its id).
 
-The store is one JSON file per pair and machine (the files' identities, the CPU, llama.cpp's build
-and the engine's threads and offload) under $COSPEC_CALIBRATION_DIR, else
-$XDG_CACHE_HOME/cospec-local/calibration (~/.cache/...). A file there is untrusted input: one that
-does not parse, is of another format, another pair or another machine is named in a one-line notice
-and measured again. It changes only when measured again (`cospec-local calibrate`, or a missing or
-unusable one at open), and its id changes with it; a file kept aside (`--calibration FILE`) brings
-an earlier id's tokens back.
+The store is one JSON file per pair and machine (the files' identities; the CPU, llama.cpp's build
+and kernels; the engine's threads, offload and repacked weights: whatever changes the costs) under
+$COSPEC_CALIBRATION_DIR, else $XDG_CACHE_HOME/cospec-local/calibration (~/.cache/...). A file there
+is untrusted input: one that does not parse, is of another format, another pair or another machine
+is named in a one-line notice and measured again. It changes only when measured again (`cospec-local
+calibrate`, or a missing or unusable one at open), and its id changes with it; a file kept aside
+(`--calibration FILE`) brings an earlier id's tokens back.
+
+Costs timed while other work shared the CPUs would slow every later process without a word: each
+measurement records the share of the CPUs' time other work took meanwhile (`other_load`), one above
+$COSPEC_CALIBRATION_MAX_LOAD (default 0.10) is timed once more, and one still busy is used by the
+process that measured it but never stored. The store keeps the MAX_STORED calibrations used last
+(`cospec-local calibrate --clear` empties it).
 """
 from __future__ import annotations
 
@@ -31,9 +37,16 @@ from typing import Sequence
 
 from . import _cospec
 from .errors import CalibrationNotice
+from .evaluation.machine import BUSY_SHARE, OtherLoad
 
 FILE_FORMAT = 1  # the file's layout; the numbers inside are the engine's (CALIBRATION_VERSION)
 STORE_ENV = "COSPEC_CALIBRATION_DIR"
+# The most other work may take of the CPUs' time while costs are timed for them to be stored; a
+# machine that is never idle (a shared CI runner) may allow more.
+MAX_LOAD_ENV = "COSPEC_CALIBRATION_MAX_LOAD"
+# Calibrations kept in the store (one per pair, machine and settings ever opened); the least
+# recently used go first.
+MAX_STORED = 64
 # Costs are timed after this many context tokens (fewer where the context is small).
 CONTEXT_TOKENS = 64
 # Room a measurement needs beyond its context: its largest verify batch.
@@ -66,6 +79,20 @@ def store_dir() -> Path:
     return Path(cache) / "cospec-local" / "calibration"
 
 
+def max_load() -> float:
+    """The largest share of the CPUs' time other work may take while costs are timed, for them to be stored."""
+    text = os.environ.get(MAX_LOAD_ENV)
+    if text is None:
+        return BUSY_SHARE
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{MAX_LOAD_ENV} must be a share between 0 and 1, not {text!r}")
+    return value
+
+
 def file_identity(path: str | os.PathLike) -> dict:
     """A model file's name, size and a hash of its first and last MiB: cheap on a 40 GB file,
     and another file (or a re-quantized one) differs in its header or tensors' tail."""
@@ -91,6 +118,14 @@ class Calibration:
     measured_at: str = ""
     acceptance_on: str = ""  # what acceptance was measured on ("" : not measured, priors stand)
     extra: dict = field(default_factory=dict)
+    # The share of the CPUs' time other work took while the costs were timed (None: not measured,
+    # off Linux or a file from before it was recorded).
+    other_load: float | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Timed while other work took more of the CPUs than a stored calibration may have."""
+        return self.other_load is not None and self.other_load > max_load()
 
     @property
     def id(self) -> str:
@@ -100,13 +135,15 @@ class Calibration:
 
     def to_json(self) -> dict:
         return {"format": FILE_FORMAT, "id": self.id, "measured_at": self.measured_at, "pair": self.pair,
-                "machine": self.machine, "acceptance_on": self.acceptance_on, "numbers": self.numbers}
+                "machine": self.machine, "acceptance_on": self.acceptance_on, "other_load": self.other_load,
+                "numbers": self.numbers}
 
     def summary(self) -> str:
         n = self.numbers
         verify = n["verify"]
-        parts = [f"calibration {self.id}: a target step {n['target_step_ms']:.2f} ms; verifying 9 / 33 tokens "
-                 f"{verify[8]:.2f} / {verify[32]:.2f} steps"]
+        curve = " / ".join(f"{verify[k - 1]:.2f}" for k in VERIFY_CURVE_TOKENS)
+        parts = [f"calibration {self.id}: a target step {n['target_step_ms']:.2f} ms; verifying "
+                 f"{' / '.join(map(str, VERIFY_CURVE_TOKENS))} tokens {curve} steps"]
         if n["draft_step"] > 0:
             parts.append(f"a draft step {n['draft_step']:.3f} steps")
         if n["draft_acceptance"] >= 0:
@@ -116,7 +153,13 @@ class Calibration:
             parts.append(f"n-gram acceptance by match length {', '.join(measured)}")
         if not self.acceptance_on:
             parts.append("acceptance not measured (priors)")
+        if self.other_load is not None:
+            parts.append(f"other work took {self.other_load:.0%} of the CPUs while timed")
         return "; ".join(parts)
+
+
+# The verify sizes `calibrate` prints (tokens in one target batch: K drafted + 1).
+VERIFY_CURVE_TOKENS = (2, 3, 5, 9, 17, 33)
 
 
 class CalibrationProblem(ValueError):
@@ -161,8 +204,14 @@ def parse(data, pair: dict | None = None, machine: dict | None = None) -> Calibr
     for name, expected in (("pair", pair), ("machine", machine)):
         if expected is not None and data.get(name) != expected:
             raise CalibrationProblem(f"measured for another {name}")
+    load = data.get("other_load")
+    if load is not None:
+        try:
+            load = _finite(load)
+        except CalibrationProblem as exc:
+            raise CalibrationProblem(f"other_load: {exc}") from None
     calibration = Calibration(clean, data.get("pair") or {}, data.get("machine") or {},
-                              str(data.get("measured_at", "")), str(data.get("acceptance_on", "")))
+                              str(data.get("measured_at", "")), str(data.get("acceptance_on", "")), other_load=load)
     if data.get("id") not in (None, calibration.id):
         raise CalibrationProblem("its id does not match its numbers (edited or damaged)")
     return calibration
@@ -170,9 +219,13 @@ def parse(data, pair: dict | None = None, machine: dict | None = None) -> Calibr
 
 def read(path: str | os.PathLike, pair: dict | None = None, machine: dict | None = None) -> Calibration:
     """A stored calibration (CalibrationProblem where it cannot be used; a missing file raises
-    FileNotFoundError)."""
+    FileNotFoundError). Reading it marks it used (the store keeps those used last)."""
     with open(path, "rb") as f:
         raw = f.read(1 << 20)
+    try:
+        os.utime(path)
+    except OSError:
+        pass
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -198,6 +251,36 @@ def write(calibration: Calibration, path: str | os.PathLike) -> None:
         except OSError:
             pass
         raise
+    if path.parent == store_dir():
+        prune_store()
+
+
+def stored_files() -> list[Path]:
+    """The store's calibrations, the least recently used first."""
+    found = []
+    for path in store_dir().glob("*.json"):
+        try:
+            found.append((path.stat().st_mtime, path))
+        except OSError:
+            pass  # (another process pruned it)
+    return [path for _, path in sorted(found)]
+
+
+def prune_store(keep: int = MAX_STORED) -> None:
+    """Delete all but the `keep` calibrations used last."""
+    files = stored_files()
+    for path in files[:max(0, len(files) - keep)]:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def clear_store() -> int:
+    """Delete every stored calibration; how many there were."""
+    files = stored_files()
+    prune_store(keep=0)
+    return len(files)
 
 
 def store_path(pair: dict, machine: dict) -> Path:
@@ -218,11 +301,24 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
 
 
+# Costs are timed at most this many times over while other work keeps the CPUs busy.
+COST_TRIES = 2
+
+
 def measure_costs(engine) -> Calibration:
     """The pair's costs on this machine (seconds for small models; a few verify batches of each
-    size for large ones); acceptance stays unmeasured. The engine's caches are emptied."""
-    numbers = engine._native.measure_costs(_timing_context(engine))
-    return Calibration(numbers, engine.calibration_pair, engine.calibration_machine, _now())
+    size for large ones), timed again where other work took the CPUs meanwhile (the result's busy
+    says whether the last try still found them busy); acceptance stays unmeasured. The engine's
+    caches are emptied."""
+    context = _timing_context(engine)
+    for _ in range(COST_TRIES):
+        with OtherLoad() as load:
+            numbers = engine._native.measure_costs(context)
+        measured = Calibration(numbers, engine.calibration_pair, engine.calibration_machine, _now(),
+                               other_load=load.share)
+        if not measured.busy:
+            break
+    return measured
 
 
 def measure(engine, prompts: Sequence[str | Sequence[int]] | None = None, *, chat: bool | None = None,
@@ -257,7 +353,13 @@ def measure(engine, prompts: Sequence[str | Sequence[int]] | None = None, *, cha
     engine.reset()
     what = "given prompts" if prompts is not None else "built-in prompts"
     return Calibration(numbers, costs.pair, costs.machine, _now(),
-                       f"{len(chosen)} {what}{' (chat)' if chat else ''}, {max_tokens} tokens each")
+                       f"{len(chosen)} {what}{' (chat)' if chat else ''}, {max_tokens} tokens each",
+                       other_load=costs.other_load)
+
+
+def busy_words(calibration: Calibration) -> str:
+    return (f"other work took {calibration.other_load:.0%} of the CPUs while its costs were timed (more than "
+            f"{max_load():.0%}; ${MAX_LOAD_ENV} sets the limit)")
 
 
 def notice(message: str) -> None:

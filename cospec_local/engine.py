@@ -73,7 +73,7 @@ class Engine(ChatMixin, ArbiterCacheMixin):
                  cache_type_k: str | None = None, cache_type_v: str | None = None,
                  cache_type_k_draft: str | None = None, cache_type_v_draft: str | None = None,
                  load_mode: str | None = None, devices: str | None = None, devices_draft: str | None = None,
-                 head: str | os.PathLike | None = None):
+                 head: str | os.PathLike | None = None, repack: bool | None = None):
         """head: a head drafter (an EAGLE-3 head, a DFlash drafter) beside the draft model (one given
         as `draft` is one too, as llama.cpp's -md takes it, and the engine then has no draft model).
         chat_template: a Jinja chat template (or a name: "chatml", "gemma") used instead of the target's own; it
@@ -87,7 +87,9 @@ class Engine(ChatMixin, ArbiterCacheMixin):
         llama.cpp's own loading settings, by its flags' meanings (None: its default): n_ubatch (-ub),
         cache_type_k/v (-ctk/-ctv: "f16", "q8_0", ...) and cache_type_k/v_draft (-ctkd/-ctvd),
         load_mode (-lm: auto, none, mmap, mlock, mmap+mlock, dio), devices and devices_draft (-dev/-devd:
-        device names, or "none")."""
+        device names, or "none"), repack (--repack/--no-repack: llama.cpp's weight repacking for its
+        multi-token CPU kernels; None: the engine's default, on, as in llama.cpp; repacked_bytes says
+        how much each model's process holds)."""
         _cospec.set_llama_log(verbose)
         cancel = threading.Event()  # set by Ctrl-C while loading: the loader stops at its next step
 
@@ -109,7 +111,7 @@ class Engine(ChatMixin, ArbiterCacheMixin):
             n_threads_batch=n_threads_batch, n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
             progress=native_progress, rpc_servers=rpc if isinstance(rpc, str) else ",".join(rpc or ()),
             flash_attn=flash_attn_setting(flash_attn), n_ubatch=n_ubatch,
-            head_path=self.head_path or "", **{name: value or "" for name, value in llama_settings.items()}))
+            head_path=self.head_path or "", repack=repack, **{name: value or "" for name, value in llama_settings.items()}))
         try:
             loading.wait()
         except BaseException:
@@ -136,7 +138,10 @@ class Engine(ChatMixin, ArbiterCacheMixin):
                                     "flash_attn": flash_attn, "rpc": rpc if isinstance(rpc, str) else ",".join(rpc or ()),
                                     # (only where set: calibrations stored before these settings existed still fit)
                                     **{name: value for name, value in {**llama_settings, "n_ubatch": n_ubatch}.items()
-                                       if value}}
+                                       if value},
+                                    # repacked weights run other kernels: another curve of verify costs
+                                    **({"repacked": {**self.repacked_bytes, "kinds": _cospec.repack_buffer_types()}}
+                                       if any(self.repacked_bytes.values()) else {})}
         self.calibration: Calibration | None = None
         try:
             self._take_calibration(calibration)
@@ -164,7 +169,10 @@ class Engine(ChatMixin, ArbiterCacheMixin):
         pair on this machine. Resets the engine."""
         with native_errors():
             measured = calibration_store.measure(self, prompts, chat=chat, max_tokens=max_tokens)
-        if store:
+        if store and measured.busy:
+            calibration_store.notice(f"this calibration is used by this engine and not stored: "
+                                     f"{calibration_store.busy_words(measured)}")
+        elif store:
             calibration_store.write(measured, calibration_store.store_path(self.calibration_pair,
                                                                            self.calibration_machine))
         self.set_calibration(measured)
@@ -191,7 +199,11 @@ class Engine(ChatMixin, ArbiterCacheMixin):
             with native_errors():
                 measured = calibration_store.measure_costs(self)
             self.set_calibration(measured)
-            calibration_store.write(measured, stored)
+            if measured.busy:
+                calibration_store.notice(f"the costs just measured are used by this engine and not stored: "
+                                         f"{calibration_store.busy_words(measured)}")
+            else:
+                calibration_store.write(measured, stored)
         except (CospecError, OSError) as exc:
             calibration_store.notice(f"no calibration: {exc}")
 
@@ -232,6 +244,14 @@ class Engine(ChatMixin, ArbiterCacheMixin):
     def has_draft(self) -> bool:
         with native_errors():
             return self._native.has_draft
+
+    @property
+    def repacked_bytes(self) -> dict:
+        """Bytes of each model's weights llama.cpp repacked at load for its multi-token CPU kernels
+        ({"target": n, "draft": n}): private memory this process holds beside the mapped files (0:
+        repacking off, or no weight of a type with such kernels, e.g. Q4_1 on x86)."""
+        with native_errors():
+            return {"target": self._native.repacked_bytes(0), "draft": self._native.repacked_bytes(1)}
 
     @property
     def head(self) -> str | None:

@@ -250,3 +250,56 @@ def test_two_processes_writing_at_once_leave_a_whole_file(demo_store, tmp_path):
     assert reads > 0
     assert calibration.read(path).numbers["draft_step"] > 0
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_costs_timed_on_a_busy_machine_are_used_but_never_stored(tmp_path, monkeypatch):
+    """Other work on every core while the costs are timed: they are timed again, and where the
+    machine stays busy the engine uses them and stores nothing, saying so in one notice."""
+    monkeypatch.setenv(calibration.STORE_ENV, str(tmp_path))
+    monkeypatch.setenv(calibration.MAX_LOAD_ENV, "0.05")
+    spinners = [multiprocessing.Process(target=_spin, args=(120,)) for _ in range(len(os.sched_getaffinity(0)))]
+    for s in spinners:
+        s.start()
+    try:
+        with pytest.warns(CalibrationNotice) as notices:
+            engine = Engine("demo-target", "demo-draft", n_threads=1)
+    finally:
+        for s in spinners:
+            s.terminate()
+            s.join()
+    with engine:
+        assert engine.calibration is not None and engine.calibration.busy
+        assert engine.calibration.other_load > 0.05
+        assert any("not stored" in str(n.message) and "other work took" in str(n.message) for n in notices)
+        assert not list(tmp_path.glob("*.json"))
+        # measured on a quiet machine, it is stored
+        quiet = engine.calibrate(["[MAX 1 2 ]"], max_tokens=8)
+    assert not quiet.busy and len(list(tmp_path.glob("*.json"))) == 1
+
+
+def test_the_store_keeps_the_calibrations_used_last_and_clears(demo_store, tmp_path, monkeypatch):
+    monkeypatch.setenv(calibration.STORE_ENV, str(tmp_path))
+    (good_path,) = demo_store.glob("demo-target*.json")
+    base = calibration.read(good_path)
+    paths = []
+    for i in range(calibration.MAX_STORED + 5):
+        path = tmp_path / f"pair-{i}.json"
+        calibration.write(calibration.Calibration(base.numbers, base.pair, base.machine, "now"), path)
+        os.utime(path, (1000 + i, 1000 + i))  # used in this order
+        paths.append(path)
+    kept = set(tmp_path.glob("*.json"))
+    assert len(kept) == calibration.MAX_STORED and kept == set(paths[5:])  # the five used longest ago went
+    calibration.read(paths[5])  # used again: now the newest
+    calibration.write(calibration.Calibration(base.numbers, base.pair, base.machine, "now"), tmp_path / "new.json")
+    kept = set(tmp_path.glob("*.json"))
+    assert len(kept) == calibration.MAX_STORED and {paths[5], tmp_path / "new.json"} <= kept
+    assert paths[6] not in kept
+    done = run_cli(["calibrate", "--clear"], tmp_path)
+    assert done.returncode == 0 and f"removed {calibration.MAX_STORED} stored calibrations" in done.stdout
+    assert not list(tmp_path.glob("*.json"))

@@ -692,8 +692,9 @@ def test_shipped_arbiter_reproduces_its_reference_generations(demo_engine, f32_d
     """Each bundled arbiter ships with the generations it made on the first test problems of each
     family (cospec_local/train/ship_arbiter.py): the same text, tokens, provenance and decisions here, and
     the bundle refuses a draft it was not trained for. Where CPU kernels of another family round a
-    near-tie otherwise, the bundle keeps that family's references too (reference.avx2.jsonl)."""
-    from cospec_local.arbiter.file_format import reference_file
+    near-tie otherwise, the bundle keeps that family's references too (reference.avx2.jsonl); they
+    run llama.cpp's plain kernels (REFERENCE_REPACK), as they were recorded."""
+    from cospec_local.arbiter.file_format import REFERENCE_REPACK, reference_file
     from cospec_local.train.ship_arbiter import reference_runs
 
     named = NAMED_ARBITERS[name]
@@ -705,7 +706,8 @@ def test_shipped_arbiter_reproduces_its_reference_generations(demo_engine, f32_d
         assert reference_runs(demo_engine, str(folder), named.reference_tasks, n) == recorded
     else:
         template = named.chat_template.read_text(encoding="utf-8") if named.chat_template else None
-        with Engine(named.target, named.draft, n_ctx=1024, n_threads=2, chat_template=template) as engine:
+        with Engine(named.target, named.draft, n_ctx=1024, n_threads=2, chat_template=template,
+                    repack=REFERENCE_REPACK) as engine:
             assert reference_runs(engine, str(folder), named.reference_tasks, n, named.reference_max_tokens,
                                   chat=named.reference_chat) == recorded
     with Engine(demo_model("target"), f32_draft, n_ctx=512, n_threads=1) as other:

@@ -52,6 +52,10 @@ ADAPTER_FILE = "adapter.gguf"
 ONNX_FILE = "head.onnx"
 INFO_FILE = "info.json"
 REFERENCE_FILE = "reference.jsonl"  # reference generations; reference.avx2.jsonl: the same on AVX2 kernels
+# Reference generations run llama.cpp's plain CPU kernels, weight repacking off: kernels every CPU
+# has, where repacked ones differ by CPU (8x8 blocks on AVX2, AMX tiles on some Intel CPUs) and
+# round other near-ties.
+REFERENCE_REPACK = False
 BUNDLE_FILES = (ARBITER_FILE, ADAPTER_FILE, ONNX_FILE, INFO_FILE)  # what a trained arbiter is made of
 # Where a LoRA arbiter's adapter applies (train/arbiter_model.py explains both); arbiter.gguf's `lora_context`.
 LORA_CONTEXTS = ("draft", "adapter")

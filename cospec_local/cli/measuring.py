@@ -35,13 +35,22 @@ from .options import generation_options, model_options
 @click.option("--no-draft", is_flag=True, help="The target alone (what `--spec-type ngram` runs): its costs and the "
                                                 "n-gram drafter's acceptance.")
 @click.option("--json", "as_json", is_flag=True, help="Print the calibration as JSON, with where it is stored.")
-def calibrate(load, prompts_file, task_families, n_prompts, as_chat, max_tokens, no_draft, as_json):
+@click.option("--clear", is_flag=True, help="Delete every stored calibration (of every pair) and measure nothing; "
+                                             "each pair is measured again when next opened.")
+def calibrate(load, prompts_file, task_families, n_prompts, as_chat, max_tokens, no_draft, as_json, clear):
     """Measure the pair's costs and acceptance on this machine and store them: every later engine of the
     pair here starts its block lengths from them (greedy calls drafting from the first block; sampled
-    and arbiter calls reproducible under the calibration's id)."""
+    and arbiter calls reproducible under the calibration's id). Costs timed while other work took
+    the CPUs are timed again, and not stored where the machine stays busy."""
     from .. import calibration as calibration_store
     from ..evaluation.bench import task_prompts
     from ..models import prompt_style
+
+    if clear:
+        removed = calibration_store.clear_store()
+        click.echo(f"removed {removed} stored calibration{'s' if removed != 1 else ''} from "
+                   f"{calibration_store.store_dir()}")
+        return
 
     if prompts_file and task_families:
         raise click.BadParameter("give either --prompts or --task")
@@ -70,11 +79,13 @@ def calibrate(load, prompts_file, task_families, n_prompts, as_chat, max_tokens,
         except (CospecError, OSError) as exc:
             raise click.ClickException(str(exc)) from None
         path = calibration_store.store_path(engine.calibration_pair, engine.calibration_machine)
+    stored = not measured.busy
     if as_json:
-        click.echo(json.dumps({**measured.to_json(), "path": str(path)}))
+        click.echo(json.dumps({**measured.to_json(), "path": str(path) if stored else None}))
         return
     click.echo(measured.summary())
-    click.echo(f"stored in {path}")
+    click.echo(f"stored in {path}" if stored else f"not stored: {calibration_store.busy_words(measured)}; "
+                                                  f"measure again with nothing else running")
 
 
 RUNS_HELP = ("Comma-separated runs: target-only, draft-only, sps (lossless), ngram (sps from the n-gram drafter "

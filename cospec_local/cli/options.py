@@ -107,6 +107,9 @@ def model_options(fn):
         click.option("--no-mmap", "no_mmap", is_flag=True, help="Read the weights instead of mapping them (-lm none)."),
         click.option("--mlock", "mlock", is_flag=True, help="Keep the weights in RAM (-lm mmap+mlock; with --no-mmap: "
                                                             "mlock)."),
+        click.option("--repack/--no-repack", " /-nr", "repack", default=None,
+                     help="llama.cpp's weight repacking for its multi-token CPU kernels (default: on, as in llama.cpp; "
+                          "each process then holds its own repacked copy of those weights)."),
         click.option("-dev", "--device", "devices", default=None, metavar="DEV[,...]",
                      help="Devices for the target's offloaded layers (a GPU build of llama.cpp; `cospec-local "
                           "devices` lists them), or none: this machine's CPU alone."),
@@ -158,7 +161,7 @@ def llama_settings(kwargs: dict) -> dict:
     Engine takes them; --no-mmap and --mlock (llama.cpp's older spellings) become a load mode."""
     out = {name: kwargs.pop(name) for name in ("n_batch", "n_ubatch", "cache_type_k", "cache_type_v",
                                                "cache_type_k_draft", "cache_type_v_draft", "load_mode", "devices",
-                                               "devices_draft")}
+                                               "devices_draft", "repack")}
     no_mmap, mlock = kwargs.pop("no_mmap"), kwargs.pop("mlock")
     if (no_mmap or mlock) and out["load_mode"] is not None:
         raise click.UsageError("give -lm/--load-mode or --no-mmap/--mlock, not both")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import _cospec
-from ..arbiter.file_format import BUNDLE_FILES, REFERENCE_FILE, kernel_reference_file
+from ..arbiter.file_format import BUNDLE_FILES, REFERENCE_FILE, REFERENCE_REPACK, kernel_reference_file
 from ..engine import Engine
 from ..params import GenerationParams
 from ..evaluation.task_eval import task_draft_prompt, task_prompt
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
             shutil.copyfile(args.arbiter / name, args.out / name)
     template = args.chat_template_file.read_text(encoding="utf-8") if args.chat_template_file else None
     with Engine(args.model, args.model_draft, n_ctx=1024, n_threads=args.threads, chat_template=template,
-                calibration=None) as engine:
+                calibration=None, repack=REFERENCE_REPACK) as engine:
         rows = reference_runs(engine, str(args.out), comma_list(args.tasks), args.n,
                               max_tokens=args.max_tokens, chat=args.chat)
     name = kernel_reference_file(_cospec.system_info()) if args.this_cpu else REFERENCE_FILE

@@ -116,7 +116,8 @@ struct cospec_engine_params {
     int32_t n_threads_batch;     // threads for prompt processing and verification (0 = n_threads)
     int32_t n_gpu_layers_target; // layers to offload (-1 = all); only with a GPU build of llama.cpp
     int32_t n_gpu_layers_draft;
-    bool    use_extra_buffers;   // let llama.cpp repack weights for CPU-specific kernels (AMX, ...); default false
+    bool    use_extra_buffers;   // llama.cpp's weight repacking for its CPU kernels (-nr/--no-repack turns it off);
+                                 // default true, as in llama.cpp (cospec_repack_buffer_types)
     int32_t flash_attn;          // enum cospec_flash_attn; default COSPEC_FLASH_ATTN_CPU_OFF
     // "HOST:PORT[,HOST:PORT...]": put the target's offloaded layers (n_gpu_layers_target) on these
     // llama.cpp RPC servers (a build with GGML_RPC=on; see cospec_rpc_server_run); NULL or "": none.
@@ -148,6 +149,14 @@ struct cospec_engine_params {
 
 struct cospec_engine_params cospec_engine_default_params(void);
 
+// llama.cpp's CPU weight repacking (use_extra_buffers): at load it copies the weights it has
+// multi-token kernels for (Q4_0, Q4_K, IQ4_NL on x86; AMX's layouts on Intel CPUs with AMX) into
+// interleaved layouts, held in private memory. The kinds this process offers, comma-separated
+// ("CPU_REPACK", "AMX,CPU_REPACK"; "" where this CPU has none), and why a kind was left out (""
+// where none was): AMX is tried once in a child process and left out where its tiles do not run.
+const char * cospec_repack_buffer_types(void);
+const char * cospec_repack_note(void);
+
 // The devices this build of llama.cpp can offload to, as -dev names them ("CUDA0, Metal, ..."),
 // comma-separated; "" on a CPU-only build.
 const char * cospec_device_names(void);
@@ -168,6 +177,9 @@ void    cospec_engine_free(cospec_engine * engine);
 void cospec_engine_abort(cospec_engine * engine);
 
 bool    cospec_engine_has_draft(const cospec_engine * engine);
+// Bytes of the target's (which = 0) or draft's (1) weights that llama.cpp repacked at load: private
+// memory each process holds beside the mapped file (0 without repacking, or where none applied).
+int64_t cospec_engine_repacked_bytes(const cospec_engine * engine, int32_t which);
 // The engine's head drafter: "eagle3" or "dflash" (head_path, or a draft_path that was an EAGLE-3 head
 // or a DFlash drafter and is then no draft model), "mtp" (the target carries multi-token-prediction
 // layers and no head file was given) or NULL (none).

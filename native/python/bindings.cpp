@@ -36,6 +36,10 @@ PYBIND11_MODULE(_cospec, m) {
     m.def("device_names", [] { return std::string(cospec_device_names()); },
           "The devices this llama.cpp build offloads to, as -dev names them (comma-separated; '' on a CPU build).");
     m.def("supports_gpu_offload", &cospec_supports_gpu_offload);
+    m.def("repack_buffer_types", [] { return std::string(cospec_repack_buffer_types()); },
+          "llama.cpp's kinds of repacked CPU weights in this process, comma-separated ('' where this CPU has none).");
+    m.def("repack_note", [] { return std::string(cospec_repack_note()); },
+          "Why a kind of repacked weights was left out ('' where none was: AMX where its tiles do not run).");
     m.def("supports_rpc", &cospec_supports_rpc);
     // Blocks for the life of the process (the GIL released); raises if the server cannot start.
     m.def("rpc_server_run", [](const std::string & host, int32_t port, int32_t n_threads, std::optional<std::string> cache_dir) {

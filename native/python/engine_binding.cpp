@@ -134,9 +134,13 @@ cospec_generate_params with_request(const cospec_generate_params & base, const s
 
 Engine::Engine(const std::string & target_path, std::optional<std::string> draft_path, int32_t n_ctx, int32_t n_batch,
        int32_t n_threads, int32_t n_threads_batch, int32_t n_gpu_layers, int32_t n_gpu_layers_draft, py::object progress,
-       const std::string & rpc_servers, std::optional<int32_t> flash_attn, int32_t n_ubatch, const text_settings & text) {
+       const std::string & rpc_servers, std::optional<int32_t> flash_attn, int32_t n_ubatch, const text_settings & text,
+       std::optional<bool> repack) {
     cospec_engine_params p = cospec_engine_default_params();
     p.n_ubatch = n_ubatch;
+    if (repack) {
+        p.use_extra_buffers = *repack;
+    }
     p.cache_type_k = text.cache_type_k.c_str();
     p.cache_type_v = text.cache_type_v.c_str();
     p.cache_type_k_draft = text.cache_type_k_draft.c_str();
@@ -336,19 +340,21 @@ void bind_engine(py::module_ & m) {
                          py::object progress, const std::string & rpc_servers, std::optional<int32_t> flash_attn,
                          int32_t n_ubatch, std::string cache_type_k, std::string cache_type_v, std::string cache_type_k_draft,
                          std::string cache_type_v_draft, std::string load_mode, std::string devices, std::string devices_draft,
-                         std::string head_path) {
+                         std::string head_path, std::optional<bool> repack) {
                  return std::make_unique<Engine>(target_path, draft_path, n_ctx, n_batch, n_threads, n_threads_batch,
                                                  n_gpu_layers, n_gpu_layers_draft, progress, rpc_servers, flash_attn, n_ubatch,
                                                  Engine::text_settings {cache_type_k, cache_type_v, cache_type_k_draft,
                                                                         cache_type_v_draft, load_mode, devices, devices_draft,
-                                                                        head_path});
+                                                                        head_path},
+                                                 repack);
              }),
              py::arg("target_path"), py::arg("draft_path") = py::none(), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512,
              py::arg("n_threads") = 0, py::arg("n_threads_batch") = 0, py::arg("n_gpu_layers") = -1,
              py::arg("n_gpu_layers_draft") = -1, py::arg("progress") = py::none(), py::arg("rpc_servers") = "",
              py::arg("flash_attn") = py::none(), py::arg("n_ubatch") = 0, py::arg("cache_type_k") = "",
              py::arg("cache_type_v") = "", py::arg("cache_type_k_draft") = "", py::arg("cache_type_v_draft") = "",
-             py::arg("load_mode") = "", py::arg("devices") = "", py::arg("devices_draft") = "", py::arg("head_path") = "")
+             py::arg("load_mode") = "", py::arg("devices") = "", py::arg("devices_draft") = "", py::arg("head_path") = "",
+             py::arg("repack") = py::none())
         .def("close", [](Engine & e) { e.close(); })
         .def("abort", [](Engine & e) { cospec_engine_abort(e.handle); })
         .def("reset", [](Engine & e) {
@@ -362,6 +368,8 @@ void bind_engine(py::module_ & m) {
         })
         .def_property_readonly("closed", [](const Engine & e) { return e.handle == nullptr; })
         .def_property_readonly("has_draft", [](const Engine & e) { return cospec_engine_has_draft(e.get()); })
+        .def("repacked_bytes", [](const Engine & e, int32_t which) { return cospec_engine_repacked_bytes(e.get(), which); },
+             py::arg("which"))
         .def_property_readonly("head", [](const Engine & e) -> py::object {
             const char * kind = cospec_engine_head(e.get());
             return kind != nullptr ? py::object(py::str(kind)) : py::object(py::none());

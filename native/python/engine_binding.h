@@ -21,7 +21,8 @@ class Engine {
 
     Engine(const std::string & target_path, std::optional<std::string> draft_path, int32_t n_ctx, int32_t n_batch,
            int32_t n_threads, int32_t n_threads_batch, int32_t n_gpu_layers, int32_t n_gpu_layers_draft, py::object progress,
-           const std::string & rpc_servers, std::optional<int32_t> flash_attn, int32_t n_ubatch, const text_settings & text);
+           const std::string & rpc_servers, std::optional<int32_t> flash_attn, int32_t n_ubatch, const text_settings & text,
+           std::optional<bool> repack);
 
     ~Engine() { close(true); }
 

@@ -8,6 +8,7 @@
 #include "../src/ngram_drafter.h"
 #include "../src/text_bridge.h"
 #include "../src/text_stream.h"
+#include "../src/weight_repacking.h"
 
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
@@ -87,6 +88,8 @@ PYBIND11_MODULE(_cospec_internals, m) {
                  const bool dt = cospec::texts_round_trip(llama_model_get_vocab(b.draft), llama_model_get_vocab(b.target), why_dt);
                  return py::make_tuple(td && dt, td ? why_dt : why_td);
              });
+    // AMX's trial in a child process (weight_repacking.cpp), with or without the kernel's permission.
+    m.def("amx_trial", &cospec::amx_trial, py::arg("ask_permission") = true);
     m.def("utf8_complete_end", [](const py::bytes & b) {
         const std::string s(b);
         return cospec::utf8_complete_end(s, s.size());

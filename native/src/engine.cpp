@@ -7,6 +7,7 @@
 #include "gguf.h"
 #include "rpc.h"
 #include "text_bridge.h"
+#include "weight_repacking.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -499,8 +500,10 @@ static int32_t load_model(const cospec_engine_params & p, cospec_engine & e, int
     }
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = which == 0 ? p.n_gpu_layers_target : p.n_gpu_layers_draft;
-    // Weight repacking into extra buffer types: its AMX kernels crash on some
-    // CPUs in this llama.cpp version, so it is opt-in.
+    // llama.cpp's weight repacking, on by default as in llama.cpp (AMX only where it runs).
+    if (p.use_extra_buffers) {
+        cospec::prepare_weight_repacking();
+    }
     mp.use_extra_bufts = p.use_extra_buffers;
     mp.load_mtp = load_mtp; // the target's multi-token-prediction layers, for its head drafter
     mp.load_mode = e.load_mode;
@@ -773,7 +776,7 @@ cospec_engine_params cospec_engine_default_params(void) {
     p.n_gpu_layers_target = -1;
     p.n_gpu_layers_draft = -1;
     p.n_ubatch = 0;
-    p.use_extra_buffers = false;
+    p.use_extra_buffers = true;
     p.flash_attn = COSPEC_FLASH_ATTN_CPU_OFF;
     p.cache_type_k = nullptr;
     p.cache_type_v = nullptr;
@@ -913,6 +916,8 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
                 return st;
             }
         }
+        e->repacked_bytes[0] = cospec::repacked_model_bytes(e->target.ctx);
+        e->repacked_bytes[1] = cospec::repacked_model_bytes(e->draft.ctx);
         if (eagle3 || dflash || target_heads.n_nextn > 0) {
             const llama_context_params cp = context_params(*params, *e, e->target.flash_attn);
             llama_model * own = head_model.model;
@@ -958,6 +963,20 @@ void cospec_engine_reset(cospec_engine * engine) {
     engine->head.clear();
     // A reset may follow an abort of the generation it replaced: the engine is ready again.
     engine->abort_flag.store(false);
+}
+
+int64_t cospec_engine_repacked_bytes(const cospec_engine * engine, int32_t which) {
+    return engine != nullptr && (which == 0 || which == 1) ? engine->repacked_bytes[which] : 0;
+}
+
+const char * cospec_repack_buffer_types(void) {
+    init_backend();
+    return cospec::repack_buffer_types().c_str();
+}
+
+const char * cospec_repack_note(void) {
+    init_backend();
+    return cospec::repack_note().c_str();
 }
 
 bool cospec_engine_has_draft(const cospec_engine * engine) {

@@ -81,7 +81,9 @@ struct cospec_engine {
     std::string draft_path;
     // How the draft was loaded: a LoRA arbiter's folded copy of it is loaded the same way.
     int32_t draft_gpu_layers = 0;
-    bool draft_extra_buffers = false;
+    bool draft_extra_buffers = true;
+    // Bytes of each model's weights llama.cpp repacked at load (0 target, 1 draft): private memory.
+    int64_t repacked_bytes[2] = {0, 0};
     // llama.cpp's loading and cache settings, resolved once from cospec_engine_params, by model
     // (0 target, 1 draft): a LoRA arbiter's folded draft and its context take the draft's.
     llama_load_mode load_mode = LLAMA_LOAD_MODE_AUTO;

@@ -1,0 +1,86 @@
+"""llama.cpp's CPU weight repacking, on by default as in llama.cpp: what each model's process holds
+repacked, the flag and parameter that turn it off, AMX's trial in a child process, and the
+calibration store keyed by it."""
+import platform
+import subprocess
+import sys
+
+import gguf
+import pytest
+
+from cospec_local import Engine, _cospec, _cospec_internals
+from cospec_local.models import resolve_model
+
+CLI = [sys.executable, "-m", "cospec_local.cli"]
+X86_LINUX = platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
+# The kinds llama.cpp's repacking covers on x86 without AMX (ggml-cpu/repack.cpp); Q2_K with AVX-512.
+X86_REPACKED = {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"}
+needs_repack = pytest.mark.skipif("CPU_REPACK" not in _cospec.repack_buffer_types(),
+                                  reason="this CPU has no repacked kernels")
+
+
+def repackable_bytes(path) -> int:
+    system = _cospec.system_info()
+    kinds = X86_REPACKED | ({"Q2_K"} if "AVX512 = 1" in system else set())
+    return sum(int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors
+               if t.tensor_type.name in kinds and len(t.shape) == 2 and t.name != "token_embd.weight")
+
+
+@needs_repack
+def test_repacking_is_on_by_default_and_off_when_asked():
+    gemma = resolve_model("gemma3-270m")  # Q4_K_M: its Q4_K tensors have repacked kernels
+    with Engine(gemma, n_ctx=256, n_threads=1, calibration=None) as engine:
+        repacked = engine.repacked_bytes
+        assert repacked["target"] > 0 and repacked["draft"] == 0
+        if _cospec.repack_buffer_types() == "CPU_REPACK":  # (AMX, where it runs, takes other types too)
+            assert repacked["target"] == repackable_bytes(gemma)
+    with Engine(gemma, n_ctx=256, n_threads=1, calibration=None, repack=False) as engine:
+        assert engine.repacked_bytes == {"target": 0, "draft": 0}
+    # SmolLM2's Q4_1 has no repacked kernel on x86: nothing is copied.
+    if X86_LINUX and "AMX" not in _cospec.repack_buffer_types():
+        with Engine("smollm2-135m", "smollm2-135m-draft", n_ctx=256, n_threads=1, calibration=None) as engine:
+            assert engine.repacked_bytes == {"target": 0, "draft": 0}
+
+
+@needs_repack
+def test_the_flags_reach_llama_cpp():
+    def log(*flags):
+        out = subprocess.run([*CLI, "generate", "-m", "gemma3-270m", "-p", "Hi", "-n", "2", "-t", "1", "--verbose",
+                              "--calibration", "none", *flags], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stderr
+
+    assert "CPU_REPACK model buffer size" in log()
+    assert "CPU_REPACK model buffer size" in log("--repack")
+    for off in ("--no-repack", "-nr"):
+        assert "CPU_REPACK" not in log(off)
+
+
+@pytest.mark.skipif(not X86_LINUX, reason="AMX's trial is Linux's on x86")
+def test_amx_is_tried_in_a_child_and_a_sigill_there_leaves_this_process_running():
+    # Without the kernel's permission for tile state, AMX's first instruction raises SIGILL on any
+    # x86 CPU (the trap of a CPU that has AMX, #UD on one that has not): the trial's child dies, not us.
+    assert "SIGILL" in _cospec_internals.amx_trial(ask_permission=False)
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        has_amx = " amx_tile" in f.read()
+    answer = _cospec_internals.amx_trial()
+    if has_amx:
+        assert answer == "" or "left out" in answer  # a VM may report AMX without running it
+    else:
+        assert answer == "AMX left out: the kernel does not grant this process AMX's tile state"
+    # What llama.cpp loads with here: AMX only where its trial ran.
+    kinds = _cospec.repack_buffer_types().split(",")
+    assert ("AMX" in kinds) == ("AMX" in _cospec.system_info() and has_amx and answer == "")
+
+
+@needs_repack
+def test_a_calibration_is_stored_under_the_kernels_it_timed():
+    gemma = resolve_model("gemma3-270m")
+    with Engine(gemma, n_ctx=256, n_threads=1, calibration=None) as on, \
+            Engine(gemma, n_ctx=256, n_threads=1, calibration=None, repack=False) as off:
+        assert on.calibration_machine["repacked"]["target"] == on.repacked_bytes["target"] > 0
+        assert "repacked" not in off.calibration_machine
+        from cospec_local import calibration
+
+        assert calibration.store_path(on.calibration_pair, on.calibration_machine) != \
+            calibration.store_path(off.calibration_pair, off.calibration_machine)
