@@ -41,6 +41,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--prompts", type=Path, default=REPO / "bench" / "heldout_chat_prompts.txt")
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--no-repack", dest="repack", action="store_false",
+                    help="llama.cpp's plain CPU kernels (default: weight repacking on, as users run it)")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     questions = [q for q in a.prompts.read_text().splitlines() if q.strip()][: a.limit]
@@ -57,7 +59,7 @@ def main(argv=None) -> int:
         same = {n: 0 for n in RUNS}
         proposed = {n: 0 for n in RUNS}
         accepted = {n: 0 for n in RUNS}
-        with Engine(resolve_model(target), resolve_model(draft), n_ctx=2048, n_threads=a.threads,
+        with Engine(resolve_model(target), resolve_model(draft), n_ctx=2048, n_threads=a.threads, repack=a.repack,
                     chat_template=template, draft_chat_template=draft_template) as engine:
             messages = [[{"role": "user", "content": q}] for q in questions]
             prompts = [(engine.render_chat(m), engine.render_draft_chat(m)) for m in messages]

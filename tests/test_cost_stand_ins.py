@@ -99,3 +99,34 @@ def test_ffns_are_widened_only_where_zero_channels_are_known_to_add_nothing(tmp_
     with pytest.raises(ValueError, match="above the model's 1536"):
         widen_ffn(resolve_model("smollm2-135m"), tmp_path / "x.gguf", 1024)
     assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.slow
+def test_extra_blocks_in_a_q4_k_m_mix_keep_the_function_of_smollm2_in_q4_0(tmp_path):
+    """SmolLM2 requantized by llama.cpp to Q4_0, then zero FFN blocks whose gate and up rows are
+    Q4_0 and whose down projection is Q4_K or Q6_K by llama.cpp's Q4_K_M rule: the same greedy
+    tokens, and weights only of those types (every one with repacked kernels on x86 but Q6_K)."""
+    import gguf
+
+    from cospec_local.formats.gguf_edit import add_ffn_blocks, q4_k_m_uses_more_bits
+
+    source = resolve_model("smollm2-135m-q4_0")
+    kinds = {t.tensor_type.name for t in open_gguf(source).tensors if len(t.shape) == 2}
+    assert kinds == {"Q4_0", "Q8_0"}  # (its tied embedding and output falls back to Q8_0: 576-wide rows)
+    padded = add_ffn_blocks(source, tmp_path / "q4-plus8.gguf", 8, 1024, gguf.GGMLQuantizationType.Q4_0,
+                            down_type="q4_k_m")
+    reader = open_gguf(padded)
+    total = block_count(reader)
+    downs = {int(t.name.split(".")[1]): t.tensor_type.name for t in reader.tensors
+             if t.name.endswith("ffn_down.weight") and int(t.name.split(".")[1]) >= 30}
+    assert len(downs) == 8 and total == 38
+    assert downs == {i: "Q6_K" if q4_k_m_uses_more_bits(i, total) else "Q4_K" for i in downs}
+    assert set(downs.values()) == {"Q4_K", "Q6_K"}
+    with Engine(source, None, n_ctx=512, n_threads=2, calibration=None) as real, \
+            Engine(padded, None, n_ctx=512, n_threads=2, calibration=None) as stand_in:
+        for q in QUESTIONS:
+            prompt = real.render_chat([{"role": "user", "content": q}])
+            assert stand_in.generate(prompt, mode="target-only", max_tokens=32).tokens == \
+                real.generate(prompt, mode="target-only", max_tokens=32).tokens
+    with pytest.raises(ValueError, match="576 wide"):
+        add_ffn_blocks(source, tmp_path / "bad.gguf", 1, 256, gguf.GGMLQuantizationType.Q4_K)

@@ -140,8 +140,19 @@ def truncate_layers(src: str | Path, dst: str | Path, n_layers: int) -> Path:
                         add_kv={gguf.Keys.General.NAME: (name, gguf.GGUFValueType.STRING)})
 
 
+def q4_k_m_uses_more_bits(i_layer: int, n_layers: int) -> bool:
+    """llama.cpp's Q4_K_M rule (llama-quant.cpp's use_more_bits) for the blocks whose ffn_down and
+    attn_v it writes in Q6_K instead of Q4_K: the first and last eighth, and every third between."""
+    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
+
+
+# Types an extra block's weights may take: each one's all-zero block is the value 0.
+EXTRA_BLOCK_TYPES = {gguf.GGMLQuantizationType[t] for t in ("Q4_0", "Q8_0", "Q4_K", "Q6_K")}
+
+
 def add_ffn_blocks(src: str | Path, dst: str | Path, n_blocks: int, n_ff: int,
-                   weight_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.Q8_0) -> Path:
+                   weight_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.Q8_0,
+                   down_type: gguf.GGMLQuantizationType | str | None = None) -> Path:
     """Write to `dst` the llama model `src` followed by `n_blocks` feed-forward blocks of width
     `n_ff` whose weights are zero: `src`'s function at a larger per-token cost, a 135M model made
     to read as many bytes per token as a 1B or 8B one, for benchmarks of speculation at realistic
@@ -155,15 +166,23 @@ def add_ffn_blocks(src: str | Path, dst: str | Path, n_blocks: int, n_ff: int,
     the same operations for the original blocks but one: when only some rows' logits are wanted
     (a prompt), the selection of those rows moves from the last original block to the last extra
     one, so that block's FFN runs on every row, which can change the last bits of a prompt's
-    logits. Greedy outputs are tested equal. `weight_type` must be a block format whose all-zero
-    block is the value 0 (Q4_0, Q8_0).
+    logits. Greedy outputs are tested equal. `weight_type` (the gate and up projections) and
+    `down_type` (the down projection; default: weight_type; "q4_k_m": Q4_K or Q6_K block by block,
+    as llama.cpp's Q4_K_M writes a model's ffn_down) must be block formats whose all-zero block is
+    the value 0 (EXTRA_BLOCK_TYPES); a K-quant needs its rows in whole blocks of 256.
     """
     reader = open_gguf(src)
     arch, total = architecture(reader), block_count(reader)
     if arch != "llama":
         raise ValueError(f"only llama models can be extended, not {arch!r}")
-    if weight_type not in (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q8_0):
-        raise ValueError(f"extra blocks are Q4_0 or Q8_0, not {weight_type.name}")
+    q4_k_m_down = isinstance(down_type, str) and down_type.lower() == "q4_k_m"
+    if isinstance(down_type, str) and not q4_k_m_down:
+        raise ValueError(f"down_type is a weight type or 'q4_k_m', not {down_type!r}")
+    down_types = ({gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K} if q4_k_m_down
+                  else {down_type or weight_type})
+    for t in {weight_type} | down_types:
+        if t not in EXTRA_BLOCK_TYPES:
+            raise ValueError(f"extra blocks are {', '.join(sorted(x.name for x in EXTRA_BLOCK_TYPES))}, not {t.name}")
     if n_blocks < 1 or n_ff < 256 or n_ff % 256:
         raise ValueError(f"need n_blocks >= 1 and n_ff a positive multiple of 256, got {n_blocks}, {n_ff}")
     experts = reader.get_field(f"{arch}.expert_count")
@@ -179,6 +198,9 @@ def add_ffn_blocks(src: str | Path, dst: str | Path, n_blocks: int, n_ff: int,
     if any(isinstance(v, list) for v in values.values()):
         raise ValueError("models with per-block head counts or FFN lengths are not supported")
     n_embd = values["embedding_length"]
+    if weight_type.name.endswith("_K") and n_embd % 256:
+        raise ValueError(f"{weight_type.name} needs rows of whole 256-value blocks; the gate and up rows are "
+                         f"{n_embd} wide (use Q4_0 there)")
     extra = {"feed_forward_length": n_ff, "attention.head_count": 0, "attention.head_count_kv": 0}
     new_arch = "deci"
 
@@ -201,17 +223,22 @@ def add_ffn_blocks(src: str | Path, dst: str | Path, n_blocks: int, n_ff: int,
     add_kv[gguf.Keys.General.NAME] = (f"{old.contents() if old else Path(src).stem} (+{n_blocks} zero FFN blocks "
                                       f"of {n_ff}: same function, larger per-token cost)", gguf.GGUFValueType.STRING)
 
-    block, type_size = gguf.GGML_QUANT_SIZES[weight_type]
-
-    def zeros(n_in: int, n_out: int) -> np.ndarray:  # numpy order of a raw quantized tensor: a row of bytes per output
+    def zeros(n_in: int, n_out: int, kind) -> np.ndarray:  # numpy order of a raw quantized tensor: a row of bytes per output
+        block, type_size = gguf.GGML_QUANT_SIZES[kind]
         return np.zeros((n_out, n_in // block * type_size), dtype=np.uint8)
+
+    def down_type_of(i: int):
+        if not q4_k_m_down:
+            return down_type or weight_type
+        more = q4_k_m_uses_more_bits(i, total + n_blocks)
+        return gguf.GGMLQuantizationType.Q6_K if more else gguf.GGMLQuantizationType.Q4_K
 
     def extra_tensors():
         for i in range(total, total + n_blocks):
             yield f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32), None
-            yield f"blk.{i}.ffn_gate.weight", zeros(n_embd, n_ff), weight_type
-            yield f"blk.{i}.ffn_up.weight", zeros(n_embd, n_ff), weight_type
-            yield f"blk.{i}.ffn_down.weight", zeros(n_ff, n_embd), weight_type
+            yield f"blk.{i}.ffn_gate.weight", zeros(n_embd, n_ff, weight_type), weight_type
+            yield f"blk.{i}.ffn_up.weight", zeros(n_embd, n_ff, weight_type), weight_type
+            yield f"blk.{i}.ffn_down.weight", zeros(n_ff, n_embd, down_type_of(i)), down_type_of(i)
 
     return rewrite_gguf(reader, dst, kv_edit, add_kv=add_kv, add_tensors=extra_tensors(), arch=new_arch)
 
