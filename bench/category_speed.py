@@ -88,7 +88,9 @@ def main(argv=None) -> int:
     with Engine(target, draft, n_threads=a.threads) as engine:
         rendered = [engine.render_chat(p["messages"], add_generation_prompt=True) for p in chosen]
         # As text both programs tokenize with their BOS added and special tokens parsed: the template's BOS goes.
-        texts = [engine.detokenize(r[1:] if r[:1] == [engine.bos] else r, render_special=True) for r in rendered]
+        added = engine.tokenize("", add_special=True)  # [BOS] where the target's tokenizer adds one
+        texts = [engine.detokenize(r[len(added):] if added and r[:len(added)] == added else r, render_special=True)
+                 for r in rendered]
         numbers = engine.calibration.numbers if engine.calibration is not None else None
         calibration_id = engine.calibration_id
     common = ["-m", a.model, "-n", str(a.n), "--ignore-eos", "-t", str(a.threads)]
@@ -121,7 +123,8 @@ def main(argv=None) -> int:
         drafted, accepted, blocks = (sum(r[k] for r in rs) for k in ("drafted", "accepted", "blocks"))
         acceptance = accepted / drafted if drafted else 0.0
         speed = geomean([r["spec_tps"] / r["target_only_tps"] for r in rs])
-        ceiling = best_block(numbers, acceptance)[0] if numbers and numbers["draft_step"] > 0 else None
+        # (plain steps where no block length pays: 1.0x)
+        ceiling = max(1.0, best_block(numbers, acceptance)[0]) if numbers and numbers["draft_step"] > 0 else None
         llama_speed = {k: geomean([r["llama"][k]["tps"] / r["target_only_tps"] for r in rs]) for k in rs[0]["llama"]}
         best = max(llama_speed, key=llama_speed.get) if llama_speed else None
         summary[c] = {"prompts": len(rs), "spec_over_target_only": speed, "acceptance": acceptance,
@@ -179,3 +182,7 @@ def plot(summary: dict, path: Path, title: str) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -71,8 +71,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     binary = build_llama_bench(a.llama_bin)
     heads = " / ".join(str(n) for n in BATCHES)
-    lines = [f"Verify costs in single-token steps, {heads} tokens; {a.threads} threads",
-             "",
+    cmd = command("verify_curves.py", argv)
+    lines = [f"# Verify costs in single-token steps, {heads} tokens; {a.threads} threads", "", f"`{' '.join(cmd)}`", "",
              f"| model | repacking | repacked MB | engine: ms a token | engine: {heads} (every row's logits) | "
              f"llama-bench: ms a token | llama-bench: {heads} (last row's) |",
              "|---|---|---|---|---|---|---|"]
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
                 lines.append(f"| {name} | {'on' if repack else 'off'} | {ours['repacked_bytes'] / 2**20:.0f} | "
                              f"{ours['step_ms']:.1f} | {' / '.join(f'{v:.2f}' for v in ours['verify'].values())} | "
                              f"{theirs['step_ms']:.1f} | {' / '.join(f'{v:.2f}' for v in theirs['verify'].values())} |")
-    report(lines, command("verify_curves.py", argv), a.out, load.share, threads=a.threads, batches=list(BATCHES),
+    report(lines, cmd, a.out, load.share, threads=a.threads, batches=list(BATCHES),
            rows=rows)
     return 0
 

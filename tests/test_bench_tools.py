@@ -294,6 +294,41 @@ def test_verify_curves_run_the_engine_and_llama_bench_with_repacking_on_and_off(
 
 
 @pytest.mark.slow
+def test_repacked_identity_judges_each_difference(tmp_path):
+    out = tmp_path / "identity"
+    bench("repacked_identity.py", "-m", "gemma3-270m", "-md", "smollm2-135m", "--chat-template", "gemma",
+          "--limit", 2, "-n", 16, "-t", 2, "--out", out, timeout=600)
+    record = json.loads((out / "results.json").read_text())
+    assert len(record["rows"]) == 2 and record["repacked_bytes"] > 0
+    for name, s in record["summary"].items():
+        rows = [r[name] for r in record["rows"]]
+        assert s["identical"] == sum(r["at"] is None for r in rows)
+        assert s["near_ties"] + s["other"] == sum(r["at"] is not None for r in rows)
+
+
+@pytest.mark.slow
+def test_category_speed_runs_fresh_processes_and_llama_cpp_per_category(tmp_path):
+    """bench/category_speed.py: per category, target-only and the engine's default sources in fresh
+    processes beside llama-speculative-simple, through the chat template; its summary is its rows'."""
+    out = tmp_path / "categories"
+    bench("category_speed.py", "-m", "smollm2-135m", "-md", "smollm2-135m-draft", "--categories", "math,translation",
+          "--limit", 1, "-n", 12, "-t", 2, "--llama-types", "draft-simple,ngram-mod", "--llama-bin", tmp_path / "bin",
+          "--out", out, timeout=900)
+    record = json.loads((out / "results.json").read_text())
+    assert [r["category"] for r in record["rows"]] == ["math", "translation"]
+    for row in record["rows"]:
+        assert row["target_only_tps"] > 0 and row["spec_tps"] > 0 and row["drafted"] >= row["accepted"] >= 0
+        assert set(row["llama"]) == {"draft-simple@default", "ngram-mod@default", "draft-simple@4", "ngram-mod@4"}
+        assert all(v["tps"] > 0 for v in row["llama"].values())
+    math = record["summary"]["math"]
+    (row,) = [r for r in record["rows"] if r["category"] == "math"]
+    assert math["spec_over_target_only"] == pytest.approx(row["spec_tps"] / row["target_only_tps"])
+    assert math["acceptance"] == pytest.approx(row["accepted"] / row["drafted"] if row["drafted"] else 0.0)
+    assert math["ceiling"] >= 1.0
+    assert (out / "results.png").stat().st_size > 1000 and "| math |" in (out / "results.md").read_text()
+
+
+@pytest.mark.slow
 def test_fresh_process_runs_each_reply_in_its_own_process(tmp_path):
     """bench/fresh_process.py: target-only and speculative `generate` processes per prompt, sampled
     replies run twice to check their seed reproduces them, llama.cpp's kind beside; the ratios are

@@ -2,6 +2,7 @@
 repacked, the flag and parameter that turn it off, AMX's trial in a child process, and the
 calibration store keyed by it."""
 import platform
+from pathlib import Path
 import subprocess
 import sys
 
@@ -115,3 +116,34 @@ def test_under_repacked_kernels_speculation_leaves_target_only_only_at_near_ties
                 assert row.max() - row[drafted.tokens[at]] < 0.5 and row.max() - row[plain.tokens[at]] < 0.5, (prompt, k)
                 assert len(np.flatnonzero(row > row.max() - 0.5)) >= 2
     assert differing < 2 * len(prompts)  # most replies stay target-only's token for token
+
+
+def mapped_resident_bytes(path) -> int:
+    """This process's resident bytes of its mappings of `path` (/proc/self/smaps)."""
+    real, total, inside = str(Path(path).resolve()), 0, False
+    with open("/proc/self/smaps", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                inside = len(head) >= 6 and head[5] == real
+            elif inside and line.startswith("Rss:"):
+                total += int(head[1]) * 1024
+    return total
+
+
+@needs_repack
+@pytest.mark.skipif(not X86_LINUX, reason="smaps and Q4_0's repacked kernels on x86")
+def test_a_repacked_model_does_not_keep_its_originals_resident():
+    """llama.cpp reads the weights it repacks from the mapped file and leaves those pages mapped: the
+    engine drops them after load, so a model is not resident twice (its copy and its originals)."""
+    model = resolve_model("smollm2-135m-q4_0")  # Q4_0 blocks (repacked), a Q8_0 embedding and output
+    size = model.stat().st_size
+    with Engine(model, n_ctx=256, n_threads=1, calibration=None) as engine:
+        engine.generate("The capital of France is", max_tokens=8)
+        repacked = engine.repacked_bytes["target"]
+        assert repacked > size // 2
+        # what stays is the Q8_0 embedding and output in use (a third of the file), not the originals
+        assert mapped_resident_bytes(model) < size * 0.6
+    with Engine(model, n_ctx=256, n_threads=1, calibration=None, repack=False) as engine:
+        engine.generate("The capital of France is", max_tokens=8)
+        assert mapped_resident_bytes(model) > size * 0.9  # every weight runs from the mapping

@@ -918,6 +918,12 @@ int32_t cospec_engine_open(const cospec_engine_params * params, cospec_engine **
         }
         e->repacked_bytes[0] = cospec::repacked_model_bytes(e->target.ctx);
         e->repacked_bytes[1] = cospec::repacked_model_bytes(e->draft.ctx);
+        const bool mapped = e->load_mode == LLAMA_LOAD_MODE_AUTO || e->load_mode == LLAMA_LOAD_MODE_MMAP;
+        for (int which = 0; which < 2 && mapped; ++which) {
+            if (e->repacked_bytes[which] > 0) {
+                cospec::release_mapped_pages(which == 0 ? params->target_path : params->draft_path);
+            }
+        }
         if (eagle3 || dflash || target_heads.n_nextn > 0) {
             const llama_context_params cp = context_params(*params, *e, e->target.flash_attn);
             llama_model * own = head_model.model;

@@ -18,6 +18,13 @@
 #include <mutex>
 #include <string>
 
+#if defined(__linux__)
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <sys/mman.h>
+#endif
+
 #if defined(__linux__) && defined(__x86_64__)
 #include <csignal>
 #include <sys/resource.h>
@@ -157,6 +164,39 @@ const std::string & repack_buffer_types() {
 const std::string & repack_note() {
     prepare_weight_repacking();
     return g_note;
+}
+
+void release_mapped_pages(const char * path) {
+#if defined(__linux__)
+    char resolved[PATH_MAX];
+    if (path == nullptr || realpath(path, resolved) == nullptr) {
+        return;
+    }
+    std::FILE * maps = std::fopen("/proc/self/maps", "r");
+    if (maps == nullptr) {
+        return;
+    }
+    char line[PATH_MAX + 256];
+    while (std::fgets(line, sizeof line, maps) != nullptr) {
+        unsigned long start = 0, end = 0;
+        char perms[8] = {};
+        int name_at = 0;
+        if (std::sscanf(line, "%lx-%lx %7s %*s %*s %*s %n", &start, &end, perms, &name_at) < 3 || name_at == 0) {
+            continue;
+        }
+        std::string name(line + name_at);
+        while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) {
+            name.pop_back();
+        }
+        // read-only mappings of the file alone: llama.cpp maps its weights so
+        if (name == resolved && perms[1] == '-') {
+            madvise(reinterpret_cast<void *>(start), end - start, MADV_DONTNEED);
+        }
+    }
+    std::fclose(maps);
+#else
+    (void) path;
+#endif
 }
 
 int64_t repacked_model_bytes(const llama_context * ctx) {

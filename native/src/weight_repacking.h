@@ -24,6 +24,12 @@ const std::string & repack_note();
 // asked for it): such a child must die with SIGILL on any x86 Linux, which tests the trial itself.
 std::string amx_trial(bool ask_permission = true);
 
+// After a model whose weights were partly repacked loads from a mapping of `path`: this process's
+// mapped pages of that file are dropped (MADV_DONTNEED: clean file pages, read again from the page
+// cache where touched), so that the repacked tensors' originals, never read again, stop counting
+// twice in its resident memory; the weights still used from the mapping come back on first use.
+void release_mapped_pages(const char * path);
+
 // Bytes of ctx's model held in repacked buffers (private copies beside the mapped file).
 int64_t repacked_model_bytes(const llama_context * ctx);
 
