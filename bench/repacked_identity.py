@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     spec = dict(spec_type="draft" if draft else "ngram", adaptive_draft=False, draft_max=a.draft_max)
     rows = []
     with OtherLoad() as load, Engine(target, draft, repack=False, **options) as plain_engine, \
-            Engine(target, draft, **options) as engine:
+            Engine(target, draft, repack=True, **options) as engine:
         repacked = engine.repacked_bytes["target"]
         for q in questions:
             prompt = engine.render_chat([{"role": "user", "content": q}])

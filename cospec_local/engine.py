@@ -39,6 +39,25 @@ from .params import UNTIL_CONTEXT_ENDS, GenerationParams, native_refusal, spec_t
 FLASH_ATTN = {"auto": _cospec.FLASH_ATTN_AUTO, "off": _cospec.FLASH_ATTN_OFF, "on": _cospec.FLASH_ATTN_ON}
 
 
+# llama.cpp's environment variable for --repack / --no-repack (common/arg.cpp), read where neither is
+# given, with llama.cpp's spellings of a boolean.
+REPACK_ENV = "LLAMA_ARG_REPACK"
+_TRUE, _FALSE = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0")
+
+
+def repack_setting(value: bool | None) -> bool | None:
+    """Weight repacking as asked: the value given, else $LLAMA_ARG_REPACK, else None (the engine's
+    default, on)."""
+    if value is not None:
+        return bool(value)
+    text = os.environ.get(REPACK_ENV)
+    if text is None or text == "":
+        return None
+    if text.lower() in _TRUE or text.lower() in _FALSE:
+        return text.lower() in _TRUE
+    raise InvalidArgumentError(f"{REPACK_ENV}={text!r} is not a boolean (on, off, true, false, 1, 0)")
+
+
 def flash_attn_setting(name: str | None) -> int | None:
     if name is None:
         return None
@@ -88,8 +107,8 @@ class Engine(ChatMixin, ArbiterCacheMixin):
         cache_type_k/v (-ctk/-ctv: "f16", "q8_0", ...) and cache_type_k/v_draft (-ctkd/-ctvd),
         load_mode (-lm: auto, none, mmap, mlock, mmap+mlock, dio), devices and devices_draft (-dev/-devd:
         device names, or "none"), repack (--repack/--no-repack: llama.cpp's weight repacking for its
-        multi-token CPU kernels; None: the engine's default, on, as in llama.cpp; repacked_bytes says
-        how much each model's process holds)."""
+        multi-token CPU kernels; None: $LLAMA_ARG_REPACK as llama.cpp reads it, else the engine's
+        default, on, as in llama.cpp; repacked_bytes says how much each model's process holds)."""
         _cospec.set_llama_log(verbose)
         cancel = threading.Event()  # set by Ctrl-C while loading: the loader stops at its next step
 
@@ -111,7 +130,7 @@ class Engine(ChatMixin, ArbiterCacheMixin):
             n_threads_batch=n_threads_batch, n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
             progress=native_progress, rpc_servers=rpc if isinstance(rpc, str) else ",".join(rpc or ()),
             flash_attn=flash_attn_setting(flash_attn), n_ubatch=n_ubatch,
-            head_path=self.head_path or "", repack=repack, **{name: value or "" for name, value in llama_settings.items()}))
+            head_path=self.head_path or "", repack=repack_setting(repack), **{name: value or "" for name, value in llama_settings.items()}))
         try:
             loading.wait()
         except BaseException:

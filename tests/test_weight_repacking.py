@@ -28,7 +28,10 @@ def repackable_bytes(path) -> int:
 
 
 @needs_repack
-def test_repacking_is_on_by_default_and_off_when_asked():
+def test_repacking_is_on_by_default_and_off_when_asked(monkeypatch):
+    from cospec_local.errors import InvalidArgumentError
+
+    monkeypatch.delenv("LLAMA_ARG_REPACK")  # (the suite's plain kernels: conftest.py)
     gemma = resolve_model("gemma3-270m")  # Q4_K_M: its Q4_K tensors have repacked kernels
     with Engine(gemma, n_ctx=256, n_threads=1, calibration=None) as engine:
         repacked = engine.repacked_bytes
@@ -37,24 +40,43 @@ def test_repacking_is_on_by_default_and_off_when_asked():
             assert repacked["target"] == repackable_bytes(gemma)
     with Engine(gemma, n_ctx=256, n_threads=1, calibration=None, repack=False) as engine:
         assert engine.repacked_bytes == {"target": 0, "draft": 0}
+    # llama.cpp's environment variable, where the call gives neither
+    for text, repacked in (("off", False), ("0", False), ("true", True), ("on", True)):
+        monkeypatch.setenv("LLAMA_ARG_REPACK", text)
+        with Engine(gemma, n_ctx=256, n_threads=1, calibration=None) as engine:
+            assert (engine.repacked_bytes["target"] > 0) == repacked, text
+    with Engine(gemma, n_ctx=256, n_threads=1, calibration=None, repack=True) as engine:  # the call wins
+        assert engine.repacked_bytes["target"] > 0
+    monkeypatch.setenv("LLAMA_ARG_REPACK", "sometimes")
+    with pytest.raises(InvalidArgumentError, match="LLAMA_ARG_REPACK='sometimes' is not a boolean"):
+        Engine(gemma, n_ctx=256, n_threads=1, calibration=None)
     # SmolLM2's Q4_1 has no repacked kernel on x86: nothing is copied.
     if X86_LINUX and "AMX" not in _cospec.repack_buffer_types():
-        with Engine("smollm2-135m", "smollm2-135m-draft", n_ctx=256, n_threads=1, calibration=None) as engine:
+        with Engine("smollm2-135m", "smollm2-135m-draft", n_ctx=256, n_threads=1, calibration=None,
+                    repack=True) as engine:
             assert engine.repacked_bytes == {"target": 0, "draft": 0}
 
 
 @needs_repack
 def test_the_flags_reach_llama_cpp():
-    def log(*flags):
-        out = subprocess.run([*CLI, "generate", "-m", "gemma3-270m", "-p", "Hi", "-n", "2", "-t", "1", "--verbose",
-                              "--calibration", "none", *flags], capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-2000:]
-        return out.stderr
+    import json
 
-    assert "CPU_REPACK model buffer size" in log()
-    assert "CPU_REPACK model buffer size" in log("--repack")
+    import os
+
+    def log(*flags):
+        env = {k: v for k, v in os.environ.items() if k != "LLAMA_ARG_REPACK"}  # llama.cpp's default
+        out = subprocess.run([*CLI, "generate", "-m", "gemma3-270m", "-p", "Hi", "-n", "2", "-t", "1", "--verbose",
+                              "--json", "--calibration", "none", *flags], capture_output=True, text=True,
+                             timeout=300, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stderr, json.loads(out.stdout)["models"]["repacked"]
+
+    for on in ((), ("--repack",)):
+        text, repacked = log(*on)
+        assert "CPU_REPACK model buffer size" in text and repacked["target"] > 0  # (the record says so too)
     for off in ("--no-repack", "-nr"):
-        assert "CPU_REPACK" not in log(off)
+        text, repacked = log(off)
+        assert "CPU_REPACK" not in text and repacked == {"target": 0, "draft": 0}
 
 
 @pytest.mark.skipif(not X86_LINUX, reason="AMX's trial is Linux's on x86")
@@ -77,7 +99,7 @@ def test_amx_is_tried_in_a_child_and_a_sigill_there_leaves_this_process_running(
 @needs_repack
 def test_a_calibration_is_stored_under_the_kernels_it_timed():
     gemma = resolve_model("gemma3-270m")
-    with Engine(gemma, n_ctx=256, n_threads=1, calibration=None) as on, \
+    with Engine(gemma, n_ctx=256, n_threads=1, calibration=None, repack=True) as on, \
             Engine(gemma, n_ctx=256, n_threads=1, calibration=None, repack=False) as off:
         assert on.calibration_machine["repacked"]["target"] == on.repacked_bytes["target"] > 0
         assert "repacked" not in off.calibration_machine
@@ -99,7 +121,8 @@ def test_under_repacked_kernels_speculation_leaves_target_only_only_at_near_ties
                "Write a short poem about the sea.", "Explain why the sky is blue in two sentences."]
     gemma, smollm2 = resolve_model("gemma3-270m"), resolve_model("smollm2-135m")
     differing = 0
-    with Engine(gemma, smollm2, n_ctx=1024, n_threads=2, chat_template="gemma", calibration=None) as engine:
+    with Engine(gemma, smollm2, n_ctx=1024, n_threads=2, chat_template="gemma", calibration=None,
+                repack=True) as engine:
         assert engine.repacked_bytes["target"] > 0
         for prompt in prompts:
             tokens = engine.render_chat([{"role": "user", "content": prompt}])
@@ -138,7 +161,7 @@ def test_a_repacked_model_does_not_keep_its_originals_resident():
     engine drops them after load, so a model is not resident twice (its copy and its originals)."""
     model = resolve_model("smollm2-135m-q4_0")  # Q4_0 blocks (repacked), a Q8_0 embedding and output
     size = model.stat().st_size
-    with Engine(model, n_ctx=256, n_threads=1, calibration=None) as engine:
+    with Engine(model, n_ctx=256, n_threads=1, calibration=None, repack=True) as engine:
         engine.generate("The capital of France is", max_tokens=8)
         repacked = engine.repacked_bytes["target"]
         assert repacked > size // 2

@@ -25,7 +25,9 @@ def run_record(engine: Engine, params: GenerationParams, result) -> dict:
     s = result.stats
     return {**result.to_json(),
             "models": {"target": engine.target_path, "draft": engine.draft_path if engine.has_draft else None,
-                       "head": None if engine.head is None else {"kind": engine.head, "path": engine.head_file}},
+                       "head": None if engine.head is None else {"kind": engine.head, "path": engine.head_file},
+                       # bytes of each model's weights llama.cpp repacked (its kernels round near ties their own way)
+                       "repacked": engine.repacked_bytes},
             "spec_type": params.spec_type if params.mode == "speculative" else None,
             "blocks_by_source": {"ngram": s.blocks_ngram, "head": s.blocks_head,
                                  "draft": s.blocks - s.blocks_ngram - s.blocks_head}}

@@ -108,8 +108,8 @@ def model_options(fn):
         click.option("--mlock", "mlock", is_flag=True, help="Keep the weights in RAM (-lm mmap+mlock; with --no-mmap: "
                                                             "mlock)."),
         click.option("--repack/--no-repack", " /-nr", "repack", default=None,
-                     help="llama.cpp's weight repacking for its multi-token CPU kernels (default: on, as in llama.cpp; "
-                          "each process then holds its own repacked copy of those weights)."),
+                     help="llama.cpp's weight repacking for its multi-token CPU kernels (default: on, as in llama.cpp, "
+                          "or $LLAMA_ARG_REPACK; each process then holds its own repacked copy of those weights)."),
         click.option("-dev", "--device", "devices", default=None, metavar="DEV[,...]",
                      help="Devices for the target's offloaded layers (a GPU build of llama.cpp; `cospec-local "
                           "devices` lists them), or none: this machine's CPU alone."),

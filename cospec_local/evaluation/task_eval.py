@@ -322,7 +322,8 @@ def evaluate(engine: Engine, problems: Sequence[Problem], runs: Sequence[Run], s
     if out_dir is not None:
         # Every machine that ran records (a run resumed on another machine goes on: sessions end).
         # (with the pair's calibration there, which sets the block lengths of arbiter and sampled runs)
-        here = {**machine_identity(), "calibration": engine.calibration_id}
+        # (and the weights llama.cpp repacked there, whose kernels round near ties their own way)
+        here = {**machine_identity(), "calibration": engine.calibration_id, "repacked": engine.repacked_bytes}
         if todo and here not in config["machines"]:
             config["machines"].append(here)
         write_atomic(config_path, json.dumps(config, indent=1))

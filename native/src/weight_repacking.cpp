@@ -62,6 +62,14 @@ constexpr int XFEATURE_XTILEDATA = 18;
 [[noreturn]] void touch_amx_tiles_and_exit(bool ask_permission) {
     const rlimit no_core {0, 0};
     setrlimit(RLIMIT_CORE, &no_core); // a SIGILL here is an answer, not a crash to keep
+    // ... and the parent's handlers (Python's faulthandler, a crash reporter) must not report it
+    struct sigaction plain {};
+    plain.sa_handler = SIG_DFL;
+    sigaction(SIGILL, &plain, nullptr);
+    sigset_t ill;
+    sigemptyset(&ill);
+    sigaddset(&ill, SIGILL);
+    sigprocmask(SIG_UNBLOCK, &ill, nullptr);
     if (ask_permission && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) {
         _exit(3);
     }
