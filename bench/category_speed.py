@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from collections import defaultdict
@@ -28,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
 from fresh_process import generate  # noqa: E402
-from ngram_vs_llama_cpp import build_speculative_simple, geomean  # noqa: E402
+from ngram_vs_llama_cpp import build_speculative_simple, geomean, run_speculative_simple  # noqa: E402
 from results_report import command, report  # noqa: E402
 from speed_ceiling import best_block  # noqa: E402
 
@@ -40,23 +39,15 @@ def read_suite(path: Path) -> list[dict]:
 def run_llama(binary: Path, target: Path, draft: Path | None, prompt: str, kind: str, n: int, threads: int,
               draft_max: int | None) -> dict:
     """llama-speculative-simple at its defaults but the block length asked: speed and counts."""
-    import subprocess
-
-    args = [str(binary), "-m", str(target), "-p", prompt, "--spec-type", kind, "-n", str(n), "--temp", "0",
-            "--top-k", "1", "--ignore-eos", "-t", str(threads), "-td", str(threads), "-c", "4096"]
+    args = ["-m", str(target), "-p", prompt, "--spec-type", kind, "-n", str(n), "--temp", "0", "--top-k", "1",
+            "--ignore-eos", "-t", str(threads), "-td", str(threads), "-c", "4096"]
     if draft is not None and kind.startswith("draft"):
         args += ["-md", str(draft)]
     if draft_max is not None:
         args += ["--spec-draft-n-max", str(draft_max)]
-    out = subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=1800)
-    text = out.stdout + out.stderr
-    speed = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", text)
-    counts = {k: int(v) for k, v in re.findall(r"(n_predict|n_drafted|n_accept)\s+=\s+(\d+)", text)}
-    if out.returncode != 0 or not speed:
-        raise RuntimeError(f"llama-speculative-simple --spec-type {kind} failed:\n{text[-2000:]}")
-    passes = max(1, counts.get("n_predict", 0) - counts.get("n_accept", 0))  # each pass emits its accepted + 1
-    return {"tps": float(speed.group(3)), "drafted": counts.get("n_drafted", 0), "accepted": counts.get("n_accept", 0),
-            "accepted_per_pass": counts.get("n_accept", 0) / passes}
+    run = run_speculative_simple(binary, args, kind)
+    passes = max(1, run["tokens"] - run["accepted"])  # each pass emits its accepted tokens + 1
+    return {**run, "accepted_per_pass": run["accepted"] / passes}
 
 
 def main(argv=None) -> int:

@@ -55,15 +55,19 @@ def build_speculative_simple(out_dir: Path) -> Path:
 
 
 def run_speculative_simple(binary: Path, args: list[str], kind: str) -> dict:
-    """Run llama-speculative-simple with `args` (after the binary) and read its speed and acceptance."""
-    out = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=900)
+    """Run llama-speculative-simple with `args` (after the binary) and read its speed, acceptance and
+    counts of drafted and accepted tokens."""
+    # errors="replace": a random model's text is not valid UTF-8
+    out = subprocess.run([str(binary), *args], capture_output=True, text=True, errors="replace", timeout=900)
     text = out.stdout + out.stderr
     speed = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", text)
     accept = re.search(r"accept\s+=\s+([\d.]+)%", text)
+    counts = dict(re.findall(r"(n_drafted|n_accept)\s+=\s+(\d+)", text))
     if out.returncode != 0 or not speed:
         raise RuntimeError(f"llama-speculative-simple --spec-type {kind} failed:\n{text[-2000:]}")
     return {"tps": float(speed.group(3)), "tokens": int(speed.group(1)),
-            "acceptance": float(accept.group(1)) / 100 if accept else None}
+            "acceptance": float(accept.group(1)) / 100 if accept else None,
+            "drafted": int(counts.get("n_drafted", 0)), "accepted": int(counts.get("n_accept", 0))}
 
 
 def run_llama(binary: Path, target: Path, prompt: str, kind: str, n: int, threads: int) -> dict:

@@ -149,6 +149,7 @@ class Engine(ChatMixin, ArbiterCacheMixin):
             self.close()
             raise
         self.model_name = os.path.splitext(os.path.basename(self.target_path))[0]
+        repacked = self.repacked_bytes
         # What a calibration is stored under: these files, and this machine as the engine uses it.
         self.calibration_pair = {"target": file_identity(self.target_path),
                                  "draft": file_identity(self.draft_path) if self.draft_path else None}
@@ -159,8 +160,8 @@ class Engine(ChatMixin, ArbiterCacheMixin):
                                     **{name: value for name, value in {**llama_settings, "n_ubatch": n_ubatch}.items()
                                        if value},
                                     # repacked weights run other kernels: another curve of verify costs
-                                    **({"repacked": {**self.repacked_bytes, "kinds": _cospec.repack_buffer_types()}}
-                                       if any(self.repacked_bytes.values()) else {})}
+                                    **({"repacked": {**repacked, "kinds": _cospec.repack_buffer_types()}}
+                                       if any(repacked.values()) else {})}
         self.calibration: Calibration | None = None
         try:
             self._take_calibration(calibration)

