@@ -31,12 +31,12 @@ import math
 import os
 import tempfile
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
 from . import _cospec
-from .errors import CalibrationNotice
+from .errors import CalibrationNotice, CospecError
 from .evaluation.machine import BUSY_SHARE, OtherLoad
 
 FILE_FORMAT = 1  # the file's layout; the numbers inside are the engine's (CALIBRATION_VERSION)
@@ -53,6 +53,8 @@ CONTEXT_TOKENS = 64
 _BATCH_ROOM = 65
 # Acceptance is measured on replies of this length, per prompt.
 ACCEPTANCE_TOKENS = 64
+# The seed of the sampled acceptance run's first prompt (one more for each next prompt).
+SAMPLED_SEED = 1
 # What acceptance is measured on where no prompts are given: open questions and requests that
 # copy their input, through the target's chat template where it has one.
 DEFAULT_PROMPTS = (
@@ -147,7 +149,8 @@ class Calibration:
         if n["draft_step"] > 0:
             parts.append(f"a draft step {n['draft_step']:.3f} steps")
         if n["draft_acceptance"] >= 0:
-            parts.append(f"draft acceptance {n['draft_acceptance']:.2f}")
+            parts.append(f"draft acceptance {n['draft_acceptance']:.2f} (sampled as chat does: "
+                         f"{n['draft_acceptance_sampled']:.2f})")
         measured = [f"{a:.2f}" for a in n["ngram_acceptance"] if a >= 0]
         if measured:
             parts.append(f"n-gram acceptance by match length {', '.join(measured)}")
@@ -188,7 +191,8 @@ def parse(data, pair: dict | None = None, machine: dict | None = None) -> Calibr
                                  f"{_cospec.CALIBRATION_VERSION}")
     lists = {"verify": _cospec.N_DRAFT_MAX + 1, "ngram_acceptance": _cospec.N_NGRAM_BUCKETS}
     clean = {"version": _cospec.CALIBRATION_VERSION}
-    for key in ("target_step_ms", "draft_first", "draft_step", "catch_up", "draft_acceptance"):
+    for key in ("target_step_ms", "draft_first", "draft_step", "catch_up", "draft_acceptance",
+                "draft_acceptance_sampled"):
         try:
             clean[key] = _finite(numbers.get(key))
         except CalibrationProblem as exc:
@@ -323,9 +327,10 @@ def measure_costs(engine) -> Calibration:
 
 def measure(engine, prompts: Sequence[str | Sequence[int]] | None = None, *, chat: bool | None = None,
             max_tokens: int = ACCEPTANCE_TOKENS) -> Calibration:
-    """Costs, then acceptance: the draft model's (greedy, fixed blocks of the default length) and
-    the n-gram drafter's per match length, on `prompts` (default: DEFAULT_PROMPTS through the chat
-    template where the target has one; chat=False sends them as they are). Resets the engine."""
+    """Costs, then acceptance: the draft model's (fixed blocks of the default length, greedy and
+    under chat's sampling) and the n-gram drafter's per match length, on `prompts` (default:
+    DEFAULT_PROMPTS through the chat template where the target has one; chat=False sends them as
+    they are). Resets the engine."""
     from .params import GenerationParams
 
     costs = measure_costs(engine)
@@ -334,17 +339,8 @@ def measure(engine, prompts: Sequence[str | Sequence[int]] | None = None, *, cha
     chosen = list(DEFAULT_PROMPTS if prompts is None else prompts)
     rendered = [engine.render_chat([{"role": "user", "content": p}]) if chat and isinstance(p, str) else p
                 for p in chosen]
-    numbers = dict(costs.numbers)
+    numbers = {**costs.numbers, **_draft_acceptance(engine, rendered, max_tokens)}
     base = GenerationParams(max_tokens=max_tokens, adaptive_draft=False, arbiter="target", temperature=0.0)
-    if engine.has_draft:
-        accepted = rejected = 0
-        for prompt in rendered:
-            engine.reset()
-            stats = engine.generate(prompt, base, spec_type="draft").stats
-            accepted += stats.draft_n_matched - stats.draft_n_matched_ngram
-            rejected += stats.target_fallbacks
-        if accepted + rejected > 0:
-            numbers["draft_acceptance"] = accepted / (accepted + rejected)
     engine.reset()  # the n-gram pool holds the prompts and replies from here on, as a chat's would
     for prompt in rendered:
         engine.generate(prompt, base, spec_type="ngram")
@@ -355,6 +351,62 @@ def measure(engine, prompts: Sequence[str | Sequence[int]] | None = None, *, cha
     return Calibration(numbers, costs.pair, costs.machine, _now(),
                        f"{len(chosen)} {what}{' (chat)' if chat else ''}, {max_tokens} tokens each",
                        other_load=costs.other_load)
+
+
+# What an engine that finds no calibration measures of the draft's acceptance beside the costs:
+# replies to the first built-in prompts in short fixed blocks (the acceptance per token is the same
+# estimate at any block length, and short blocks of a draft the target rarely agrees with cost the
+# least). A few seconds for SmolLM2-135M; `calibrate` measures more, and the n-gram drafter's too.
+FIRST_USE_PROMPTS = 2
+FIRST_USE_TOKENS = 32
+FIRST_USE_BLOCK = 4
+
+
+def measure_first_use(engine) -> Calibration:
+    """The costs and a short sample of the draft model's acceptance, greedy and sampled (a sampled
+    call would otherwise explore drafting in every reply to learn what the calibration can say
+    once). Resets the engine."""
+    costs = measure_costs(engine)
+    if not engine.has_draft:
+        return costs
+    engine._native.set_calibration(costs.numbers)
+    chat = engine.chat_template is not None
+    chosen = DEFAULT_PROMPTS[:FIRST_USE_PROMPTS]
+    rendered = [engine.render_chat([{"role": "user", "content": p}]) if chat else p for p in chosen]
+    try:
+        sample = _draft_acceptance(engine, rendered, FIRST_USE_TOKENS, FIRST_USE_BLOCK)
+    except CospecError:
+        sample = {}  # (a context too small for the prompts, say): the costs alone
+    engine.reset()
+    if not sample:
+        return costs
+    return Calibration({**costs.numbers, **sample}, costs.pair, costs.machine, _now(),
+                       f"{len(chosen)} built-in prompts{' (chat)' if chat else ''}, {FIRST_USE_TOKENS} tokens "
+                       f"each, the draft model's acceptance only", other_load=costs.other_load)
+
+
+def _draft_acceptance(engine, rendered: Sequence, max_tokens: int, block: int | None = None) -> dict:
+    """The draft model's acceptance in fixed blocks, greedy and under chat's sampling (a seed per
+    prompt): a drawn target token matches the draft's less often, or more, than the target's
+    likeliest one, and sampled calls take the sampled one. {} without a draft model."""
+    from .params import CHAT_SAMPLING, GenerationParams
+
+    if not engine.has_draft:
+        return {}
+    greedy = GenerationParams(max_tokens=max_tokens, adaptive_draft=False, arbiter="target", temperature=0.0)
+    if block is not None:
+        greedy = replace(greedy, draft_max=block)
+    measured = {}
+    for key, params in (("draft_acceptance", greedy), ("draft_acceptance_sampled", replace(greedy, **CHAT_SAMPLING))):
+        accepted = rejected = 0
+        for seed, prompt in enumerate(rendered, start=SAMPLED_SEED):
+            engine.reset()
+            stats = engine.generate(prompt, replace(params, seed=seed), spec_type="draft").stats
+            accepted += stats.draft_n_matched - stats.draft_n_matched_ngram
+            rejected += stats.target_fallbacks
+        if accepted + rejected > 0:
+            measured[key] = accepted / (accepted + rejected)
+    return measured
 
 
 def busy_words(calibration: Calibration) -> str:

@@ -213,11 +213,12 @@ class Engine(ChatMixin, ArbiterCacheMixin):
             why = "none is stored" if setting == "auto" else f"{path} does not exist"
         except (calibration_store.CalibrationProblem, OSError, CospecError) as exc:
             why = f"{path} cannot be used: {exc}"
-        calibration_store.notice(f"calibration of this pair on this machine: {why}; measuring its costs now "
-                                 f"(once; `cospec-local calibrate` also measures acceptance)")
+        calibration_store.notice(f"calibration of this pair on this machine: {why}; measuring its costs "
+                                 f"{'and a sample of its acceptance ' if self.has_draft else ''}now (once; "
+                                 f"`cospec-local calibrate` measures acceptance on more)")
         try:
             with native_errors():
-                measured = calibration_store.measure_costs(self)
+                measured = calibration_store.measure_first_use(self)
             self.set_calibration(measured)
             if measured.busy:
                 calibration_store.notice(f"the costs just measured are used by this engine and not stored: "

@@ -487,7 +487,7 @@ def test_speed_ceiling_finds_the_best_block_against_the_calibrated_costs(tmp_pat
     def stored(name: str, verify: list[float], draft: float) -> Path:
         numbers = {"version": calibration_store._cospec.CALIBRATION_VERSION, "target_step_ms": 10.0,
                    "verify": verify, "draft_first": draft, "draft_step": draft, "catch_up": 0.0,
-                   "draft_acceptance": -1.0, "ngram_acceptance": [-1.0] * calibration_store._cospec.N_NGRAM_BUCKETS}
+                   "draft_acceptance": -1.0, "draft_acceptance_sampled": -1.0, "ngram_acceptance": [-1.0] * calibration_store._cospec.N_NGRAM_BUCKETS}
         pair = {"target": {"file": "t.gguf"}, "draft": {"file": "d.gguf"}}
         path = tmp_path / f"{name}.json"
         calibration_store.write(calibration_store.Calibration(numbers, pair, {"cpu": "test", "n_threads": 2}), path)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from cospec_local import Engine, GenerationParams, calibration
+from cospec_local.params import CHAT_SAMPLING
 from cospec_local.arbiter.callbacks import arbiter_from_function
 from cospec_local.errors import CalibrationNotice, InvalidArgumentError
 
@@ -46,6 +47,7 @@ def demo_store(tmp_path_factory):
     stored = json.loads(done.stdout)
     assert Path(stored["path"]).parent == store
     assert 0 <= stored["numbers"]["draft_acceptance"] <= 1
+    assert 0 <= stored["numbers"]["draft_acceptance_sampled"] <= 1
     return store
 
 
@@ -79,6 +81,12 @@ def test_a_fresh_process_drafts_from_its_first_block(demo_store, tmp_path):
     second, err = generate_json(["--chat", "-p", ARITH, "-n", "48", "--arbiter", "target"], tmp_path)
     assert "calibration" not in err and second["calibration"] == first["calibration"] is not None
     assert with_it["tokens"] == without["tokens"] == first["tokens"]  # greedy, lossless: the target's tokens
+    # The first process measured a sample of the draft's acceptance beside the costs, greedy and sampled.
+    (path,) = tmp_path.glob("demo-target*.json")
+    sample = calibration.read(path)
+    assert "acceptance only" in sample.acceptance_on
+    assert 0 <= sample.numbers["draft_acceptance"] <= 1 and 0 <= sample.numbers["draft_acceptance_sampled"] <= 1
+    assert all(a < 0 for a in sample.numbers["ngram_acceptance"])  # left to `calibrate`
 
 
 def _burn(seconds: float) -> None:
@@ -159,6 +167,26 @@ def test_an_abstaining_arbiter_runs_as_sps(demo_engine):
                    (sps.stats.blocks, sps.stats.blocks_ngram, sps.stats.draft_n)
 
 
+def test_a_sampled_call_starts_from_the_sampled_acceptance(demo_engine):
+    """Sampling draws the target's token, which matches the draft's less often than its likeliest
+    one: a sampled call weighs its first blocks at the calibration's sampled acceptance."""
+    measured = demo_engine.calibration
+    prompt = demo_engine.render_chat([{"role": "user", "content": ARITH}])
+    sampled = dict(CHAT_SAMPLING, seed=3, max_tokens=24, arbiter="target", spec_type="draft")
+    firsts = {}
+    try:
+        for greedy_a, sampled_a in ((0.0, 0.99), (0.99, 0.0)):
+            numbers = {**measured.numbers, "draft_acceptance": greedy_a, "draft_acceptance_sampled": sampled_a}
+            demo_engine.set_calibration(calibration.Calibration(numbers, measured.pair, measured.machine))
+            demo_engine.reset()
+            result = demo_engine.generate(prompt, **sampled)
+            firsts[sampled_a] = result.provenance[0]
+    finally:
+        demo_engine.set_calibration(measured)
+    assert firsts[0.99] != "target"  # drafted from its first block
+    assert firsts[0.0] == "target"  # plain steps where sampled blocks are measured to lose
+
+
 def test_the_collector_refuses_a_calibrated_engine(demo_engine):
     """Training states are recorded in the pair's uncalibrated blocks, the same on every machine."""
     from cospec_local.train.collect import Collector
@@ -220,11 +248,12 @@ def test_an_unusable_stored_calibration_is_a_notice_and_a_fresh_one(how, demo_st
 
 def test_the_engine_refuses_numbers_out_of_range(demo_engine):
     numbers = dict(demo_engine.calibration.numbers)
-    for key, value in (("target_step_ms", -1.0), ("draft_acceptance", 2.0), ("catch_up", math.inf)):
+    for key, value in (("target_step_ms", -1.0), ("draft_acceptance", 2.0), ("draft_acceptance_sampled", 1.5),
+                       ("catch_up", math.inf)):
         with pytest.raises(InvalidArgumentError, match=key):
             demo_engine.set_calibration(calibration.Calibration({**numbers, key: value}, {}, {}))
     with pytest.raises(InvalidArgumentError, match="version"):
-        demo_engine.set_calibration(calibration.Calibration({**numbers, "version": 2}, {}, {}))
+        demo_engine.set_calibration(calibration.Calibration({**numbers, "version": numbers["version"] + 1}, {}, {}))
     assert demo_engine.generate("[MAX 1 2 ]", max_tokens=4).calibration == demo_engine.calibration.id
 
 

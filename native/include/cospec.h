@@ -692,7 +692,7 @@ void cospec_engine_reset(cospec_engine * engine);
 // on timing (an arbiter that keeps mismatches, sampling) take their lengths from its fixed
 // numbers and the call's own acceptance counts, so the same calibration, inputs, settings and
 // seed give the same tokens in any process.
-#define COSPEC_CALIBRATION_VERSION 1
+#define COSPEC_CALIBRATION_VERSION 2
 // Match lengths of the n-gram drafter share an acceptance in these buckets: 2, 3, 4, 5-6, 7-9,
 // 10-13, 14-19, 20-31, 32 and longer.
 #define COSPEC_N_NGRAM_BUCKETS 9
@@ -706,6 +706,7 @@ typedef struct cospec_calibration {
     double  draft_step;            // each later draft step
     double  catch_up;              // the draft reading one token of a longer catch-up (after plain steps)
     double  draft_acceptance;      // the chance that the draft model's next token is accepted (greedy)
+    double  draft_acceptance_sampled; // the same under chat's sampling (it differs: the target's token is drawn)
     double  ngram_acceptance[COSPEC_N_NGRAM_BUCKETS]; // the n-gram drafter's, per match-length bucket
 } cospec_calibration;
 

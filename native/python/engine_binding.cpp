@@ -87,6 +87,7 @@ py::dict calibration_dict(const cospec_calibration & c) {
     d["draft_step"] = c.draft_step;
     d["catch_up"] = c.catch_up;
     d["draft_acceptance"] = c.draft_acceptance;
+    d["draft_acceptance_sampled"] = c.draft_acceptance_sampled;
     d["ngram_acceptance"] = std::vector<double>(c.ngram_acceptance, c.ngram_acceptance + COSPEC_N_NGRAM_BUCKETS);
     return d;
 }
@@ -116,6 +117,7 @@ cospec_calibration calibration_from(const py::dict & d) {
     c.draft_step = number("draft_step");
     c.catch_up = number("catch_up");
     c.draft_acceptance = number("draft_acceptance");
+    c.draft_acceptance_sampled = number("draft_acceptance_sampled");
     numbers("ngram_acceptance", COSPEC_N_NGRAM_BUCKETS, c.ngram_acceptance);
     return c;
 }

@@ -156,7 +156,7 @@ int32_t measure(cospec_engine & e, const cospec_token * context, int32_t n_conte
         out.draft_first = std::max(first, step) / out.target_step_ms;
         out.catch_up = catch_up / CATCH_UP_TOKENS / out.target_step_ms;
     }
-    out.draft_acceptance = -1.0;
+    out.draft_acceptance = out.draft_acceptance_sampled = -1.0;
     for (double & a : out.ngram_acceptance) {
         a = -1.0;
     }
@@ -184,8 +184,8 @@ std::string calibration_problem(const cospec_calibration & c) {
     if (!finite_in(c.draft_first, 0.0, 1e4) || !finite_in(c.draft_step, 0.0, 1e4) || !finite_in(c.catch_up, 0.0, 1e4)) {
         return "draft_first, draft_step and catch_up must be finite costs >= 0 in target steps";
     }
-    if (!acceptance_ok(c.draft_acceptance)) {
-        return "draft_acceptance must be a chance in [0, 1] (negative: not measured)";
+    if (!acceptance_ok(c.draft_acceptance) || !acceptance_ok(c.draft_acceptance_sampled)) {
+        return "draft_acceptance and draft_acceptance_sampled must be chances in [0, 1] (negative: not measured)";
     }
     for (const double a : c.ngram_acceptance) {
         if (!acceptance_ok(a)) {

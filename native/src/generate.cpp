@@ -77,8 +77,9 @@ class generation {
             if (arbiter_can_keep) {
                 call_tuner.set_acceptance_prior(cospec::draft_tuner::KEEPING_PRIOR_ACCEPTED,
                                                 cospec::draft_tuner::KEEPING_PRIOR_REJECTED);
-            } else if (e.calibrated && e.calibration.draft_acceptance >= 0.0) {
-                const cospec::acceptance_prior prior = cospec::prior_of(e.calibration.draft_acceptance);
+            } else if (e.calibrated && e.calibration.draft_acceptance_sampled >= 0.0) {
+                // (A sampled call: the target's token is drawn, so its acceptance is the sampled one.)
+                const cospec::acceptance_prior prior = cospec::prior_of(e.calibration.draft_acceptance_sampled);
                 call_tuner.set_acceptance_prior(prior.accepted, prior.rejected, true);
             }
             tuner = &call_tuner;
