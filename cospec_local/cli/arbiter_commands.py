@@ -17,9 +17,9 @@ def arbiter():
 
 def _recipe_option(name: str, *flags: str, **extra):
     """A `arbiter train` option whose default and help are RecipeSettings' (one source of truth)."""
-    from ..train.arbiter_recipe import DEFAULTS, setting_help
+    from ..train.arbiter_recipe import setting_default, setting_help
 
-    default = getattr(DEFAULTS, name)
+    default = setting_default(name)
     if isinstance(default, bool):
         return click.option(*flags, name, is_flag=True, help=setting_help(name), **extra)
     if isinstance(default, tuple):

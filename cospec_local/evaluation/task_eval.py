@@ -68,15 +68,22 @@ def task_prompt(engine: Engine, problem: Problem, as_chat: bool) -> tuple[list[i
     """A problem's prompt tokens and stop strings: the raw prompt, ended at its family's stops, or
     the prompt as the user's message in the target's chat template, ended by the template's end
     of turn (the same everywhere a problem is generated: eval, collection, training)."""
-    if as_chat:
+    if as_chat or in_chat_format(problem):
         return engine.render_chat([{"role": "user", "content": problem.prompt}]), ()
     return engine.tokenize(problem.prompt), tuple(FAMILY_STOPS.get(problem.family, ()))
+
+
+def in_chat_format(problem: Problem) -> bool:
+    """A problem drawn to be asked through the chat template (the short-answer families' formats)."""
+    return problem.meta.get("format") == "chat"
 
 
 def task_draft_prompt(engine: Engine, problem: Problem, as_chat: bool) -> list[int] | None:
     """What a draft of another vocabulary reads for a problem: the user's message in its own chat
     format (None: the prompt's text, as for a raw prompt or a draft that has no format of its own)."""
-    return engine.render_draft_chat([{"role": "user", "content": problem.prompt}]) if as_chat else None
+    if as_chat or in_chat_format(problem):
+        return engine.render_draft_chat([{"role": "user", "content": problem.prompt}])
+    return None
 
 
 def run_problem(engine: Engine, problem: Problem, run: Run, params: GenerationParams,

@@ -6,7 +6,10 @@
     ok = score(problems[0], completion)
 
 Generated families (TASKS): "arith" and "pyfunc" for training/evaluation, "listops" kept apart as
-the unseen domain. Benchmarks (BENCHMARKS): gsm8k, math500, mbpp, humaneval, from local jsonl files.
+the unseen domain, and twelve short-answer families (short_answer.py: facts, words, numbers, each
+asked in several wordings and formats). "general" names the built-in training mix (GENERAL_MIX):
+the short-answer families with arithmetic and code. Benchmarks (BENCHMARKS): gsm8k, math500, mbpp,
+humaneval, from local jsonl files.
 """
 from __future__ import annotations
 
@@ -17,10 +20,18 @@ from .base import SPLITS, Problem, TaskFamily, final_answer, parse_number, split
 from .benchmarks import BENCHMARKS, Benchmark, detect, last_boxed, math_equal, normalize_math, read_jsonl
 from .listops import ListOps
 from .pyfunc import PyFunc
+from .short_answer import FAMILIES as SHORT_ANSWER_FAMILIES
+from .short_answer import ShortAnswer
 
-TASKS: dict[str, TaskFamily] = {t.name: t for t in (Arithmetic(), PyFunc(), ListOps())}
+TASKS: dict[str, TaskFamily] = {t.name: t for t in (Arithmetic(), PyFunc(), ListOps(), *SHORT_ANSWER_FAMILIES)}
 TRAIN_FAMILIES = ("arith", "pyfunc")
 TRANSFER_FAMILIES = ("listops",)  # never used for training: measures transfer to an unseen domain
+# The mix `arbiter train` learns from where no task is named: disagreements of many kinds (facts,
+# words, numbers, worked arithmetic, code), each asked in several wordings and formats, so that an
+# arbiter learns how the two models disagree rather than one task's content. Listops, and the
+# capitals, antonyms and plurals the shipped Gemma arbiters were measured on, stay out of it.
+MIX = "general"
+GENERAL_MIX = (*(f.name for f in SHORT_ANSWER_FAMILIES), "arith", "pyfunc")
 DEFAULT_N = 200  # problems drawn from a generated family when no limit is given
 # Where a plain (non-chat) completion of each family ends: answers end with a
 # "#### N" line, code with the function (HumanEval's own stop sequences).
@@ -29,7 +40,19 @@ FAMILY_STOPS = {
     "pyfunc": ["\ndef ", "\nclass ", "\nif __name__", "\nprint("],
     "humaneval": ["\ndef ", "\nclass ", "\nif __name__", "\nprint("],
     "mbpp": ["[DONE]"],
+    # Short answers are scored on their first line; a base model goes on to its next question.
+    **{f.name: ["\n\n"] for f in SHORT_ANSWER_FAMILIES},
 }
+
+
+def expand_tasks(names) -> tuple[str, ...]:
+    """Task names with the mix's name replaced by its families (each once, in order)."""
+    out: list[str] = []
+    for name in names:
+        for task in (GENERAL_MIX if str(name) == MIX else (name,)):
+            if task not in out:
+                out.append(task)
+    return tuple(out)
 
 
 def cut_at_stops(text: str, stops) -> str:
@@ -79,7 +102,8 @@ def score(problem: Problem, completion: str) -> bool:
     return get_task(problem.family).score(problem, completion)
 
 
-__all__ = ["Problem", "TaskFamily", "Benchmark", "TASKS", "BENCHMARKS", "SPLITS", "TRAIN_FAMILIES",
+__all__ = ["Problem", "TaskFamily", "ShortAnswer", "Benchmark", "TASKS", "BENCHMARKS", "SPLITS", "TRAIN_FAMILIES",
+           "MIX", "GENERAL_MIX", "expand_tasks",
            "TRANSFER_FAMILIES", "DEFAULT_N", "FAMILY_STOPS", "cut_at_stops", "get_task", "load_task", "score", "final_answer", "parse_number",
            "split_of", "stable_int", "last_boxed", "normalize_math", "math_equal", "read_jsonl", "detect",
            "Arithmetic", "PyFunc", "ListOps"]

@@ -59,6 +59,14 @@ class TaskFamily:
     def split_key(self, problem: Problem) -> str:
         return problem.prompt
 
+    def capacity(self, split: str, difficulty: dict | None = None) -> int | None:
+        """How many distinct problems `split` holds (None: more than any run asks for)."""
+        return None
+
+    def distinct_key(self, problem: Problem) -> str:
+        """What makes two problems of a split different (default: the split key)."""
+        return self.split_key(problem)
+
     def difficulty(self, difficulty: dict | None) -> dict:
         unknown = set(difficulty or {}) - set(self.default_difficulty) - self.optional_difficulty
         if unknown:
@@ -82,10 +90,10 @@ class TaskFamily:
             if draws > MAX_DRAWS_PER_PROBLEM * (n + 10):
                 raise ValueError(f"{self.name}: only {len(out)} distinct {split} problems found for {tag}")
             p = self.make(rng, diff)
-            key = self.split_key(p)
-            if (distinct and key in seen) or split_of(key) != split:
+            key, distinct_key = self.split_key(p), self.distinct_key(p)
+            if (distinct and distinct_key in seen) or split_of(key) != split:
                 continue
-            seen.add(key)
+            seen.add(distinct_key)
             pid = f"{self.name}-{split}-{len(out):05d}-{stable_int(tag, key) % 16**8:08x}"
             out.append(Problem(pid, self.name, p.prompt, p.answer, p.solution, {**p.meta, "difficulty": diff}))
         return out

@@ -82,8 +82,11 @@ class RecipeSettings:
     name: str = _opt(None, "Name to install the arbiter under (`--arbiter NAME`).")
     target: str = _opt("demo-target", "Target model (named or GGUF path).")
     draft: str = _opt("demo-draft", "Draft model (named or GGUF path): the arbiter is made for this file.")
-    tasks: tuple[str, ...] = _opt(("arith",), "Tasks: built-in families (arith, pyfunc, listops), benchmark jsonl "
-                                              "files or your own jsonl ({prompt, answer} or {prompt, tests}).")
+    tasks: tuple[str, ...] = _opt(("general",), "Tasks: general (the built-in mix: short-answer facts, words and "
+                                                "numbers in several wordings and formats, arithmetic and code), "
+                                                "built-in families (arith, pyfunc, continents, past-tense, ...), "
+                                                "benchmark jsonl files or your own jsonl ({prompt, answer} or "
+                                                "{prompt, tests}); general,FILE adds yours to the mix.")
     chat: bool = _opt(False, "Send each problem through the target's chat template (instruct models).")
     chat_template: str | None = _opt(None, "A chat template instead of the target's own (Jinja text, or a name: "
                                            "chatml, gemma); with --chat.")
@@ -110,6 +113,11 @@ class RecipeSettings:
     ignore_headroom: bool = _opt(False, "Go on where the headroom check finds too little for an arbiter to win.")
     seed: int = _opt(0, "Seed of the warm-up (and GRPO).")
 
+    def __post_init__(self):
+        from ..tasks import expand_tasks
+
+        self.tasks = expand_tasks(self.tasks)  # "general": the families of the built-in mix
+
     def recorded(self) -> dict:
         """The settings a finished stage ran under: a rerun with others does not reuse it."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -117,6 +125,11 @@ class RecipeSettings:
 
 def setting_help(name: str) -> str:
     return next(f.metadata["help"] for f in fields(RecipeSettings) if f.name == name)
+
+
+def setting_default(name: str):
+    """A setting's default as written (the command line shows "general", not the mix's families)."""
+    return next(f.default for f in fields(RecipeSettings) if f.name == name)
 
 
 DEFAULTS = RecipeSettings()
@@ -240,11 +253,11 @@ SPLIT_NAMES = ("train", "dev", "test")
 
 
 def available_problems(settings: RecipeSettings) -> dict[str, list[int | None]]:
-    """Each task's problems in each split: a file's count, None for a generated family (any number)."""
+    """Each task's problems in each split: a file's count, a generated family's capacity (None: any number)."""
     from ..tasks import TASKS, load_task
 
-    return {split: [None if str(task) in TASKS else len(load_task(task, split)) for task in settings.tasks]
-            for split in SPLIT_NAMES}
+    return {split: [TASKS[str(task)].capacity(split) if str(task) in TASKS else len(load_task(task, split))
+                    for task in settings.tasks] for split in SPLIT_NAMES}
 
 
 @dataclass(frozen=True)
