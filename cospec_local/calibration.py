@@ -369,13 +369,18 @@ def measure_first_use(engine) -> Calibration:
     costs = measure_costs(engine)
     if not engine.has_draft:
         return costs
+    from .chat.template import ChatTemplateError
+
     engine._native.set_calibration(costs.numbers)
-    chat = engine.chat_template is not None
     chosen = DEFAULT_PROMPTS[:FIRST_USE_PROMPTS]
-    rendered = [engine.render_chat([{"role": "user", "content": p}]) if chat else p for p in chosen]
+    chat = engine.chat_template is not None
+    try:
+        rendered = [engine.render_chat([{"role": "user", "content": p}]) if chat else p for p in chosen]
+    except ChatTemplateError:  # a template that cannot render (its error comes where the user asks for chat)
+        chat, rendered = False, list(chosen)
     try:
         sample = _draft_acceptance(engine, rendered, FIRST_USE_TOKENS, FIRST_USE_BLOCK)
-    except CospecError:
+    except (CospecError, ChatTemplateError):
         sample = {}  # (a context too small for the prompts, say): the costs alone
     engine.reset()
     if not sample:

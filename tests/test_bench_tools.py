@@ -422,6 +422,23 @@ def test_headroom_reads_the_second_direction_from_the_first_ones_runs(tmp_path):
     assert len(list(out.glob("*/capitals/records.jsonl"))) == 1
 
 
+def test_mix_headroom_counts_each_family_by_format(tmp_path):
+    """bench/mix_headroom.py: per family and drawn format, each model alone; the counts add up to the
+    eval's own records."""
+    out = tmp_path / "mix"
+    bench("mix_headroom.py", "-m", "smollm2-135m", "-md", "smollm2-135m-draft", "--families", "counts,multiplication",
+          "--limit", 6, "-n", 8, "--out", out)
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    for family in ("counts", "multiplication"):
+        counts = summary[family]
+        assert counts["all"]["problems"] == 6
+        assert sum(counts[f]["problems"] for f in ("raw", "qa", "chat") if f in counts) == 6
+        records = [json.loads(line) for line in (out / family / "records.jsonl").read_text().splitlines()]
+        assert counts["all"]["target"] == sum(r["correct"] for r in records if r["run"] == "target-only")
+        assert counts["all"]["draft"] == sum(r["correct"] for r in records if r["run"] == "draft-only")
+        assert counts["all"]["only_draft"] <= counts["all"]["draft"]
+
+
 @pytest.mark.slow
 def test_cross_vocab_arbiter_holds_the_shipped_arbiter_to_its_bars(tmp_path):
     out = tmp_path / "arbiter"
