@@ -7,7 +7,10 @@ what an arbiter can gain by keeping the draft's tokens, and what it must not los
 is the stronger model.
 
     python bench/mix_headroom.py -m gemma3-270m -md smollm2-135m --split dev --limit 45 \\
-        --out bench/mix_headroom/gemma3-smollm2-dev
+        --eval-args "--chat-template gemma" --out bench/mix_headroom/gemma3-smollm2-dev
+
+(Gemma 3 270M's file carries no chat template: llama.cpp and this engine fall back to ChatML, which
+the model never saw; `--chat-template gemma` gives it its own turn format.)
 
 Each family is one `cospec-local eval` folder under --out (resumable: run it again and it goes on).
 """
@@ -27,10 +30,11 @@ sys.path.insert(0, str(REPO / "bench"))
 from results_report import command, report  # noqa: E402
 
 
-def run_eval(model: str, draft: str, family: str, split: str, limit: int, n: int, threads: int, out: Path) -> dict:
+def run_eval(model: str, draft: str, family: str, split: str, limit: int, n: int, threads: int, out: Path,
+             extra: list[str]) -> dict:
     cmd = [sys.executable, "-m", "cospec_local.cli", "eval", "-m", model, "-md", draft, "-t", str(threads), "-c", "1024",
            "--task", family, "--split", split, "--limit", str(limit), "--runs", "target-only,draft-only",
-           "-n", str(n), "--out", str(out), "--json"]
+           "-n", str(n), "--out", str(out), "--json", *extra]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
@@ -68,13 +72,14 @@ def main(argv=None) -> int:
     ap.add_argument("--families", default=",".join(f.name for f in SHORT_ANSWER_FAMILIES))
     ap.add_argument("-n", type=int, default=24)
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--eval-args", default="", help="more `eval` options (a base model's --chat-template, say)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     started = time.time()
     rows, summary, loads = [], {}, []
     for family in a.families.split(","):
         folder = a.out / family
-        s = run_eval(a.model, a.model_draft, family, a.split, a.limit, a.n, a.threads, folder)
+        s = run_eval(a.model, a.model_draft, family, a.split, a.limit, a.n, a.threads, folder, a.eval_args.split())
         loads.append(s.get("other_load") or 0.0)
         formats = {p.id: p.meta.get("format", "raw") for p in load_task(family, a.split, a.limit)}
         records = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines() if line.strip()]

@@ -58,7 +58,7 @@ def test_all_three_formats_are_drawn_and_can_be_narrowed():
     assert {p.meta["wording"] for p in problems} == set(range(len(TASKS["past-tense"].wordings)))
     qa_only = TASKS["past-tense"].generate("train", 20, {"formats": ["qa"]})
     assert {p.meta["format"] for p in qa_only} == {"qa"}
-    assert all(FAMILY_STOPS[name] == ["\n\n"] for name in NAMES)
+    assert not any(name in FAMILY_STOPS for name in NAMES)  # a raw reply may open with a blank line
 
 
 def test_a_chat_format_problem_goes_through_the_targets_template(engine):
@@ -67,7 +67,7 @@ def test_a_chat_format_problem_goes_through_the_targets_template(engine):
     tokens, stops = task_prompt(engine, chat, as_chat=False)
     assert tokens == engine.render_chat([{"role": "user", "content": chat.prompt}]) and stops == ()
     tokens, stops = task_prompt(engine, raw, as_chat=False)
-    assert tokens == engine.tokenize(raw.prompt) and stops == ("\n\n",)
+    assert tokens == engine.tokenize(raw.prompt) and stops == ()
     # A real generation is scored on its first line.
     reply = engine.generate(tokens, max_tokens=16, stop=list(stops)).text
     assert score(raw, reply) == bool(re.search(raw.answer, reply.lstrip().split("\n")[0]))

@@ -40,8 +40,9 @@ FAMILY_STOPS = {
     "pyfunc": ["\ndef ", "\nclass ", "\nif __name__", "\nprint("],
     "humaneval": ["\ndef ", "\nclass ", "\nif __name__", "\nprint("],
     "mbpp": ["[DONE]"],
-    # Short answers are scored on their first line; a base model goes on to its next question.
-    **{f.name: ["\n\n"] for f in SHORT_ANSWER_FAMILIES},
+    # (No stop for the short-answer families: a base model often opens a raw question's reply with a
+    # blank line, which any line stop would end it at. They are scored on the first non-empty line,
+    # and their replies are bounded by the token budget.)
 }
 
 
