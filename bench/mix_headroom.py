@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -27,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
+from headroom import run_checked  # noqa: E402
 from results_report import command, report  # noqa: E402
 
 
@@ -35,10 +35,7 @@ def run_eval(model: str, draft: str, family: str, split: str, limit: int, n: int
     cmd = [sys.executable, "-m", "cospec_local.cli", "eval", "-m", model, "-md", draft, "-t", str(threads), "-c", "1024",
            "--task", family, "--split", split, "--limit", str(limit), "--runs", "target-only,draft-only",
            "-n", str(n), "--out", str(out), "--json", *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout)
+    return json.loads(run_checked(cmd))
 
 
 def tally(records: list[dict], formats: dict[str, str]) -> dict:

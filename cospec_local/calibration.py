@@ -331,16 +331,13 @@ def measure(engine, prompts: Sequence[str | Sequence[int]] | None = None, *, cha
     under chat's sampling) and the n-gram drafter's per match length, on `prompts` (default:
     DEFAULT_PROMPTS through the chat template where the target has one; chat=False sends them as
     they are). Resets the engine."""
-    from .params import GenerationParams
-
     costs = measure_costs(engine)
     engine._native.set_calibration(costs.numbers)
     chat = (prompts is None and engine.chat_template is not None) if chat is None else chat
     chosen = list(DEFAULT_PROMPTS if prompts is None else prompts)
-    rendered = [engine.render_chat([{"role": "user", "content": p}]) if chat and isinstance(p, str) else p
-                for p in chosen]
+    rendered = _rendered(engine, chosen, chat)
     numbers = {**costs.numbers, **_draft_acceptance(engine, rendered, max_tokens)}
-    base = GenerationParams(max_tokens=max_tokens, adaptive_draft=False, arbiter="target", temperature=0.0)
+    base = _fixed_blocks(max_tokens)
     engine.reset()  # the n-gram pool holds the prompts and replies from here on, as a chat's would
     for prompt in rendered:
         engine.generate(prompt, base, spec_type="ngram")
@@ -375,7 +372,7 @@ def measure_first_use(engine) -> Calibration:
     chosen = DEFAULT_PROMPTS[:FIRST_USE_PROMPTS]
     chat = engine.chat_template is not None
     try:
-        rendered = [engine.render_chat([{"role": "user", "content": p}]) if chat else p for p in chosen]
+        rendered = _rendered(engine, chosen, chat)
     except ChatTemplateError:  # a template that cannot render (its error comes where the user asks for chat)
         chat, rendered = False, list(chosen)
     try:
@@ -390,15 +387,27 @@ def measure_first_use(engine) -> Calibration:
                        f"each, the draft model's acceptance only", other_load=costs.other_load)
 
 
+def _rendered(engine, prompts: Sequence, chat: bool) -> list:
+    """Text prompts as the user's message in the target's chat template where `chat` (token lists as they are)."""
+    return [engine.render_chat([{"role": "user", "content": p}]) if chat and isinstance(p, str) else p for p in prompts]
+
+
+def _fixed_blocks(max_tokens: int):
+    """Greedy, lossless, blocks of the default length whatever they cost: what acceptance is measured under."""
+    from .params import GenerationParams
+
+    return GenerationParams(max_tokens=max_tokens, adaptive_draft=False, arbiter="target", temperature=0.0)
+
+
 def _draft_acceptance(engine, rendered: Sequence, max_tokens: int, block: int | None = None) -> dict:
     """The draft model's acceptance in fixed blocks, greedy and under chat's sampling (a seed per
     prompt): a drawn target token matches the draft's less often, or more, than the target's
     likeliest one, and sampled calls take the sampled one. {} without a draft model."""
-    from .params import CHAT_SAMPLING, GenerationParams
+    from .params import CHAT_SAMPLING
 
     if not engine.has_draft:
         return {}
-    greedy = GenerationParams(max_tokens=max_tokens, adaptive_draft=False, arbiter="target", temperature=0.0)
+    greedy = _fixed_blocks(max_tokens)
     if block is not None:
         greedy = replace(greedy, draft_max=block)
     measured = {}

@@ -23,6 +23,8 @@ import random
 import re
 from pathlib import Path
 
+from cospec_local.tasks.short_answer import word_pattern
+
 OUT = Path(__file__).resolve().parent / "tasks"
 
 CAPITALS = {
@@ -193,8 +195,7 @@ def split_of(question: str) -> str:
 
 def word_regex(alternatives: str) -> str:
     """The answer (any of |-separated forms) as a whole word in the first line, in any case."""
-    forms = "|".join(re.escape(a) for a in alternatives.split("|"))
-    return rf"(?i)\A\s*[^\n]*?(?<![\w])(?:{forms})(?![\w])"
+    return r"(?i)\A\s*[^\n]*?" + word_pattern(alternatives, case_sensitive=True)
 
 
 def number_regex(n: int) -> str:
@@ -205,7 +206,7 @@ def number_regex(n: int) -> str:
 def echoes(question: str, alternatives: str) -> bool:
     """Whether the question itself holds an accepted answer as a word: a reply that only repeats the
     question would score (the plural of "sheep", the capital of Singapore)."""
-    return re.search(word_regex(alternatives).replace(r"\A\s*[^\n]*?", ""), question) is not None
+    return re.search(word_pattern(alternatives), question) is not None
 
 
 def rows():

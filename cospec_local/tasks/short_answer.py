@@ -26,7 +26,8 @@ from . import short_answer_tables as tables
 from .base import Problem, TaskFamily, split_of
 
 FORMATS = ("raw", "qa", "chat")
-QA_FORMAT = "Question: {q}\nAnswer:"
+# How a base model is asked a short question (the domain gate renders prompts in it too).
+QA_FORMAT = "Question: {}\nAnswer:"
 # What a reply is scored on: its first non-empty line.
 _FIRST_LINE = re.compile(r"\A\s*([^\n]*)")
 
@@ -102,7 +103,7 @@ class ShortAnswer(TaskFamily):
         k = rng.randrange(len(self.wordings))
         fmt = rng.choice(tuple(difficulty.get("formats", FORMATS)))
         question = self.wordings[k].format(x=x)
-        prompt = QA_FORMAT.format(q=question) if fmt == "qa" else question
+        prompt = QA_FORMAT.format(question) if fmt == "qa" else question
         pattern = number_pattern(int(answers)) if self.numeric else \
             word_pattern(answers, self.table is not None and self.table.case_sensitive)
         first = answers.split("|")[0]

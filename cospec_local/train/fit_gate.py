@@ -23,13 +23,14 @@ from ..command_line import REQUIRED, comma_list, option, parse_config
 from ..engine import Engine
 from ..recipes.distill_prompts import build_prompts
 from ..tasks import TASKS, load_task
+from ..tasks.short_answer import QA_FORMAT
 
 KINDS = ("classifier", "coverage")
 CHAT = "chat"  # general chat prompts (recipes/distill_prompts.py's train split) among --quiet-on
 # Task families held out of every gate's negatives, so that staying quiet on them is measured, not taught.
 HELD_OUT_FAMILIES = ("listops",)
 # Formats a prompt is rendered in besides the target's chat template (--chat).
-PLAIN_FORMATS = {"raw": "{}", "question": "Question: {}\nAnswer:", "user": "User: {}\nAssistant:"}
+PLAIN_FORMATS = {"raw": "{}", "question": QA_FORMAT, "user": "User: {}\nAssistant:"}
 
 
 def prompt_tokens(engine: Engine, prompts: list[str], chat: bool) -> list[list[int]]:
