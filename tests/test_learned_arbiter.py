@@ -426,7 +426,7 @@ def test_shipped_arbiter_matches_its_torch_model(demo_engine, states, name):
         with torch.no_grad():
             if model.kind == "lora":
                 batch = make_batch([s], [list(range(k))])
-                batch.features = torch.from_numpy(inputs[:, -_cospec.N_FEATURES:])
+                batch.features = torch.from_numpy(inputs[:, -model.n_features:])
                 torch_p = torch.sigmoid(model(batch)).numpy()
             else:
                 torch_p = torch.sigmoid(model.head(torch.from_numpy(inputs))).numpy()
@@ -476,7 +476,9 @@ def test_draft_context_arbiter_reads_the_drafts_cache(demo_engine, tmp_path):
             by_block.setdefault(d.block, {})[d.position] = d.p_keep
 
         def replay(block, by_block=by_block):
-            blocks.append({k: np.array(v, copy=True) for k, v in block.items() if isinstance(v, np.ndarray)})
+            # (copied: the engine reuses its arrays; the numbers say where the reply stands)
+            blocks.append({k: np.array(v, copy=True) if isinstance(v, np.ndarray) else v
+                           for k, v in block.items() if v is not None})
             nested.append(lora.score(blocks[-1]))
             p = np.zeros(block["n_draft"], dtype=np.float32)
             for pos, p_keep in by_block.get(int(block["index"]), {}).items():
@@ -597,6 +599,14 @@ def test_bad_arbiter_files_are_clear_errors(demo_engine, f32_draft, tmp_path):
         folder = variant(f"adapter-{key}", lambda f: None)
         with_kv(good / "adapter.gguf", Path(folder) / "adapter.gguf", key, value, vtype)
         with pytest.raises(ArbiterError, match=f"{key} must be a"):
+            demo_engine.arbiter(folder)
+
+    # n_features beyond what this engine gives (an arbiter from a newer engine), or not a whole number
+    for value, vtype in [(_cospec.N_FEATURES + 1, GGUFValueType.UINT32), (0, GGUFValueType.UINT32),
+                         ("many", GGUFValueType.STRING)]:
+        folder = variant(f"n-features-{value}", lambda f: None)
+        with_kv(good / "arbiter.gguf", Path(folder) / "arbiter.gguf", "cospec.arbiter.n_features", value, vtype)
+        with pytest.raises(ArbiterError, match=r"n_features must be a whole number in \[1, "):
             demo_engine.arbiter(folder)
 
     # a LoRA whose shapes do not fit the draft: llama.cpp refuses it, the engine says so
@@ -756,3 +766,68 @@ def test_an_arbiter_of_another_format_version_or_without_its_lora_context_is_ref
     unsaid = copy_with("no-context", lambda key, value: None if key == KEY + "lora_context" else value)
     with pytest.raises(ArbiterError, match="lora_context"):
         demo_engine.arbiter(str(unsaid))
+
+
+def _log_softmax(rows: np.ndarray) -> np.ndarray:
+    m = rows.max(-1, keepdims=True)
+    return rows - m - np.log(np.exp(rows - m).sum(-1, keepdims=True))
+
+
+def test_features_of_ranks_the_reply_and_the_next_position(demo_engine):
+    """The features appended after the first 16, from the blocks a generation hands an arbiter,
+    against numpy: the tokens each model ranks above the other's token, where the block sits in the
+    reply, the reply's agreement before it, and the target one position on. A head of the first 16
+    (files from before these features) reads exactly those 16."""
+    from cospec_local import arbiter_from_function
+
+    seen = []
+
+    def record(block):
+        seen.append({k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in block.items()})
+        return [0.0] * block["n_draft"]
+
+    problem = load_task("arith", "dev", 1)[0]
+    prompt = demo_engine.tokenize(problem.prompt)
+    run = demo_engine.generate(problem.prompt, arbiter=arbiter_from_function(record, "records"),
+                               max_tokens=160, stop=FAMILY_STOPS["arith"])
+    assert len(seen) >= 2
+    names = list(_cospec.FEATURE_NAMES)
+    col = {name: names.index(name) for name in names[16:]}
+    drafted_before = mismatched_before = 0
+    for block in seen:
+        k, tl, dl = block["n_draft"], block["target_logits"], block["draft_logits"]
+        assert block["n_prompt"] == len(prompt) and block["n_context"] >= len(prompt)
+        assert block["reply_drafted"] >= drafted_before and block["reply_agreed"] <= block["reply_drafted"]
+        assert block["reply_drafted"] - block["reply_agreed"] >= mismatched_before  # every earlier mismatch counted
+        drafted_before += k
+        mismatched_before += int(block["mismatch"].sum())
+        f = _cospec.block_features(block)
+        draft, target = block["draft"], block["target"]
+        for i in range(k):
+            assert f[i, col["target_rank_draft"]] == pytest.approx(np.log2(1 + (tl[i] > tl[i, draft[i]]).sum()))
+            assert f[i, col["draft_rank_target"]] == pytest.approx(np.log2(1 + (dl[i] > dl[i, target[i]]).sum()))
+            reply_before = block["n_context"] - block["n_prompt"] + i
+            assert f[i, col["reply_position"]] == pytest.approx(np.log2(1 + reply_before))
+            agreement = (block["reply_agreed"] + 1) / (block["reply_drafted"] + 2)
+            assert f[i, col["reply_agreement"]] == pytest.approx(agreement)
+            nxt = _log_softmax(tl[i + 1].astype(np.float64))
+            assert f[i, col["target_entropy_next"]] == pytest.approx(-(np.exp(nxt) * nxt).sum(), abs=1e-3)
+            follower = draft[i + 1] if i + 1 < k else target[k]
+            assert f[i, col["target_logp_next"]] == pytest.approx(max(nxt[follower], -30.0), abs=1e-3)
+    assert seen[-1]["reply_drafted"] > 0 and len(run.tokens) > seen[-1]["n_context"] - len(prompt)
+
+    # A head over the first 16 features (as every arbiter file before them): its file says 16, and
+    # the engine feeds it exactly those.
+    torch.manual_seed(2)
+    old = FeaturesArbiter(n_features=16)
+    for p in old.head.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    with torch.no_grad():
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            arbiter = demo_engine.arbiter(str(export(old, Path(tmp) / "sixteen", demo_model("draft"))))
+            assert arbiter.meta("n_features") == "16"
+            for block in seen[:4]:
+                inputs = arbiter.head_inputs(block)
+                assert inputs.shape == (block["n_draft"], 16)
+                np.testing.assert_array_equal(inputs, _cospec.block_features(block)[:, :16])

@@ -18,8 +18,10 @@ def arbiter_from_function(fn: Callable[[dict], Sequence[float]], name: str = "py
 
     `fn(block)` gets a dict with numpy arrays `draft` (K), `target` (K+1),
     `mismatch` (K, bool), `target_logits` (K+1, n_vocab), `draft_logits`
-    (K, n_vocab), `context` (prompt and verified tokens), `n_context`, `index`
-    and `temperature`, and returns K values: P(keep draft token) at each
+    (K, n_vocab), `context` (prompt and verified tokens), `n_context`, `index`,
+    `temperature`, `n_prompt` (the context's first n_prompt tokens are the prompt),
+    `reply_drafted` and `reply_agreed` (the reply's earlier draft positions the target
+    judged, and agreed with), and returns K values: P(keep draft token) at each
     position (booleans are 0 or 1). Optional `begin(prompt)` is called when a
     generation starts, `taken(block, decisions)` with the decisions the walk
     applied: (block, position, token_index, p_keep, keep) tuples; `reset()` on `arbiter.reset()`.

@@ -270,8 +270,11 @@ def write_arbiter(out_dir: str | Path, *, kind: str, head, draft_gguf: str | Pat
         writer.add_string(KEY + "target_fingerprint", target["fingerprint"])
         writer.add_string(KEY + "target_file", target["file"])
     writer.add_uint32(KEY + "head_layers", n_layers)
-    writer.add_uint32(KEY + "n_features", int(_cospec.N_FEATURES))
-    writer.add_string(KEY + "features", ",".join(_cospec.FEATURE_NAMES))
+    n_features = int(head.in_mean.numel()) - (2 * int(n_embd) if kind == LORA else 0)  # the first n of each row
+    if not 0 < n_features <= _cospec.N_FEATURES:
+        raise ValueError(f"the head reads {n_features} block features; the engine gives {_cospec.N_FEATURES}")
+    writer.add_uint32(KEY + "n_features", n_features)
+    writer.add_string(KEY + "features", ",".join(_cospec.FEATURE_NAMES[:n_features]))
     if verify_cost is not None:
         writer.add_float32(KEY + "verify_cost", float(verify_cost))
     for key, value in (trained_under or {}).items():

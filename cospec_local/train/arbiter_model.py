@@ -32,7 +32,8 @@ from torch import nn
 from ..arbiter.file_format import FEATURES, LORA, LORA_CONTEXTS
 from .states import DecisionState
 
-N_FEATURES = 16  # cospec_block_features (COSPEC_N_FEATURES); checked against the extension at run time
+N_FEATURES = 22  # cospec_block_features (COSPEC_N_FEATURES); checked against the extension at run time
+BLOCK_FEATURES = 16  # the first 16: the block alone (the rest read ranks, the reply so far, the next position)
 # The draft's projections that get a LoRA adapter (Hugging Face names), and llama.cpp's names for them.
 LORA_TARGETS = {
     "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
@@ -73,12 +74,13 @@ class Head(nn.Module):
 class FeaturesArbiter(nn.Module):
     kind = FEATURES
 
-    def __init__(self, hidden: int = 64, n_layers: int = 2):
+    def __init__(self, hidden: int = 64, n_layers: int = 2, n_features: int = N_FEATURES):
         super().__init__()
-        self.head = Head(N_FEATURES, hidden, n_layers)
+        self.n_features = n_features  # it reads the first n_features of each row (its file records them)
+        self.head = Head(n_features, hidden, n_layers)
 
     def head_inputs(self, batch: "Batch") -> torch.Tensor:
-        return batch.to(self.head.in_mean.device).features
+        return batch.to(self.head.in_mean.device).features[:, :self.n_features]
 
     def forward(self, batch: "Batch") -> torch.Tensor:
         return self.head(self.head_inputs(batch))
@@ -171,7 +173,7 @@ class LoraArbiter(nn.Module):
     kind = LORA
 
     def __init__(self, backbone, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0, hidden: int = 64,
-                 n_layers: int = 2, lora_context: str = "draft"):
+                 n_layers: int = 2, lora_context: str = "draft", n_features: int = N_FEATURES):
         super().__init__()
         from peft import LoraConfig, get_peft_model
 
@@ -189,7 +191,8 @@ class LoraArbiter(nn.Module):
         self.n_embd = backbone.config.hidden_size
         self.rank, self.alpha = rank, alpha
         self.lora_context = lora_context
-        self.head = Head(2 * self.n_embd + N_FEATURES, hidden, n_layers)
+        self.n_features = n_features
+        self.head = Head(2 * self.n_embd + n_features, hidden, n_layers)
         # With lora_context "draft", every adapter's output is multiplied by the batch's region
         # mask, so the prefix is read by the draft alone, exactly (its delta is 0, its gradient too).
         self._gate: torch.Tensor | None = None
@@ -219,7 +222,8 @@ class LoraArbiter(nn.Module):
     def head_inputs(self, batch: Batch) -> torch.Tensor:
         batch = batch.to(self.head.in_mean.device)  # batches are made on the CPU; the model may be on a GPU
         h = self.hidden(batch)
-        return torch.cat([h[batch.rows, batch.d_index], h[batch.rows, batch.t_index], batch.features], dim=-1)
+        return torch.cat([h[batch.rows, batch.d_index], h[batch.rows, batch.t_index],
+                          batch.features[:, :self.n_features]], dim=-1)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         return self.head(self.head_inputs(batch))
@@ -244,12 +248,13 @@ def load_arbiter(folder: str | Path, draft_gguf: str | Path):
     tensors = bundle.head
     n_layers = int(bundle.meta["head_layers"])
     hidden = tensors["head.0.weight"].shape[0] if n_layers > 1 else 1
+    n_features = int(bundle.meta.get("n_features", BLOCK_FEATURES))
     if bundle.kind == FEATURES:
-        model = FeaturesArbiter(hidden, n_layers)
+        model = FeaturesArbiter(hidden, n_layers, n_features)
     else:
         rank = next(iter(bundle.lora.values()))[0].shape[0]
         model = LoraArbiter(load_draft_backbone(draft_gguf), rank, bundle.lora_alpha, 0.0, hidden, n_layers,
-                            bundle.lora_context)
+                            bundle.lora_context, n_features)
         for name, module in model.backbone.named_modules():
             if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):
                 a, b = bundle.lora[lora_base_name(name)]

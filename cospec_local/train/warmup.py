@@ -60,6 +60,8 @@ class WarmupConfig:
                                  "cuda[:N].")
     head_hidden: int = option(64, "Width of the head's hidden layer.")
     head_layers: int = option(2, "Linear layers of the head.")
+    n_features: int = option(0, "Block features the heads read: the first N of the engine's (16: the block alone; "
+                                "22: with ranks, the reply so far and the next position); 0: all the engine gives.")
     features_epochs: int = option(200, "Epochs of the features arbiter (full batch).")
     features_lr: float = option(3e-3, "Learning rate of the features arbiter.")
     lora_rank: int = option(8, "LoRA rank r.")
@@ -287,6 +289,21 @@ def split_states(states: list, families: set[str], folders: list[Path]) -> tuple
     return train_states, dev_states
 
 
+def feature_count(cfg: WarmupConfig, states: list) -> int:
+    """How many block features the heads read: cfg.n_features (0: all the engine gives), no more than
+    the states hold (states collected by an older engine hold fewer)."""
+    from cospec_local import _cospec
+
+    want = cfg.n_features or _cospec.N_FEATURES
+    if not 0 < want <= _cospec.N_FEATURES:
+        sys.exit(f"--n-features must be 1..{_cospec.N_FEATURES} (0: all)")
+    held = min((len(s.state.features[0]) for s in states if s.state.features), default=want)
+    if held < want:
+        sys.exit(f"the training states hold {held} block features, {want} are asked for: they were collected by an "
+                 f"older engine; collect them again, or pass --n-features {held}")
+    return want
+
+
 def fit_arbiter(kind: str, cfg: WarmupConfig, draft: Path, train_states: list, dev_states: list, device, log: list,
                 trained: dict):
     """One arbiter of `kind` fitted on the train states; returns it and what its file needs besides
@@ -296,14 +313,15 @@ def fit_arbiter(kind: str, cfg: WarmupConfig, draft: Path, train_states: list, d
     from .arbiter_model import FeaturesArbiter, LoraArbiter, load_draft_backbone
 
     torch.manual_seed(cfg.seed)
+    n_features = feature_count(cfg, train_states)
     if kind == FEATURES:
-        model = FeaturesArbiter(cfg.head_hidden, cfg.head_layers).to(device)
+        model = FeaturesArbiter(cfg.head_hidden, cfg.head_layers, n_features).to(device)
         train(model, train_states, dev_states, cfg, epochs=cfg.features_epochs, lr=cfg.features_lr,
               batch_size=FULL_BATCH, with_tokens=False, log=log)
         return model, {}
     if kind == LORA:
         model = LoraArbiter(load_draft_backbone(draft), cfg.lora_rank, cfg.lora_alpha, 0.0, cfg.head_hidden,
-                            cfg.head_layers, cfg.lora_context).to(device)
+                            cfg.head_layers, cfg.lora_context, n_features).to(device)
         start = trained[FEATURES].head if cfg.lora_from_features else None
         train(model, train_states, dev_states, cfg, epochs=cfg.lora_epochs, lr=cfg.lora_lr,
               batch_size=cfg.batch_size, with_tokens=True, log=log, start_head=start)

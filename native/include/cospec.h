@@ -275,6 +275,12 @@ typedef struct cospec_block {
     // draft[i] begins with draft_own[i] (else -1). Both NULL for a draft of the target's vocabulary.
     const cospec_token * draft_own; // [n_draft]
     const cospec_token * draft_alt; // [n_draft]
+    // The reply so far: context[0, n_prompt) is the prompt (the rest of the context, the reply's
+    // tokens before this block), and the earlier blocks of this reply offered reply_drafted draft
+    // tokens, of which the target agreed with reply_agreed (every position, reached or not).
+    int32_t n_prompt;
+    int32_t reply_drafted;
+    int32_t reply_agreed;
 } cospec_block;
 
 // Score every mismatch position of the block at once: write p_keep[i], the
@@ -382,7 +388,9 @@ float cospec_entropy(const float * logits, int32_t n_vocab, float temperature);
 // Per-position features of a block, read off its logits with no extra forward
 // pass: the input of the `features` arbiter, and part of the LoRA arbiter's.
 // Needs block->draft_logits. Writes n_draft rows of COSPEC_N_FEATURES floats.
-#define COSPEC_N_FEATURES 16
+// Features are only ever appended: an arbiter trained on the first n of them
+// (its file's n_features) reads the first n of each row.
+#define COSPEC_N_FEATURES 22
 int32_t      cospec_block_features(const cospec_block * block, float * out, size_t out_size);
 const char * cospec_feature_name(int32_t index);
 

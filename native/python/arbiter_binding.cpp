@@ -27,6 +27,9 @@ py::dict block_to_dict(const cospec_block & b) {
     d["context"] = py::array_t<int32_t>(b.n_context, b.context);
     d["n_context"] = b.n_context;
     d["temperature"] = b.temperature;
+    d["n_prompt"] = b.n_prompt;
+    d["reply_drafted"] = b.reply_drafted;
+    d["reply_agreed"] = b.reply_agreed;
     // A draft of another vocabulary: its own tokens at the block's positions (else None).
     d["draft_own"] = b.draft_own != nullptr ? py::object(py::array_t<int32_t>(k, b.draft_own)) : py::none();
     d["draft_alt"] = b.draft_alt != nullptr ? py::object(py::array_t<int32_t>(k, b.draft_alt)) : py::none();
@@ -167,6 +170,16 @@ python_block::python_block(const py::dict & d) {
     }
     b.index = d.contains("index") ? d["index"].cast<int32_t>() : 0;
     b.temperature = d.contains("temperature") ? d["temperature"].cast<float>() : 0.0f;
+    for (auto [key, field] : {std::pair {"n_prompt", &b.n_prompt}, std::pair {"reply_drafted", &b.reply_drafted},
+                              std::pair {"reply_agreed", &b.reply_agreed}}) {
+        *field = d.contains(key) ? d[key].cast<int32_t>() : 0;
+        if (*field < 0) {
+            throw py::value_error(std::string("block: ") + key + " must be >= 0");
+        }
+    }
+    if (b.n_prompt > b.n_context || b.reply_agreed > b.reply_drafted) {
+        throw py::value_error("block: need n_prompt <= the context's length and reply_agreed <= reply_drafted");
+    }
     for (auto [key, array, field] : {std::tuple {"draft_own", &draft_own, &b.draft_own},
                                      std::tuple {"draft_alt", &draft_alt, &b.draft_alt}}) {
         if (d.contains(key) && !d[key].is_none()) {

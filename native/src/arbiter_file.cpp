@@ -297,6 +297,14 @@ int32_t read_metadata(const gguf_context * g, const std::string & who, bundle & 
         return fail(COSPEC_ERR_ARBITER, who + ": head_layers must be 1.." + std::to_string(MAX_HEAD_LAYERS));
     }
     b.n_head_layers = (int32_t) *v;
+    if (!meta_number(b, "n_features", 1.0, COSPEC_N_FEATURES, true, v)) {
+        return fail(COSPEC_ERR_ARBITER, who + ": n_features must be a whole number in [1, " +
+                                            std::to_string(COSPEC_N_FEATURES) +
+                                            "] (an arbiter for a newer engine: update cospec-local)");
+    }
+    if (v) {
+        b.n_features = (int32_t) *v;
+    }
     if (b.kind != COSPEC_ARBITER_LORA) {
         return COSPEC_OK;
     }

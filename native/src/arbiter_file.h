@@ -84,6 +84,9 @@ struct bundle {
     float lora_scale = 1.0f;
     bool context_from_draft = false; // lora_context == "draft"
     int32_t n_head_layers = 0;
+    // The block features it reads: the first n_features of cospec_block_features (files from
+    // before the key read the first 16, all there was).
+    int32_t n_features = 16;
     head_mlp head;
     // The domain gate: sorted keys first * gate_n_vocab + second of the training prompts' bigrams.
     std::vector<uint64_t> gate_keys;

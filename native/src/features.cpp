@@ -29,6 +29,13 @@ const char * const FEATURE_NAMES[COSPEC_N_FEATURES] = {
     "run_reaches_block_end", // 1 when that run lasts to the end of the block
     "mismatches_after",      // in this block
     "target_top3_entropy",   // FLy's gate: -sum p log p over the 3 likeliest tokens
+    // Appended later (an arbiter reads the first n_features its file records):
+    "target_rank_draft",     // log2(1 + tokens the target ranks above d_i)
+    "draft_rank_target",     // log2(1 + tokens the draft ranks above t_i)
+    "reply_position",        // log2(1 + reply tokens before position i)
+    "reply_agreement",       // (agreed + 1) / (drafted + 2) over the reply's earlier blocks
+    "target_entropy_next",   // the target's entropy one position on, with d_i in its context
+    "target_logp_next",      // log p_target of the token after d_i there (d_i+1; the bonus at the end)
 };
 
 struct row_summary {
@@ -89,6 +96,20 @@ float top3_entropy(const row_summary & s) {
     return (float) h;
 }
 
+// Tokens ranked above tok (ties count below it: a model that cannot tell them apart ranks tok
+// first); a token outside the row ranks last.
+float log_rank(const float * row, int32_t n, cospec_token tok) {
+    if (tok < 0 || tok >= n) {
+        return std::log2(1.0f + (float) n);
+    }
+    const float x = row[tok];
+    int32_t above = 0;
+    for (int32_t i = 0; i < n; ++i) {
+        above += row[i] > x;
+    }
+    return std::log2(1.0f + (float) above);
+}
+
 float margin(const row_summary & s) {
     return std::isfinite(s.top[1]) ? s.top[0] - s.top[1] : -LOGP_FLOOR;
 }
@@ -114,6 +135,10 @@ int32_t block_features(const cospec_block * b, float * out, size_t out_size, con
     for (int32_t i = 0; i < n; ++i) {
         mismatches_total += b->mismatch[i] != 0;
     }
+    // (A hand-built block may leave the reply fields zero: then the whole context is the prompt.)
+    const int32_t reply_before = std::max(0, b->n_context - std::max(0, b->n_prompt > 0 ? b->n_prompt : b->n_context));
+    const int32_t drafted = std::max(0, b->reply_drafted);
+    const float agreement = (float) (std::clamp(b->reply_agreed, 0, drafted) + 1) / (float) (drafted + 2);
     int32_t before = 0;
     for (int32_t i = 0; i < n; ++i) {
         const int32_t here = b->mismatch[i] != 0;
@@ -148,6 +173,14 @@ int32_t block_features(const cospec_block * b, float * out, size_t out_size, con
         f[13] = (float) (i + 1 + run == n);
         f[14] = (float) (mismatches_total - before - here);
         f[15] = top3_entropy(ts);
+        f[16] = log_rank(trow, b->n_vocab_target, b->draft[i]);
+        f[17] = log_rank(drow, b->n_vocab_draft, b->draft_alt != nullptr ? b->draft_alt[i] : b->target[i]);
+        f[18] = std::log2(1.0f + (float) (reply_before + i));
+        f[19] = agreement;
+        const float * next_row = trow + b->n_vocab_target; // row i + 1: the verify pass has n_draft + 1
+        const row_summary ns = summarise(next_row, b->n_vocab_target);
+        f[20] = ns.entropy;
+        f[21] = logp(next_row, b->n_vocab_target, ns, i + 1 < n ? b->draft[i + 1] : b->target[n]);
         before += here;
     }
     return COSPEC_OK;

@@ -114,6 +114,7 @@ class generation {
             r.logprobs_per_token = 1 + p.n_top_logprobs;
         }
         seq.assign(prompt, prompt + n_prompt);
+        n_prompt_tokens = n_prompt;
         if (p.mode == COSPEC_MODE_DRAFT_ONLY && !e.vocab_difference.empty()) {
             seq = cospec::draft_prompt(e, p, prompt, n_prompt); // a draft of another vocabulary decodes alone in its own tokens
         }
@@ -212,6 +213,10 @@ class generation {
     std::vector<uint8_t> mismatch;
     std::vector<float> p_keep;
     cospec_block block {};
+    // The reply's draft positions the target judged, and how many it agreed with (the arbiter's
+    // reply_drafted and reply_agreed: before the block it decides).
+    struct { int32_t drafted = 0, agreed = 0; } reply_so_far, reply_before_block;
+    int32_t n_prompt_tokens = 0;
 
     // The draft sources of this call in order, COSPEC_DRAFT_AUTO resolved (see enum
     // cospec_draft_source). timing_free: the n-gram drafter proposes from this call's text alone,
@@ -440,6 +445,7 @@ class generation {
 
         target_tokens.assign(kd + 1, -1);
         mismatch.assign(kd, 0);
+        reply_before_block = reply_so_far;
         chooser.begin_verify();
         // The lossless walk stops at the first mismatch, so later positions
         // need no verdict; an arbiter that can keep sees the whole block.
@@ -455,6 +461,10 @@ class generation {
             }
             if (!std::isfinite(logits[(size_t) j * nv + target_tokens[j]])) {
                 return nonfinite_logits();
+            }
+            if (j < kd) {
+                reply_so_far.drafted += 1;
+                reply_so_far.agreed += !mismatch[j];
             }
             if (j < kd && mismatch[j] && !arbiter_decides()) {
                 break;
@@ -482,6 +492,9 @@ class generation {
         block.context = seq.data(); // the walk may have grown seq: its first n_context tokens are the block's context
         block.n_context = (int32_t) n_past + 1;
         block.temperature = p.temperature;
+        block.n_prompt = n_prompt_tokens;
+        block.reply_drafted = reply_before_block.drafted;
+        block.reply_agreed = reply_before_block.agreed;
         current->describe(block); // what the arbiter reads of the draft
         const auto t0 = clock_type::now();
         int32_t rc;

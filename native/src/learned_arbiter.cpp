@@ -315,9 +315,12 @@ struct learned_arbiter final : cospec_arbiter {
             return st;
         }
         const int32_t c = cols();
+        const int32_t nf = b.n_features;
         inputs.resize((size_t) k * c);
         if (b.kind == COSPEC_ARBITER_FEATURES) {
-            std::copy(features.begin(), features.end(), inputs.begin());
+            for (int32_t i = 0; i < k; ++i) {
+                std::copy_n(features.begin() + (size_t) i * COSPEC_N_FEATURES, nf, inputs.begin() + (size_t) i * c);
+            }
             return COSPEC_OK;
         }
         if (const int32_t st = region_hidden(blk); st != COSPEC_OK) {
@@ -328,7 +331,7 @@ struct learned_arbiter final : cospec_arbiter {
             float * row = inputs.data() + (size_t) i * c;
             std::copy_n(hidden.begin() + (size_t) (2 * i) * d, d, row);
             std::copy_n(hidden.begin() + (size_t) (2 * i + 1) * d, d, row + d);
-            std::copy_n(features.begin() + (size_t) i * COSPEC_N_FEATURES, COSPEC_N_FEATURES, row + 2 * d);
+            std::copy_n(features.begin() + (size_t) i * COSPEC_N_FEATURES, nf, row + 2 * d);
         }
         return COSPEC_OK;
     }
@@ -433,7 +436,8 @@ int32_t cospec_arbiter_load(cospec_engine * engine, const cospec_learned_arbiter
                                                 "' has fingerprint " + engine->draft_fingerprint);
         }
         const char * kind_name = cospec_arbiter_kind_name(a->b.kind);
-        const int32_t expected = a->b.kind == COSPEC_ARBITER_LORA ? 2 * a->b.n_embd + COSPEC_N_FEATURES : COSPEC_N_FEATURES;
+        const int32_t nf = a->b.n_features;
+        const int32_t expected = a->b.kind == COSPEC_ARBITER_LORA ? 2 * a->b.n_embd + nf : nf;
         if (a->b.kind == COSPEC_ARBITER_LORA && a->b.n_embd != llama_model_n_embd(engine->draft.model)) {
             return fail(COSPEC_ERR_ARBITER, "arbiter '" + a->b.path + "' expects hidden states of width " +
                                                 std::to_string(a->b.n_embd) + ", the draft has " +
