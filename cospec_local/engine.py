@@ -400,6 +400,16 @@ class Engine(ChatMixin, ArbiterCacheMixin):
         except _cospec.CospecError as exc:
             raise from_native(exc) from None
 
+    def prompt_embedding(self, prompt: str | Sequence[int]):
+        """The draft's final hidden state at a prompt's last token (it reads the last 256, in its own
+        tokens where the vocabularies differ), L2-normalised: a float32 array (n_embd,), what an
+        arbiter's embedding gate reads (cospec_prompt_embedding)."""
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        try:
+            return self._native.prompt_embedding(tokens)
+        except _cospec.CospecError as exc:
+            raise from_native(exc) from None
+
     # ------------------------------------------------------------ generation
 
     def _request(self, prompt: str | Sequence[int], params: GenerationParams | None, overrides: dict,

@@ -281,3 +281,125 @@ def test_the_gemma_arbiter_admits_its_tasks_asked_otherwise_and_refuses_listops_
             assert admitted(reworded) >= 0.5, task
         assert admitted([p.prompt for p in load_task("listops", "test", 40)]) == 0.0
         assert admitted([line for line in CHAT_PROMPTS.read_text().splitlines() if line.strip()]) == 0.0
+
+
+# ---------------------------------------------------------------- the checkable-answer (embedding) gate
+
+LEFT_OUT = "past-tense"  # a family the gate below never sees
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    with Engine("smollm2-135m", "smollm2-135m", n_ctx=512, n_threads=1, calibration=None) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def checkable_gate(smollm2):
+    """A checkable-answer gate trained on every short-answer family but LEFT_OUT (and arithmetic),
+    few questions each, against general chat and long-form writing."""
+    from cospec_local.tasks import SHORT_ANSWER_FAMILIES
+    from cospec_local.train.fit_gate import general_gate, general_negatives
+
+    tasks = [f.name for f in SHORT_ANSWER_FAMILIES if f.name != LEFT_OUT] + ["arith"]
+    return general_gate(smollm2, tasks, general_negatives(smollm2, 100), train=20, dev=6)
+
+
+def test_a_prompt_embedding_is_the_drafts_normalised_reading(smollm2):
+    from cospec_local import InvalidArgumentError, NoDraftError
+
+    a = smollm2.prompt_embedding("What is the capital of Peru?")
+    assert a.shape == (576,) and np.linalg.norm(a) == pytest.approx(1.0, abs=1e-5)
+    assert np.array_equal(a, smollm2.prompt_embedding("What is the capital of Peru?"))  # the same every time
+    assert not np.allclose(a, smollm2.prompt_embedding("Write a poem about the sea."))
+    assert not np.any(smollm2.prompt_embedding([]))  # nothing read: the zero vector
+    with pytest.raises(InvalidArgumentError, match="outside the target's vocabulary"):
+        smollm2.prompt_embedding([1 << 24])
+    with Engine("smollm2-135m", n_ctx=256, n_threads=1, calibration=None) as alone:
+        with pytest.raises(NoDraftError):
+            alone.prompt_embedding("Hi")
+
+
+@pytest.mark.slow
+def test_the_checkable_gate_admits_a_family_it_never_saw_and_refuses_chat_and_long_form(smollm2, checkable_gate):
+    """Questions of the left-out family, in three formats, mostly pass; held-out general chat (the
+    project's own prompts, and templates and topics no gate trained on) and long-form writing do not."""
+    from cospec_local.train.fit_gate import embeddings, held_out_quiet_prompts, in_each_format, task_questions
+
+    gate = checkable_gate
+    assert gate.record["train_admitted"]["negative"] == 0.0 and gate.record["dev_admitted"] >= 0.7
+    by_format = in_each_format(smollm2, task_questions(LEFT_OUT, "test", 20))
+    for fmt in ("raw", "question", "chat"):
+        admitted = np.mean([gate.admits(e) for e in embeddings(smollm2, by_format[fmt])])
+        assert admitted >= 0.6, (fmt, admitted)  # (85, 80 and 90% measured)
+    quiet = held_out_quiet_prompts(30)
+    quiet["ours"] = [line for line in CHAT_PROMPTS.read_text().splitlines() if line.strip()]
+    for kind, prompts in quiet.items():
+        for fmt in ("raw", "chat"):
+            admitted = np.mean([gate.admits(e) for e in embeddings(smollm2, in_each_format(smollm2, prompts)[fmt])])
+            assert admitted <= 0.05, (kind, fmt, admitted)
+
+
+@pytest.fixture(scope="module")
+def checkable_arbiter(smollm2, checkable_gate, tmp_path_factory):
+    """A features arbiter for SmolLM2 (an untrained head at threshold 0: it keeps whatever it is asked
+    about) behind the checkable gate."""
+    torch = pytest.importorskip("torch")
+    from cospec_local.arbiter.file_format import add_gate, write_arbiter
+    from cospec_local.models import resolve_model
+    from cospec_local.train.arbiter_model import FeaturesArbiter
+
+    torch.manual_seed(0)
+    folder = write_arbiter(tmp_path_factory.mktemp("checkable") / "arbiter", kind="features",
+                           head=FeaturesArbiter().head, draft_gguf=resolve_model("smollm2-135m"), threshold=0.0,
+                           name="test-checkable", onnx=False)
+    add_gate(folder, checkable_gate)
+    return folder
+
+
+@pytest.mark.slow
+def test_engine_embedding_gate_equals_the_reference(smollm2, checkable_gate, checkable_arbiter):
+    from cospec_local.arbiter.file_format import read_bundle
+
+    stored = read_bundle(checkable_arbiter).gate
+    assert stored.bias == checkable_gate.bias and np.array_equal(stored.weights, checkable_gate.weights)
+    arbiter = smollm2.arbiter(str(checkable_arbiter))
+    prompts = [p.prompt for p in load_task(LEFT_OUT, "test", 8)] + \
+        [line for line in CHAT_PROMPTS.read_text().splitlines() if line.strip()][:8]
+    for text in prompts:
+        tokens = smollm2.tokenize(text)
+        expected = checkable_gate.score(smollm2.prompt_embedding(tokens))
+        assert arbiter.gate_coverage(tokens) == pytest.approx(expected, abs=1e-5)
+        if abs(expected - checkable_gate.threshold) > 1e-4:  # (not at a near-tie of float rounding)
+            assert arbiter.admits(tokens) == checkable_gate.admits(smollm2.prompt_embedding(tokens))
+    # In a generation: a refused prompt is plain speculative decoding (no decision), an admitted one
+    # is decided (this head keeps every mismatch it is asked about).
+    chat = smollm2.render_chat([{"role": "user", "content": "Write a short story about a lighthouse keeper."}])
+    assert not arbiter.admits(chat)
+    refused = smollm2.generate(chat, arbiter=arbiter, max_tokens=24)
+    assert refused.decisions == [] and refused.tokens == smollm2.generate(chat, mode="target-only", max_tokens=24).tokens
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change, message", [
+    (lambda w: w[:-1].copy(), "embedding gate reads hidden states of width 575"),
+    (lambda w: np.where(np.arange(len(w)) == 3, np.inf, w).astype(np.float32), "not a finite number"),
+])
+def test_a_corrupt_embedding_gate_is_refused_at_load(smollm2, checkable_arbiter, tmp_path, change, message):
+    from cospec_local.arbiter.file_format import EMBEDDING_GATE_TENSOR
+    from cospec_local.errors import ArbiterError
+
+    weights = gate_tensor(checkable_arbiter, EMBEDDING_GATE_TENSOR).astype(np.float32)
+    bad = with_gate_tensor(checkable_arbiter, tmp_path / "bad-embedding", EMBEDDING_GATE_TENSOR, change(weights))
+    with pytest.raises(ArbiterError, match=message):
+        smollm2.arbiter(str(bad))
+
+
+@pytest.mark.slow
+def test_an_embedding_gate_beside_another_is_refused(smollm2, checkable_arbiter, tmp_path):
+    from cospec_local.arbiter.file_format import CLASSIFIER_GATE_TENSOR
+    from cospec_local.errors import ArbiterError
+
+    bad = with_gate_tensor(checkable_arbiter, tmp_path / "two", CLASSIFIER_GATE_TENSOR, np.zeros(1 << 8, np.float32))
+    with pytest.raises(ArbiterError, match="two domain gates"):
+        smollm2.arbiter(str(bad))

@@ -11,6 +11,12 @@ the timing-free tuner of learned-arbiter runs, so nothing depends on timing). Tw
   prompt's hashed token unigrams and bigrams, trained on the tasks' prompts against general chat
   and other task families, each in several formats. It reads the tasks' words, so it admits a
   task asked in other words or another chat format.
+- EmbeddingGate (what `arbiter train` builds for the built-in short-answer mix): logistic
+  regression over the draft's hidden state at the prompt's last token (Engine.prompt_embedding), trained
+  on questions with short, checkable answers against general chat and long-form writing. It asks
+  "is this such a question?", not "is this one of my tasks?", so it admits questions of families
+  it never saw, where a classifier over hashed words scores them like chat
+  (bench/gate_leave_family_out.py leaves one family out at a time).
 - DomainGate (the demo arbiters'): the share of the prompt's adjacent token pairs (bigrams) found
   among the training prompts, its threshold set on dev prompts (their 1st percentile minus a
   margin). On the demo pair every dev prompt of the training tasks has a coverage of 0.93 or
@@ -187,4 +193,59 @@ def train_classifier_gate(positive: Sequence[Sequence[int]], negative: Sequence[
                    "negative": len(negative),
                    "train_admitted": {"positive": float(np.mean([gate.admits(t) for t in positive])),
                                       "negative": float(np.mean([gate.admits(t) for t in negative]))}}
+    return gate
+
+
+@dataclass
+class EmbeddingGate:
+    """Logistic regression over the draft's L2-normalised hidden state at the prompt's last token
+    (cospec_prompt_embedding: the model about to answer, in its own tokens of the prompt). Stored in arbiter.gguf
+    as the tensor `gate.embedding` (n_embd F32), `gate_bias` and `gate_threshold` (a probability);
+    the engine reads the prompt with the draft once more, in a context of its own, before the first
+    block (a short question: a few milliseconds with a 135M draft)."""
+
+    weights: np.ndarray  # (n_embd,) float32
+    bias: float
+    threshold: float
+    record: dict
+
+    def score(self, embedding: np.ndarray) -> float:
+        z = float(self.bias) + float(np.dot(self.weights.astype(np.float64), np.asarray(embedding, dtype=np.float64)))
+        return _sigmoid(z)
+
+    def admits(self, embedding: np.ndarray) -> bool:
+        return self.score(embedding) >= self.threshold
+
+
+EMBEDDING_STEPS = 3000
+EMBEDDING_L2 = 1e-3
+# Of the prompts it must refuse, the share scoring above the threshold on its training data: none.
+EMBEDDING_NEGATIVE_QUANTILE = 1.0
+
+
+def train_embedding_gate(positive: np.ndarray, negative: np.ndarray, dev: np.ndarray | None = None) -> EmbeddingGate:
+    """Full-batch gradient descent on the class-balanced logistic loss (no randomness: the same
+    embeddings give the same gate). The threshold is the highest score of a training prompt it
+    must refuse (every one of them is refused), at least 0.5."""
+    positive, negative = np.asarray(positive, np.float64), np.asarray(negative, np.float64)
+    if len(positive) == 0 or len(negative) == 0:
+        raise ValueError("an embedding gate needs questions to admit and prompts to refuse")
+    x = np.vstack([positive, negative])
+    y = np.r_[np.ones(len(positive)), np.zeros(len(negative))]
+    weight = np.where(y == 1, len(y) / (2 * len(positive)), len(y) / (2 * len(negative)))
+    w, b = np.zeros(x.shape[1]), 0.0
+    for _ in range(EMBEDDING_STEPS):
+        z = np.clip(x @ w + b, -500, 500)
+        g = (1.0 / (1.0 + np.exp(-z)) - y) * weight
+        w -= x.T @ g / len(y) + EMBEDDING_L2 * w
+        b -= g.mean()
+    gate = EmbeddingGate(w.astype(np.float32), float(np.float32(b)), 0.5, {})
+    refused = np.array([gate.score(e) for e in negative])
+    gate.threshold = float(np.float32(max(0.5, np.quantile(refused, EMBEDDING_NEGATIVE_QUANTILE) + 1e-6)))
+    gate.record = {"kind": "embedding", "threshold": gate.threshold, "positive": len(positive),
+                   "negative": len(negative),
+                   "train_admitted": {"positive": float(np.mean([gate.admits(e) for e in positive])),
+                                      "negative": float(np.mean([gate.admits(e) for e in negative]))}}
+    if dev is not None and len(dev):
+        gate.record["dev_admitted"] = float(np.mean([gate.admits(e) for e in dev]))
     return gate

@@ -6,7 +6,8 @@
                    head_layers, n_features, verify_cost, n_embd, adapter, lora_scale, lora_context, info,
                    draft_max, adaptive_draft, draft_cost (what its states were drafted under),
                    gate_threshold, gate_n_vocab, gate_bias, gate_hash_bits} and, with a domain gate, the
-                   tensor gate.bigrams (a coverage gate) or gate.weights (a classifier gate) (domain_gate.py
+                   tensor gate.bigrams (a coverage gate), gate.weights (a classifier gate) or
+                   gate.embedding (an embedding gate: no gate_n_vocab, no gate_hash_bits) (domain_gate.py
                    in this package: the arbiter abstains on prompts unlike its training prompts)
     adapter.gguf   (kind `lora`) the LoRA adapter in llama.cpp's format: general.type = adapter,
                    adapter.type = lora, adapter.lora.alpha, tensors <base tensor>.lora_a / .lora_b
@@ -61,6 +62,7 @@ BUNDLE_FILES = (ARBITER_FILE, ADAPTER_FILE, ONNX_FILE, INFO_FILE)  # what a trai
 LORA_CONTEXTS = ("draft", "adapter")
 GATE_TENSOR = "gate.bigrams"                 # a coverage gate's bigrams
 CLASSIFIER_GATE_TENSOR = "gate.weights"      # a classifier gate's hashed n-gram weights
+EMBEDDING_GATE_TENSOR = "gate.embedding"     # an embedding gate's weights over the draft's hidden state
 # How the training states' blocks were drafted (GenerationParams' names): an arbiter run with
 # another block length meets blocks it never saw, and the engine says so.
 TRAINED_UNDER = ("draft_max", "adaptive_draft", "draft_cost")
@@ -341,6 +343,15 @@ def _gate_of(reader, meta: dict, folder: Path):
     """The domain gate an arbiter.gguf holds (None: it has none), checked as the engine checks it."""
     gate = next((t for t in reader.tensors if t.name == GATE_TENSOR), None)
     weights = next((t for t in reader.tensors if t.name == CLASSIFIER_GATE_TENSOR), None)
+    embedding = next((t for t in reader.tensors if t.name == EMBEDDING_GATE_TENSOR), None)
+    if embedding is not None:
+        if gate is not None or weights is not None or any(k not in meta for k in ("gate_threshold", "gate_bias")) \
+                or "gate_n_vocab" in meta or "gate_hash_bits" in meta:
+            raise ValueError(f"{folder}: its domain gate is incomplete or doubled (the engine refuses it too)")
+        from .domain_gate import EmbeddingGate
+
+        return EmbeddingGate(np.array(embedding.data, dtype=np.float32).reshape(-1), float(meta["gate_bias"]),
+                             float(meta["gate_threshold"]), {})
     if gate is None and weights is None:
         return None
     needed = ("gate_threshold", "gate_n_vocab") + (("gate_bias", "gate_hash_bits") if weights is not None else ())
@@ -373,8 +384,11 @@ def _gate_keys(gate) -> dict:
 
     if gate is None:
         return {}
-    keys = {KEY + "gate_threshold": (float(gate.threshold), gguf.GGUFValueType.FLOAT32),
-            KEY + "gate_n_vocab": (int(gate.n_vocab), gguf.GGUFValueType.UINT32)}
+    keys = {KEY + "gate_threshold": (float(gate.threshold), gguf.GGUFValueType.FLOAT32)}
+    if not hasattr(gate, "n_vocab"):  # an embedding gate reads the draft's hidden state, not token ids
+        keys[KEY + "gate_bias"] = (float(gate.bias), gguf.GGUFValueType.FLOAT32)
+        return keys
+    keys[KEY + "gate_n_vocab"] = (int(gate.n_vocab), gguf.GGUFValueType.UINT32)
     if not hasattr(gate, "bigrams"):
         keys[KEY + "gate_bias"] = (float(gate.bias), gguf.GGUFValueType.FLOAT32)
         keys[KEY + "gate_hash_bits"] = (int(gate.bits), gguf.GGUFValueType.UINT32)
@@ -386,6 +400,8 @@ def _gate_tensors(gate) -> list:
         return []
     if hasattr(gate, "bigrams"):
         return [(GATE_TENSOR, np.ascontiguousarray(gate.bigrams, dtype=np.int32), None)]
+    if not hasattr(gate, "n_vocab"):
+        return [(EMBEDDING_GATE_TENSOR, np.ascontiguousarray(gate.weights, dtype=np.float32), None)]
     return [(CLASSIFIER_GATE_TENSOR, np.ascontiguousarray(gate.weights, dtype=np.float32), None)]
 
 
@@ -393,7 +409,8 @@ def add_gate(folder: str | Path, gate: "DomainGate | ClassifierGate") -> Path:
     """Write a domain gate into an existing arbiter.gguf (replacing any it had, of either kind);
     everything else is kept as it is, so the arbiter decides exactly as before on the prompts the
     gate admits."""
-    return _rewrite_arbiter_file(folder, _gate_keys(gate), _gate_tensors(gate), {GATE_TENSOR, CLASSIFIER_GATE_TENSOR},
+    return _rewrite_arbiter_file(folder, _gate_keys(gate), _gate_tensors(gate),
+                                 {GATE_TENSOR, CLASSIFIER_GATE_TENSOR, EMBEDDING_GATE_TENSOR},
                                  drop_key_prefix=KEY + "gate_")
 
 

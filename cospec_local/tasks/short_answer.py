@@ -121,6 +121,14 @@ class ShortAnswer(TaskFamily):
         return re.search(problem.answer, first_line(completion)) is not None
 
 
+def bare_question(problem: Problem) -> str:
+    """A problem's question without its drawn format (a short-answer family's; any other prompt as it is)."""
+    prefix, suffix = QA_FORMAT.split("{}")
+    if problem.meta.get("format") == "qa" and problem.prompt.startswith(prefix) and problem.prompt.endswith(suffix):
+        return problem.prompt[len(prefix):len(problem.prompt) - len(suffix)]
+    return problem.prompt
+
+
 class NumberWords(ShortAnswer):
     numeric = True
 

@@ -50,7 +50,7 @@ from ..evaluation.machine import busy_note
 from ..models import prompt_style
 from .collect import CollectConfig
 from ..command_line import config_args
-from .fit_gate import GateConfig
+from .fit_gate import GateConfig, default_gate_kind
 from .grpo import GRPOConfig
 from .warmup import WarmupConfig
 from .states import TRAINING_SOURCES, LabelledState
@@ -545,7 +545,8 @@ class RecipeRun:
             shutil.rmtree(out / kind, ignore_errors=True)
             shutil.copytree(Path(warmed["folder"]) / kind, out / kind)
             gate = GateConfig(arbiter=out / kind, tasks=",".join(s.tasks), model=s.target, model_draft=s.draft,
-                              chat=s.chat, chat_template=s.chat_template, train=GATE_PROMPTS_PER_TASK)
+                              chat=s.chat, chat_template=s.chat_template, train=GATE_PROMPTS_PER_TASK,
+                              kind=default_gate_kind(list(s.tasks)))
             self.run_module("cospec_local.train.fit_gate", *config_args(gate))
         return self.stages.finish("gate", inputs, {**warmed, "folder": str(out)})
 

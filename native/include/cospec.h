@@ -394,6 +394,13 @@ float cospec_entropy(const float * logits, int32_t n_vocab, float temperature);
 int32_t      cospec_block_features(const cospec_block * block, float * out, size_t out_size);
 const char * cospec_feature_name(int32_t index);
 
+// The draft model's final hidden state at a prompt's last token (target tokens; the draft's own
+// tokens of its text where the vocabularies differ; it reads the last 256), L2-normalised: what an
+// arbiter's embedding gate reads. Writes n_embd floats to out; returns n_embd, or a
+// negative status.
+int32_t      cospec_prompt_embedding(cospec_engine * engine, const cospec_token * prompt, int32_t n_prompt,
+                                     float * out, size_t out_size);
+
 // Fingerprint of a GGUF model file: a 64-bit hash (hex) of its tensors'
 // names, types, shapes and data. An arbiter records its draft's.
 // Returns the length written (16), or a negative status.
@@ -438,8 +445,10 @@ int32_t cospec_arbiter_load(cospec_engine * engine, const struct cospec_learned_
 // The domain gate (arbiters that have one: "gate_threshold") scores a prompt in [0, 1]: a
 // coverage gate, the share of its adjacent token pairs seen in the training prompts; a
 // classifier gate, the probability that it is one of the arbiter's tasks (logistic regression
-// over its hashed token unigrams and bigrams). Below the threshold the arbiter abstains for
-// that generation.
+// over its hashed token unigrams and bigrams); an embedding gate, the probability that it asks
+// for a short, checkable answer (logistic regression over cospec_prompt_embedding: the draft reads
+// the prompt once more, in a context of its own). Below the threshold the arbiter abstains for
+// that generation, as it does where an embedding gate cannot read the prompt.
 const char * cospec_arbiter_meta(const cospec_arbiter * arbiter, const char * key);
 // The head's input rows of a block (what `head` would receive), one per
 // position of the block, for parity checks: n_draft * cols floats; returns

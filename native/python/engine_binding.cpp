@@ -408,6 +408,19 @@ void bind_engine(py::module_ & m) {
             return file_text(buf.data(), (size_t) std::max(n, 0));
         }, py::arg("which"), py::arg("key"))
         .def("score", &Engine::score, py::arg("which"), py::arg("tokens"))
+        .def("prompt_embedding", [](Engine & self, const std::vector<int32_t> & tokens) {
+            cospec_engine * e = self.get();
+            std::vector<float> v(1 << 16);
+            std::string message;
+            const int32_t n = compute([&] { return cospec_prompt_embedding(e, tokens.data(), (int32_t) tokens.size(),
+                                                                           v.data(), v.size()); }, message);
+            if (n < 0) {
+                throw native_error {n, message};
+            }
+            py::array_t<float> out(n);
+            std::copy(v.begin(), v.begin() + n, out.mutable_data());
+            return out;
+        }, py::arg("tokens"), "The draft's pooled, normalised hidden state of a prompt (what an embedding gate reads).")
         .def("tokenize", &Engine::tokenize, py::arg("text"), py::arg("add_special") = true, py::arg("parse_special") = true,
              py::arg("which") = 0)
         .def("token_to_piece", &Engine::token_to_piece, py::arg("token"))

@@ -23,6 +23,9 @@ constexpr int64_t MAX_GATE_BIGRAMS = 1 << 24; // 128 MiB of keys: far past any t
 // A classifier gate's weights over hashed token unigrams and bigrams: a tensor (2^bits) of F32.
 constexpr const char * CLASSIFIER_GATE_TENSOR = "gate.weights";
 constexpr int32_t MAX_GATE_HASH_BITS = 24;
+// An embedding gate's weights over the draft's hidden state at the prompt's last token (prompt_embedding.h):
+// a tensor (n_embd) of F32, with gate_bias and gate_threshold.
+constexpr const char * EMBEDDING_GATE_TENSOR = "gate.embedding";
 // domain_gate.hashed_features: a unigram t hashes (t + 1) * A, a bigram (s, t) (s + 1) * A + (t + 1) * B.
 constexpr uint64_t GATE_HASH_FIRST = 0x9E3779B97F4A7C15ull;
 constexpr uint64_t GATE_HASH_SECOND = 0xC2B2AE3D27D4EB4Full;
@@ -127,11 +130,51 @@ int32_t read_classifier_gate(const ggml_tensor * t, const std::string & who, bun
     return COSPEC_OK;
 }
 
+// gate.embedding, gate_bias and gate_threshold, checked before use: finite weights, one per
+// hidden unit (the draft's width is checked when the arbiter loads on an engine).
+int32_t read_embedding_gate(const ggml_tensor * t, const std::string & who, bundle & b) {
+    for (const char * key : {"gate_n_vocab", "gate_hash_bits"}) {
+        if (b.meta.count(key) != 0) {
+            return fail(COSPEC_ERR_ARBITER, who + ": " + key + " beside the embedding gate's tensor '" +
+                                                EMBEDDING_GATE_TENSOR + "'");
+        }
+    }
+    const auto bias = b.meta.find("gate_bias");
+    const auto threshold = b.meta.find("gate_threshold");
+    if (bias == b.meta.end() || threshold == b.meta.end()) {
+        return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + EMBEDDING_GATE_TENSOR + "' without gate_bias and gate_threshold");
+    }
+    char * end = nullptr;
+    b.gate_bias = std::strtof(bias->second.c_str(), &end);
+    if (end == bias->second.c_str() || *end != '\0' || !std::isfinite(b.gate_bias)) {
+        return fail(COSPEC_ERR_ARBITER, who + ": gate_bias must be a finite number");
+    }
+    b.gate_threshold = std::strtof(threshold->second.c_str(), &end);
+    if (end == threshold->second.c_str() || *end != '\0' || !(b.gate_threshold >= 0.0f && b.gate_threshold <= 1.0f)) {
+        return fail(COSPEC_ERR_ARBITER, who + ": gate_threshold must lie in [0, 1]");
+    }
+    if (t->type != GGML_TYPE_F32 || t->ne[0] < 1 || t->ne[0] > (1 << 20) || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1) {
+        return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + EMBEDDING_GATE_TENSOR + "' must hold one F32 weight per hidden unit");
+    }
+    const float * w = (const float *) t->data;
+    b.gate_embedding.assign(w, w + t->ne[0]);
+    if (!std::all_of(b.gate_embedding.begin(), b.gate_embedding.end(), [](float x) { return std::isfinite(x) && std::fabs(x) < 1e6f; })) {
+        return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + EMBEDDING_GATE_TENSOR + "' holds a weight that is not a finite number");
+    }
+    return COSPEC_OK;
+}
+
 // gate.bigrams and its two keys, checked before use: ids inside the vocabulary, keys strictly
 // increasing (what binary search needs), a threshold in [0, 1].
 int32_t read_gate(ggml_context * ctx, const std::string & who, bundle & b) {
     const ggml_tensor * t = ggml_get_tensor(ctx, GATE_TENSOR);
     const ggml_tensor * weights = ggml_get_tensor(ctx, CLASSIFIER_GATE_TENSOR);
+    if (const ggml_tensor * embedding = ggml_get_tensor(ctx, EMBEDDING_GATE_TENSOR); embedding != nullptr) {
+        if (t != nullptr || weights != nullptr) {
+            return fail(COSPEC_ERR_ARBITER, who + ": two domain gates ('" + EMBEDDING_GATE_TENSOR + "' and another)");
+        }
+        return read_embedding_gate(embedding, who, b);
+    }
     const auto threshold = b.meta.find("gate_threshold");
     const auto n_vocab = b.meta.find("gate_n_vocab");
     if (t != nullptr && weights != nullptr) {

@@ -97,7 +97,10 @@ struct bundle {
     float gate_bias = 0.0f;
     int32_t gate_hash_bits = 0;
 
-    bool has_gate() const { return !gate_keys.empty() || !gate_weights.empty(); }
+    // Or an embedding gate: logistic regression over the draft's hidden state at the prompt's last token.
+    std::vector<float> gate_embedding;
+
+    bool has_gate() const { return !gate_keys.empty() || !gate_weights.empty() || !gate_embedding.empty(); }
 };
 
 // The kind arbiter.gguf names (as cospec_arbiter_kind_name spells it), if it is a learned one.

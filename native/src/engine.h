@@ -4,6 +4,7 @@
 #include "draft_tuner.h"
 #include "head_drafter.h"
 #include "ngram_drafter.h"
+#include "prompt_embedding.h"
 #include "internal.h"
 #include "llama.h"
 #include "rpc.h"
@@ -66,6 +67,8 @@ struct cospec_engine {
     model_slot target;
     model_slot draft;
     bool has_draft = false;
+    // The draft's reading of prompts for embedding gates (after the draft: it goes first).
+    cospec::prompt_embedder embedder;
     // llama.cpp's head drafter, where the engine has one (declared after the target: its context
     // reads the target's and goes first). Its block lengths learn across calls as the draft's do.
     cospec::head_drafter head;

@@ -86,7 +86,24 @@ struct learned_arbiter final : cospec_arbiter {
     const cospec_engine * engine() const override { return eng; }
     bool uses_engine_draft() const override { return b.context_from_draft; }
     bool admits(const cospec_token * prompt, int32_t n_prompt) const override {
-        return !gate_on || gate_score(b, prompt, n_prompt) >= (double) b.gate_threshold;
+        return !gate_on || gate_value(prompt, n_prompt) >= (double) b.gate_threshold;
+    }
+
+    // What the gate compares with its threshold. An embedding gate reads the prompt with the draft;
+    // where that fails, the arbiter abstains (-1: below every threshold), as on a prompt it refuses.
+    double gate_value(const cospec_token * prompt, int32_t n_prompt) const {
+        if (b.gate_embedding.empty()) {
+            return gate_score(b, prompt, n_prompt);
+        }
+        std::vector<float> e;
+        if (eng->embedder.embed(*eng, prompt, n_prompt, e) != COSPEC_OK || e.size() != b.gate_embedding.size()) {
+            return -1.0;
+        }
+        double z = (double) b.gate_bias;
+        for (size_t i = 0; i < e.size(); ++i) {
+            z += (double) b.gate_embedding[i] * e[i];
+        }
+        return 1.0 / (1.0 + std::exp(-z));
     }
     std::optional<double> trained_verify_cost() const override { return b.verify_cost; }
     std::optional<double> trained_draft_cost() const override {
@@ -447,7 +464,12 @@ int32_t cospec_arbiter_load(cospec_engine * engine, const cospec_learned_arbiter
             return fail(COSPEC_ERR_ARBITER, "arbiter '" + a->b.path + "': the head reads " + std::to_string(a->b.head.n_in()) +
                                                 " inputs, a " + kind_name + " arbiter gives " + std::to_string(expected));
         }
-        if (a->b.has_gate() && a->b.gate_n_vocab != engine->target.n_vocab) {
+        if (!a->b.gate_embedding.empty() && (int64_t) a->b.gate_embedding.size() != llama_model_n_embd(engine->draft.model)) {
+            return fail(COSPEC_ERR_ARBITER, "arbiter '" + a->b.path + "': its embedding gate reads hidden states of width " +
+                                                std::to_string(a->b.gate_embedding.size()) + ", the draft has " +
+                                                std::to_string(llama_model_n_embd(engine->draft.model)));
+        }
+        if (a->b.has_gate() && a->b.gate_embedding.empty() && a->b.gate_n_vocab != engine->target.n_vocab) {
             return fail(COSPEC_ERR_ARBITER, "arbiter '" + a->b.path + "': its domain gate was built for a vocabulary of " +
                                                 std::to_string(a->b.gate_n_vocab) + " tokens, the target has " +
                                                 std::to_string(engine->target.n_vocab));
@@ -476,11 +498,34 @@ float cospec_arbiter_gate_coverage(const cospec_arbiter * arbiter, const cospec_
         return (float) fail(COSPEC_ERR_INVALID_ARGUMENT, "gate coverage: a learned arbiter with a domain gate and a "
                                                           "prompt are needed");
     }
-    return (float) gate_score(a->b, prompt, n_prompt);
+    // (An embedding gate decodes on the draft: not beside a generation on its engine.)
+    std::unique_lock<std::mutex> lock(a->eng->busy, std::try_to_lock);
+    if (!lock.owns_lock()) {
+        return (float) fail(COSPEC_ERR_INVALID_ARGUMENT, "another generation is already running on this engine");
+    }
+    a->eng->abort_flag.store(false);
+    cospec::clear_error();
+    const double v = a->gate_value(prompt, n_prompt);
+    if (v < 0.0) {
+        return (float) COSPEC_ERR_ARBITER; // the embedding's error is the last error
+    }
+    return (float) v;
 }
 
 bool cospec_arbiter_admits(const cospec_arbiter * arbiter, const cospec_token * prompt, int32_t n_prompt) {
-    return arbiter != nullptr && (prompt != nullptr || n_prompt == 0) && n_prompt >= 0 && arbiter->admits(prompt, n_prompt);
+    if (arbiter == nullptr || (prompt == nullptr && n_prompt > 0) || n_prompt < 0) {
+        return false;
+    }
+    const auto * a = dynamic_cast<const learned_arbiter *>(arbiter);
+    if (a == nullptr || a->b.gate_embedding.empty()) {
+        return arbiter->admits(prompt, n_prompt);
+    }
+    std::unique_lock<std::mutex> lock(a->eng->busy, std::try_to_lock);
+    if (!lock.owns_lock()) {
+        return false; // (busy: what it would say is not known now; the generation asks it itself)
+    }
+    a->eng->abort_flag.store(false);
+    return arbiter->admits(prompt, n_prompt);
 }
 
 } // extern "C"
