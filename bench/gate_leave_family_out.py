@@ -22,9 +22,8 @@ from results_report import command, report  # noqa: E402
 
 from cospec_local import Engine  # noqa: E402
 from cospec_local.train.fit_gate import (FORMAT_NAMES, embeddings, general_gate, general_negatives,  # noqa: E402
-                                         held_out_quiet_prompts, in_each_format)
-from cospec_local.tasks import SHORT_ANSWER_FAMILIES, load_task  # noqa: E402
-from cospec_local.tasks.short_answer import bare_question  # noqa: E402
+                                         held_out_quiet_prompts, in_each_format, task_questions)
+from cospec_local.tasks import SHORT_ANSWER_FAMILIES  # noqa: E402
 
 
 def main() -> None:
@@ -50,7 +49,7 @@ def main() -> None:
         for left_out in names:
             positives = [f.name for f in SHORT_ANSWER_FAMILIES if f.name != left_out] + ["arith"]
             gate = general_gate(engine, positives, negatives, args.train, max(1, args.train // 3), cache=cache)
-            questions = [bare_question(p) for p in load_task(left_out, "test", args.test)]
+            questions = task_questions(left_out, "test", args.test)
             row = {"left_out": left_out, "threshold": gate.threshold,
                    "admitted": {fmt: sum(map(gate.admits, toks)) / len(toks)
                                 for fmt, toks in in_each_format(engine, questions).items()

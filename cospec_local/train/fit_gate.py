@@ -61,16 +61,15 @@ def prompt_tokens(engine: Engine, prompts: list[str], chat: bool) -> list[list[i
     return [engine.tokenize(p) for p in prompts]
 
 
+def in_each_format(engine: Engine, prompts: list[str], chat: bool = True) -> dict[str, list[list[int]]]:
+    """Every prompt in each of FORMAT_NAMES (the chat template only with `chat`), by format."""
+    out = {name: [engine.tokenize(form.format(p.strip())) for p in prompts] for name, form in PLAIN_FORMATS.items()}
+    return out | ({"chat": prompt_tokens(engine, prompts, True)} if chat else {})
+
+
 def in_formats(engine: Engine, prompts: list[str], chat: bool) -> list[list[int]]:
     """Every prompt in every format: raw text, two plain turn formats, and the chat template."""
-    out = [engine.tokenize(form.format(p.strip())) for form in PLAIN_FORMATS.values() for p in prompts]
-    return out + (prompt_tokens(engine, prompts, True) if chat else [])
-
-
-def in_each_format(engine: Engine, prompts: list[str]) -> dict[str, list[list[int]]]:
-    """Every prompt in each of FORMAT_NAMES, by format."""
-    out = {name: [engine.tokenize(form.format(p.strip())) for p in prompts] for name, form in PLAIN_FORMATS.items()}
-    return out | {"chat": prompt_tokens(engine, prompts, True)}
+    return [t for toks in in_each_format(engine, prompts, chat).values() for t in toks]
 
 
 def long_form_prompts(templates: list[str], topics: list[str]) -> list[str]:
@@ -92,7 +91,7 @@ def general_negatives(engine: Engine, n: int = NEGATIVES_PER_KIND) -> np.ndarray
     """What a checkable-answer gate stays shut on: general chat and long-form writing, in every
     format, as the draft reads them."""
     prompts = build_prompts("train", n, 0) + long_form_prompts(LONG_FORM, TOPICS)[:n]
-    return embeddings(engine, [t for toks in in_each_format(engine, prompts).values() for t in toks])
+    return embeddings(engine, in_formats(engine, prompts, True))
 
 
 def task_questions(task: str, split: str, n: int) -> list[str]:
@@ -104,8 +103,7 @@ def task_embeddings(engine: Engine, task: str, split: str, n: int, cache: dict |
     """A task's questions in every format as the draft reads them (kept in `cache` where given)."""
     key = (task, split, n)
     if cache is None or key not in cache:
-        found = embeddings(engine, [t for toks in in_each_format(engine, task_questions(task, split, n)).values()
-                                    for t in toks])
+        found = embeddings(engine, in_formats(engine, task_questions(task, split, n), True))
         if cache is None:
             return found
         cache[key] = found

@@ -4,6 +4,7 @@
 
 #include "internal.h"
 
+#include <cfloat>
 #include <cstring>
 #include <memory>
 #include <string_view>
@@ -102,6 +103,24 @@ double gate_score(const bundle & b, const cospec_token * prompt, int32_t n_promp
     return b.gate_keys.empty() ? gate_probability(b, prompt, n_prompt) : gate_coverage(b, prompt, n_prompt);
 }
 
+// A gate's number (gate_bias, gate_threshold) as a float: the whole text, finite, in [lo, hi].
+bool gate_float(const std::string & text, float lo, float hi, float & out) {
+    char * end = nullptr;
+    out = std::strtof(text.c_str(), &end);
+    return end != text.c_str() && *end == '\0' && std::isfinite(out) && out >= lo && out <= hi;
+}
+
+// A gate's F32 weights (a 1-D tensor whose shape the caller checked), copied: each finite and
+// below 1e6 in magnitude.
+int32_t copy_gate_weights(const ggml_tensor * t, const char * name, const std::string & who, std::vector<float> & out) {
+    const float * w = (const float *) t->data;
+    out.assign(w, w + t->ne[0]);
+    if (!std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x) && std::fabs(x) < 1e6f; })) {
+        return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + name + "' holds a weight that is not a finite number");
+    }
+    return COSPEC_OK;
+}
+
 // gate.weights, gate_bias and gate_hash_bits, checked before use: 2^bits finite weights.
 int32_t read_classifier_gate(const ggml_tensor * t, const std::string & who, bundle & b) {
     const auto bias = b.meta.find("gate_bias");
@@ -115,19 +134,13 @@ int32_t read_classifier_gate(const ggml_tensor * t, const std::string & who, bun
         return fail(COSPEC_ERR_ARBITER, who + ": gate_hash_bits must lie in [1, " + std::to_string(MAX_GATE_HASH_BITS) + "]");
     }
     b.gate_hash_bits = (int32_t) n_bits;
-    b.gate_bias = std::strtof(bias->second.c_str(), &end);
-    if (end == bias->second.c_str() || *end != '\0' || !std::isfinite(b.gate_bias)) {
+    if (!gate_float(bias->second, -FLT_MAX, FLT_MAX, b.gate_bias)) {
         return fail(COSPEC_ERR_ARBITER, who + ": gate_bias must be a finite number");
     }
     if (t->type != GGML_TYPE_F32 || t->ne[0] != ((int64_t) 1 << n_bits) || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1) {
         return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + CLASSIFIER_GATE_TENSOR + "' must hold 2^gate_hash_bits F32 weights");
     }
-    const float * w = (const float *) t->data;
-    b.gate_weights.assign(w, w + t->ne[0]);
-    if (!std::all_of(b.gate_weights.begin(), b.gate_weights.end(), [](float x) { return std::isfinite(x) && std::fabs(x) < 1e6f; })) {
-        return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + CLASSIFIER_GATE_TENSOR + "' holds a weight that is not a finite number");
-    }
-    return COSPEC_OK;
+    return copy_gate_weights(t, CLASSIFIER_GATE_TENSOR, who, b.gate_weights);
 }
 
 // gate.embedding, gate_bias and gate_threshold, checked before use: finite weights, one per
@@ -144,24 +157,16 @@ int32_t read_embedding_gate(const ggml_tensor * t, const std::string & who, bund
     if (bias == b.meta.end() || threshold == b.meta.end()) {
         return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + EMBEDDING_GATE_TENSOR + "' without gate_bias and gate_threshold");
     }
-    char * end = nullptr;
-    b.gate_bias = std::strtof(bias->second.c_str(), &end);
-    if (end == bias->second.c_str() || *end != '\0' || !std::isfinite(b.gate_bias)) {
+    if (!gate_float(bias->second, -FLT_MAX, FLT_MAX, b.gate_bias)) {
         return fail(COSPEC_ERR_ARBITER, who + ": gate_bias must be a finite number");
     }
-    b.gate_threshold = std::strtof(threshold->second.c_str(), &end);
-    if (end == threshold->second.c_str() || *end != '\0' || !(b.gate_threshold >= 0.0f && b.gate_threshold <= 1.0f)) {
+    if (!gate_float(threshold->second, 0.0f, 1.0f, b.gate_threshold)) {
         return fail(COSPEC_ERR_ARBITER, who + ": gate_threshold must lie in [0, 1]");
     }
     if (t->type != GGML_TYPE_F32 || t->ne[0] < 1 || t->ne[0] > (1 << 20) || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1) {
         return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + EMBEDDING_GATE_TENSOR + "' must hold one F32 weight per hidden unit");
     }
-    const float * w = (const float *) t->data;
-    b.gate_embedding.assign(w, w + t->ne[0]);
-    if (!std::all_of(b.gate_embedding.begin(), b.gate_embedding.end(), [](float x) { return std::isfinite(x) && std::fabs(x) < 1e6f; })) {
-        return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + EMBEDDING_GATE_TENSOR + "' holds a weight that is not a finite number");
-    }
-    return COSPEC_OK;
+    return copy_gate_weights(t, EMBEDDING_GATE_TENSOR, who, b.gate_embedding);
 }
 
 // gate.bigrams and its two keys, checked before use: ids inside the vocabulary, keys strictly
@@ -194,11 +199,10 @@ int32_t read_gate(ggml_context * ctx, const std::string & who, bundle & b) {
     if (threshold == b.meta.end() || n_vocab == b.meta.end()) {
         return fail(COSPEC_ERR_ARBITER, who + ": tensor '" + tensor_name + "' without gate_threshold and gate_n_vocab");
     }
-    char * end = nullptr;
-    b.gate_threshold = std::strtof(threshold->second.c_str(), &end);
-    if (end == threshold->second.c_str() || *end != '\0' || !(b.gate_threshold >= 0.0f && b.gate_threshold <= 1.0f)) {
+    if (!gate_float(threshold->second, 0.0f, 1.0f, b.gate_threshold)) {
         return fail(COSPEC_ERR_ARBITER, who + ": gate_threshold must lie in [0, 1]");
     }
+    char * end = nullptr;
     b.gate_n_vocab = std::strtoll(n_vocab->second.c_str(), &end, 10);
     if (*end != '\0' || b.gate_n_vocab < 1 || b.gate_n_vocab > INT32_MAX) {
         return fail(COSPEC_ERR_ARBITER, who + ": gate_n_vocab out of range");

@@ -140,6 +140,8 @@ int32_t block_features(const cospec_block * b, float * out, size_t out_size, con
     const int32_t drafted = std::max(0, b->reply_drafted);
     const float agreement = (float) (std::clamp(b->reply_agreed, 0, drafted) + 1) / (float) (drafted + 2);
     int32_t before = 0;
+    row_summary next;    // the target's row next_of, summarised for the position before it
+    int32_t next_of = -1;
     for (int32_t i = 0; i < n; ++i) {
         const int32_t here = b->mismatch[i] != 0;
         float * f = out + (size_t) i * COSPEC_N_FEATURES;
@@ -150,7 +152,8 @@ int32_t block_features(const cospec_block * b, float * out, size_t out_size, con
         }
         const float * trow = b->target_logits + (size_t) i * b->n_vocab_target;
         const float * drow = b->draft_logits + (size_t) i * b->n_vocab_draft;
-        const row_summary ts = summarise(trow, b->n_vocab_target);
+        // (row i was summarised as the row after i - 1 where that position had features too)
+        const row_summary ts = next_of == i ? next : summarise(trow, b->n_vocab_target);
         const row_summary ds = summarise(drow, b->n_vocab_draft);
         int32_t run = 0;
         while (i + 1 + run < n && !b->mismatch[i + 1 + run]) {
@@ -178,9 +181,10 @@ int32_t block_features(const cospec_block * b, float * out, size_t out_size, con
         f[18] = std::log2(1.0f + (float) (reply_before + i));
         f[19] = agreement;
         const float * next_row = trow + b->n_vocab_target; // row i + 1: the verify pass has n_draft + 1
-        const row_summary ns = summarise(next_row, b->n_vocab_target);
-        f[20] = ns.entropy;
-        f[21] = logp(next_row, b->n_vocab_target, ns, i + 1 < n ? b->draft[i + 1] : b->target[n]);
+        next = summarise(next_row, b->n_vocab_target);
+        next_of = i + 1;
+        f[20] = next.entropy;
+        f[21] = logp(next_row, b->n_vocab_target, next, i + 1 < n ? b->draft[i + 1] : b->target[n]);
         before += here;
     }
     return COSPEC_OK;
